@@ -1,0 +1,136 @@
+"""The ``sptrace`` command. Each subcommand is a small function; errors are raised as
+``SptraceError`` and turned into one line and an exit code here, once."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sptrace import __version__
+from sptrace.config import DTYPES, FAULTS, RECOMPUTE, SCHEMES, StepConfig
+from sptrace.errors import SptraceError, UsageError
+
+DEMO_DIR = Path("sptrace-demo")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting: bad flags become one line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _log(msg: str) -> None:
+    print(f"sptrace: {msg}", file=sys.stderr, flush=True)
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    d = StepConfig()
+    g = p.add_argument_group("model (defaults are sized for a 2-core machine)")
+    g.add_argument("--layers", type=int, default=d.layers, help=f"L blocks (default {d.layers})")
+    g.add_argument("--batch", type=int, default=d.batch, help=f"B micro-batch (default {d.batch})")
+    g.add_argument("--seq", type=int, default=d.seq, help=f"S sequence length (default {d.seq})")
+    g.add_argument("--hidden", type=int, default=d.hidden, help=f"H width (default {d.hidden})")
+    g.add_argument("--heads", type=int, default=d.heads, help=f"a query heads (default {d.heads})")
+    g.add_argument("--kv-heads", type=int, default=d.kv_heads, help=f"g kv heads, GQA (default {d.kv_heads})")
+    g.add_argument("--ffn", type=int, default=d.ffn, help=f"F MLP width (default {d.ffn})")
+    g.add_argument("--dtype", choices=tuple(DTYPES), default=d.dtype)
+    g.add_argument("--zero3", action="store_true", help="shard replicated weights with FSDP2 (ulysses, hybrid)")
+    g.add_argument("--recompute", choices=RECOMPUTE, default=d.recompute, help="selective: recompute core attention")
+    g.add_argument(
+        "--fault",
+        choices=tuple(FAULTS),
+        help="inject a fault into one layer: " + "; ".join(f"{k}: {v}" for k, v in FAULTS.items()),
+    )
+    g.add_argument("--fault-layer", type=int, help="layer the fault goes into (default: the last)")
+    g.add_argument("--seed", type=int, default=d.seed)
+
+
+def _config_from(args: argparse.Namespace, scheme: str, nproc: int) -> StepConfig:
+    return StepConfig(
+        scheme=scheme, sp_size=nproc, layers=args.layers, batch=args.batch, seq=args.seq,
+        hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads, ffn=args.ffn,
+        dtype=args.dtype, zero3=args.zero3, recompute=args.recompute, fault=args.fault,
+        fault_layer=args.fault_layer, seed=args.seed,
+    )  # fmt: skip
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    if args.nproc < 1:
+        raise UsageError("--nproc must be >= 1")
+    cfg = _config_from(args, args.scheme, args.nproc)  # every flag is checked before launching
+    from sptrace.launch import profile_reference
+
+    run = profile_reference(cfg, Path(args.out), warmup=args.warmup, device=args.device, force=args.force, log=_log)
+    _log(
+        f"wrote {run.world_size} traces ({run.trace_bytes / 2**20:.1f} MiB) and run.json to "
+        f"{run.out_dir} in {run.seconds:.0f} s"
+    )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The README's main job: profile the three schemes, then show where the results are."""
+    from sptrace.launch import profile_reference
+
+    out = Path(args.out)
+    base = _config_from(args, "megatron", args.nproc)
+    runs = []
+    for scheme in SCHEMES:
+        cfg = dataclasses.replace(base, scheme=scheme)
+        runs.append(profile_reference(cfg, out / scheme, warmup=args.warmup, device=args.device, force=True, log=_log))
+    print(f"Profiled one training step of each scheme on {args.nproc} ranks:")
+    for run in runs:
+        print(f"  {run.out_dir}/  ({run.world_size} x rank*.pt.trace.json.gz, run.json; {run.seconds:.0f} s)")
+    print("Open a trace in https://ui.perfetto.dev or chrome://tracing; sptrace's analyzer and")
+    print("dashboard over these runs are being built (see the README's roadmap).")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sptrace", description="Trace profiler and analyzer for sequence-parallel training.")
+    parser.add_argument("--version", action="version", version=f"sptrace {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("profile", help="profile one step of a reference model on N local ranks")
+    p.add_argument("--scheme", choices=SCHEMES, required=True)
+    p.add_argument("--nproc", type=int, default=8, help="ranks = sequence-parallel size P (default 8)")
+    p.add_argument("--out", required=True, help="directory for rank*.pt.trace.json.gz and run.json")
+    p.add_argument("--warmup", type=int, default=2, help="un-profiled steps before the profiled one")
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto: CUDA+NCCL when there are enough GPUs, else CPU+gloo",
+    )
+    p.add_argument("--force", action="store_true", help="replace a run already in --out")
+    _add_model_flags(p)
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("demo", help="profile megatron, ulysses and hybrid on 8 ranks (the README's main job)")
+    p.add_argument("--out", default=str(DEMO_DIR), help=f"default ./{DEMO_DIR}")
+    p.add_argument("--nproc", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    _add_model_flags(p)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args))
+    except SptraceError as exc:
+        print(f"sptrace: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("sptrace: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""One error hierarchy. Every error carries its CLI exit code and is caught once in
+``sptrace.cli.main``, which prints a single line and returns the code."""
+
+from __future__ import annotations
+
+
+class SptraceError(Exception):
+    """Base class: the message is one line meant for the user."""
+
+    exit_code: int = 2
+
+
+class UsageError(SptraceError):
+    """Wrong flags or an impossible configuration (checked before anything is launched)."""
+
+
+class ConfigError(UsageError, ValueError):
+    """A model / step configuration that cannot be built (e.g. heads not divisible by P)."""
+
+
+class LaunchError(SptraceError):
+    """A distributed launch (torchrun) failed; the message names the failing rank's log."""

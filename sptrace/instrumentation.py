@@ -1,0 +1,138 @@
+"""Instrument any ``nn.Module`` so that its profiled steps carry sptrace's markers.
+
+``instrument(model)`` adds, to every submodule, a ``sptrace.module::<qualname>`` range around
+its forward and, while the root module runs, a ``saved_tensors_hooks`` pack hook that writes one
+``sptrace.saved::...`` marker per tensor autograd keeps for backward (module, shape, dtype,
+bytes, storage pointer; SPEC.md §5.5). Everything checks ``torch.autograd._profiler_enabled()``
+first: with no profiler running the hooks only push and pop a name, so an instrumented model can
+stay instrumented in production.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd.profiler import record_function
+
+from sptrace import markers
+from sptrace.markers import SavedTensor
+
+
+def _profiling() -> bool:
+    return torch.autograd._profiler_enabled()
+
+
+def annotate(name: str) -> contextlib.AbstractContextManager[Any]:
+    """A record_function range named ``name`` while a profiler runs, else a no-op."""
+    return record_function(name) if _profiling() else contextlib.nullcontext()
+
+
+def phase(name: str) -> contextlib.AbstractContextManager[Any]:
+    """Mark a phase of the step: ``with sptrace.phase("backward"): loss.backward()``."""
+    return annotate(markers.phase_name(name))
+
+
+def describe_saved(tensor: torch.Tensor, module: str) -> SavedTensor:
+    """What a pack hook records about one saved tensor."""
+    try:
+        storage = tensor.untyped_storage()
+        ptr, storage_nbytes = storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):  # subclasses without storage (fake, sparse)
+        ptr, storage_nbytes = 0, 0
+    base = tensor._base if tensor._base is not None else tensor  # W.t() saved by a matmul is W
+    if base.is_leaf:
+        kind = "param" if base.requires_grad else "input"
+    else:
+        kind = "activation"
+    return SavedTensor(
+        module=module,
+        shape=tuple(int(d) for d in tensor.shape),
+        dtype=str(tensor.dtype).removeprefix("torch."),
+        nbytes=tensor.numel() * tensor.element_size(),
+        storage_ptr=ptr,
+        storage_nbytes=storage_nbytes,
+        kind=kind,
+    )
+
+
+class Instrumentation:
+    """The hooks ``instrument`` installed on one model; ``remove()`` takes them off again."""
+
+    def __init__(self, model: nn.Module, *, prefix: str = "", saved_tensors: bool = True) -> None:
+        self.model = model
+        self.prefix = prefix
+        self.saved_tensors = saved_tensors
+        # (qualname, open record_function or None, open saved_tensors_hooks or None) per call
+        self._stack: list[tuple[str, Any, Any]] = []
+        self._handles: list[Any] = []
+        for name, module in model.named_modules():
+            qualname = ".".join(p for p in (prefix, name) if p) or "<root>"
+            # prepend: our range opens before other pre-hooks (FSDP2's parameter all-gather),
+            # so their collectives are attributed to this module.
+            self._handles.append(module.register_forward_pre_hook(self._make_pre(qualname), prepend=True))
+            self._handles.append(module.register_forward_hook(self._make_post(), always_call=True))
+
+    @property
+    def current_module(self) -> str:
+        return self._stack[-1][0] if self._stack else "<outside>"
+
+    def _make_pre(self, qualname: str) -> Any:
+        def pre_hook(module: nn.Module, args: Any) -> None:
+            if not _profiling():
+                self._stack.append((qualname, None, None))
+                return
+            hooks = None
+            if self.saved_tensors and not self._stack:
+                hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+                hooks.__enter__()
+            rf = record_function(markers.module_name(qualname))
+            rf.__enter__()
+            self._stack.append((qualname, rf, hooks))
+
+        return pre_hook
+
+    def _make_post(self) -> Any:
+        def post_hook(module: nn.Module, args: Any, output: Any) -> None:
+            if not self._stack:
+                return
+            _, rf, hooks = self._stack.pop()
+            if rf is not None:
+                rf.__exit__(None, None, None)
+            if hooks is not None:
+                hooks.__exit__(None, None, None)
+
+        return post_hook
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        if _profiling():
+            with record_function(describe_saved(tensor, self.current_module).to_marker()):
+                pass
+        return tensor
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def __enter__(self) -> Instrumentation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def instrument(model: nn.Module, *, prefix: str = "", saved_tensors: bool = True) -> Instrumentation:
+    """Add module markers and saved-tensor records to ``model`` (active only while profiling).
+
+    Call it before wrapping the model (``fully_shard``, DDP) so that the wrapper's own
+    collectives fall inside the module ranges. Use as a plain call or as a context manager that
+    removes the hooks on exit.
+    """
+    return Instrumentation(model, prefix=prefix, saved_tensors=saved_tensors)

@@ -1,0 +1,90 @@
+"""Names of the ``record_function`` markers sptrace writes into traces, defined once.
+
+Kineto keeps a record_function's name but not its arguments (SPEC.md §4), so data travels
+in the name. Writers (``sptrace.instrument``, the reference models) and readers (the
+analyzers) both use this module; no torch import here.
+
+    sptrace.phase::forward                     a phase of the step (forward, backward, optimizer)
+    sptrace.module::layers.1.mlp.fc1           one module call (forward, and recomputation)
+    sptrace.comm::layers.1.mlp.fc1::ag_input   a collective issued on behalf of a module
+    sptrace.saved::k=v|k=v|...                 one tensor saved for backward (see SavedTensor)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "sptrace."
+PHASE = "sptrace.phase::"
+MODULE = "sptrace.module::"
+COMM = "sptrace.comm::"
+SAVED = "sptrace.saved::"
+PHASES = ("forward", "backward", "optimizer")
+
+
+def phase_name(phase: str) -> str:
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}; choose one of {', '.join(PHASES)}")
+    return PHASE + phase
+
+
+def module_name(qualname: str) -> str:
+    return MODULE + (qualname or "<root>")
+
+
+def comm_name(module: str, role: str) -> str:
+    return f"{COMM}{module}::{role}"
+
+
+def parse_comm(name: str) -> tuple[str, str] | None:
+    """``sptrace.comm::layers.1.mlp.fc1::ag_input`` -> ("layers.1.mlp.fc1", "ag_input")."""
+    if not name.startswith(COMM):
+        return None
+    module, _, role = name[len(COMM) :].partition("::")  # module paths never contain "::"
+    return module, role
+
+
+@dataclass(frozen=True, slots=True)
+class SavedTensor:
+    """One tensor packed by autograd for backward, as the pack hook saw it."""
+
+    module: str
+    """Qualified name of the innermost module running when it was saved."""
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    """numel * element size of the saved tensor (a view counts only its own elements)."""
+    storage_ptr: int
+    """data_ptr of the underlying storage: joins the record to ``[memory]`` events by Addr."""
+    storage_nbytes: int
+    """Size of the whole storage that saving keeps alive (larger than nbytes for views)."""
+    kind: str
+    """'activation', 'param' (a leaf that requires grad) or 'input' (a leaf without grad)."""
+
+    def to_marker(self) -> str:
+        shape = "x".join(str(d) for d in self.shape) or "scalar"
+        return (
+            f"{SAVED}module={self.module}|shape={shape}|dtype={self.dtype}|bytes={self.nbytes}"
+            f"|ptr={self.storage_ptr:#x}|storage_bytes={self.storage_nbytes}|kind={self.kind}"
+        )
+
+    @classmethod
+    def from_marker(cls, name: str) -> SavedTensor | None:
+        """Parse a marker name; None if it is not a well-formed saved-tensor marker."""
+        if not name.startswith(SAVED):
+            return None
+        try:
+            fields = dict(part.split("=", 1) for part in name[len(SAVED) :].split("|"))
+            shape_text = fields["shape"]
+            shape = () if shape_text == "scalar" else tuple(int(d) for d in shape_text.split("x"))
+            return cls(
+                module=fields["module"],
+                shape=shape,
+                dtype=fields["dtype"],
+                nbytes=int(fields["bytes"]),
+                storage_ptr=int(fields["ptr"], 16),
+                storage_nbytes=int(fields["storage_bytes"]),
+                kind=fields["kind"],
+            )
+        except (KeyError, ValueError):
+            return None
