@@ -122,7 +122,12 @@ class MegatronAttention(nn.Module):
             ranks_per_group = P // g
             group_size = (a // g + 2) * d
             idx = rank // ranks_per_group
-            q, k, v = split_grouped_qkv(mixed[..., idx * group_size : (idx + 1) * group_size], 1, a // g, d)
+            # Megatron-Core slices a view here; saving v (a view) then keeps the whole gathered
+            # [B, S, (a + 2g) d] buffer alive until backward. The reference copies its group's
+            # slice so that clean runs stay sharded; saved-tensor records carry storage_bytes,
+            # which exposes the view case in real traces.
+            mine = mixed[..., idx * group_size : (idx + 1) * group_size].contiguous()
+            q, k, v = split_grouped_qkv(mine, 1, a // g, d)
             j = rank % ranks_per_group
             q = q[:, :, j * (a // P) : (j + 1) * (a // P)]  # [B, S, a/P, d]; k, v: [B, S, 1, d]
         ctx = self.core(apply_rope(q, 0), apply_rope(k, 0), v)  # [B, S, a/P, d]

@@ -129,7 +129,9 @@ def build_model(cfg: StepConfig, group: dist.ProcessGroup, device: torch.device)
         policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)
         targets = [b.attn for b in model.layers] if cfg.scheme == "hybrid" else list(model.layers)
         for module in targets:
-            fully_shard(module, mesh=mesh, mp_policy=policy)
+            # reshard after forward, gather again in backward: DeepSpeed ZeRO-3's default, k = 2
+            # (explicit: left to None, FSDP2 keeps a root module's parameters gathered)
+            fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
             # ranks' losses add up: sum the gradients, don't average (plain SUM also suits gloo,
             # which has neither AVG nor PREMUL_SUM)
             module.set_gradient_divide_factor(1.0)

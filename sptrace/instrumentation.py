@@ -42,11 +42,13 @@ def describe_saved(tensor: torch.Tensor, module: str) -> SavedTensor:
         ptr, storage_nbytes = storage.data_ptr(), storage.nbytes()
     except (RuntimeError, NotImplementedError):  # subclasses without storage (fake, sparse)
         ptr, storage_nbytes = 0, 0
-    base = tensor._base if tensor._base is not None else tensor  # W.t() saved by a matmul is W
-    if base.is_leaf:
-        kind = "param" if base.requires_grad else "input"
-    else:
+    base = tensor._base
+    if isinstance(base, torch.Tensor) and base.is_leaf and base.requires_grad:
+        kind = "param"  # a view of a weight, e.g. W.t() saved by a matmul
+    elif tensor.grad_fn is not None:
         kind = "activation"
+    else:
+        kind = "param" if tensor.requires_grad else "input"
     return SavedTensor(
         module=module,
         shape=tuple(int(d) for d in tensor.shape),

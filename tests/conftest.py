@@ -1,0 +1,65 @@
+"""Shared fixtures. An 8-rank torchrun on 2 CPU cores spends most of its time importing torch
+eight times, so each configuration is launched at most once per test session, on first use,
+and its traces are shared by every test that needs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sptrace.cli import main as sptrace_main
+
+REPO = Path(__file__).resolve().parent.parent
+WORLD = 8
+
+# name -> `sptrace profile` flags (8 ranks, the default model unless stated)
+RUNS: dict[str, list[str]] = {
+    "megatron": ["--scheme", "megatron"],
+    "ulysses": ["--scheme", "ulysses"],
+    "hybrid": ["--scheme", "hybrid"],
+    "megatron-gqa-recompute": ["--scheme", "megatron", "--kv-heads", "2", "--recompute", "selective"],
+    "ulysses-zero3-gqa": ["--scheme", "ulysses", "--zero3", "--kv-heads", "2", "--recompute", "selective"],
+    "hybrid-zero3": ["--scheme", "hybrid", "--zero3"],
+    "megatron-stray-full-save": ["--scheme", "megatron", "--fault", "stray-full-save"],
+    "ulysses-stray-full-save": ["--scheme", "ulysses", "--fault", "stray-full-save", "--fault-layer", "0"],
+    "megatron-missing-reduce-scatter": ["--scheme", "megatron", "--fault", "missing-reduce-scatter"],
+    "hybrid-debug-hook": ["--scheme", "hybrid", "--fault", "debug-hook", "--fault-layer", "0"],
+}
+
+
+class RunFactory:
+    """Profiles a named configuration on first request and hands out its directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._done: dict[str, Path] = {}
+
+    def __call__(self, name: str) -> Path:
+        if name not in self._done:
+            out = self.root / name
+            code = sptrace_main(["profile", *RUNS[name], "--nproc", str(WORLD), "--out", str(out), "--warmup", "1"])
+            assert code == 0, f"profiling {name} failed; see {out}/logs"
+            self._done[name] = out
+        return self._done[name]
+
+
+@pytest.fixture(scope="session")
+def profiled(tmp_path_factory: pytest.TempPathFactory) -> RunFactory:
+    return RunFactory(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="session")
+def verify_reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """One 8-rank run of reference_models.verify: equivalence and CommDebugMode counts."""
+    out = tmp_path_factory.mktemp("verify")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
+           "-m", "reference_models.verify", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return [json.loads((out / f"verify_rank{r}.json").read_text()) for r in range(WORLD)]
