@@ -55,7 +55,9 @@ def collectives(events: list[dict]) -> list[Collective]:
             if inner:
                 comm = (max(inner, key=lambda m: m["ts"])["name"][len(markers.MODULE) :], None)
         out.append(
-            Collective(e["name"], e["args"].get("Input Dims"), phase, comm[0] if comm else None, comm[1] if comm else None)
+            Collective(
+                e["name"], e["args"].get("Input Dims"), phase, comm[0] if comm else None, comm[1] if comm else None
+            )
         )
     return out
 

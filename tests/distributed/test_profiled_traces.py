@@ -33,18 +33,22 @@ def test_megatron_collectives_per_layer_and_phase(profiled):
             assert per_layer(colls, i, "forward") == {AG: 2, RS: 2}
             assert per_layer(colls, i, "backward") == {AG: 4, RS: 2}
             roles = [(c.module, c.role) for c in colls if c.layer == i]
-            assert roles == [  # SPEC.md §1 rows 1-4, then 5-10 in backward order
-                (f"layers.{i}.attn.qkv", "ag_fwd"),
-                (f"layers.{i}.attn.proj", "rs_fwd"),
-                (f"layers.{i}.mlp.fc1", "ag_fwd"),
-                (f"layers.{i}.mlp.fc2", "rs_fwd"),
-                (f"layers.{i}.mlp.fc2", "ag_bwd"),
-                (f"layers.{i}.mlp.fc1", "ag_input_bwd"),
-                (f"layers.{i}.mlp.fc1", "rs_bwd"),
-                (f"layers.{i}.attn.proj", "ag_bwd"),
-                (f"layers.{i}.attn.qkv", "ag_input_bwd"),
-                (f"layers.{i}.attn.qkv", "rs_bwd"),
-            ][: len(roles)] and len(roles) == 10
+            assert (
+                roles
+                == [  # SPEC.md §1 rows 1-4, then 5-10 in backward order
+                    (f"layers.{i}.attn.qkv", "ag_fwd"),
+                    (f"layers.{i}.attn.proj", "rs_fwd"),
+                    (f"layers.{i}.mlp.fc1", "ag_fwd"),
+                    (f"layers.{i}.mlp.fc2", "rs_fwd"),
+                    (f"layers.{i}.mlp.fc2", "ag_bwd"),
+                    (f"layers.{i}.mlp.fc1", "ag_input_bwd"),
+                    (f"layers.{i}.mlp.fc1", "rs_bwd"),
+                    (f"layers.{i}.attn.proj", "ag_bwd"),
+                    (f"layers.{i}.attn.qkv", "ag_input_bwd"),
+                    (f"layers.{i}.attn.qkv", "rs_bwd"),
+                ][: len(roles)]
+                and len(roles) == 10
+            )
         for c in colls:
             if c.op == AG and c.layer is not None:
                 assert c.dims[:2] == GATHER
@@ -129,7 +133,17 @@ def test_markers_and_run_json(profiled):
     for phase in ("forward", "backward", "optimizer"):
         assert names[f"sptrace.phase::{phase}"] == 1
     for i in range(L):
-        for module in ("", ".norm1", ".attn", ".attn.qkv", ".attn.core", ".attn.proj", ".norm2", ".mlp.fc1", ".mlp.fc2"):
+        for module in (
+            "",
+            ".norm1",
+            ".attn",
+            ".attn.qkv",
+            ".attn.core",
+            ".attn.proj",
+            ".norm2",
+            ".mlp.fc1",
+            ".mlp.fc2",
+        ):
             assert names[f"sptrace.module::layers.{i}{module}"] == 1
     assert sum(1 for e in events if e.get("name") == "[memory]") > 100
     assert any(e.get("cat") == "python_function" for e in events)
