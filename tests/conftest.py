@@ -32,14 +32,31 @@ RUNS: dict[str, list[str]] = {
 }
 
 
+DEMO_SCHEMES = ("megatron", "ulysses", "hybrid")
+
+
 class RunFactory:
-    """Profiles a named configuration on first request and hands out its directory."""
+    """Profiles a named configuration on first request and hands out its directory. The three
+    clean runs come from one `sptrace demo` (the README's main job), whose output is kept."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self._done: dict[str, Path] = {}
+        self.demo_output: subprocess.CompletedProcess[str] | None = None
+
+    def demo(self) -> subprocess.CompletedProcess[str]:
+        if self.demo_output is None:
+            out = self.root / "demo"
+            cmd = [sys.executable, "-m", "sptrace", "demo", "--out", str(out), "--warmup", "1"]
+            self.demo_output = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+            assert self.demo_output.returncode == 0, self.demo_output.stderr[-3000:]
+            for scheme in DEMO_SCHEMES:
+                self._done[scheme] = out / scheme
+        return self.demo_output
 
     def __call__(self, name: str) -> Path:
+        if name in DEMO_SCHEMES:
+            self.demo()
         if name not in self._done:
             out = self.root / name
             code = sptrace_main(["profile", *RUNS[name], "--nproc", str(WORLD), "--out", str(out), "--warmup", "1"])

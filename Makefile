@@ -1,0 +1,31 @@
+# The README's two commands: `make demo` (the main job) and `make test` (the full suite).
+# Both create ./.venv on first use. On machines without an NVIDIA GPU the install is pinned by
+# constraints/cpu.txt to torch 2.13.0's CPU build; with one, pip picks the usual CUDA build.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
+
+.PHONY: demo test lint clean
+
+$(BIN)/python:
+	$(PYTHON) -c 'import sys; sys.exit("sptrace needs Python >= 3.10" if sys.version_info < (3, 10) else 0)'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml constraints/cpu.txt
+	$(BIN)/python -m pip install --quiet -e '.[dev]' $(CONSTRAINTS)
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/sptrace demo
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) sptrace-demo .pytest_cache

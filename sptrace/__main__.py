@@ -1,0 +1,5 @@
+import sys
+
+from sptrace.cli import main
+
+sys.exit(main())

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import pytest
+
+from sptrace.config import FAULTS, StepConfig
+from sptrace.errors import ConfigError
+
+
+def test_defaults_avoid_shape_collisions():
+    cfg = StepConfig()
+    P = cfg.sp_size
+    # SPEC.md §5.6: no tensor-parallel shard may look like a full [B, S, H] activation
+    assert cfg.ffn // P != cfg.hidden
+    assert cfg.heads * cfg.head_dim // P != cfg.hidden
+    assert len({cfg.batch, cfg.seq, cfg.seq // P, cfg.hidden, cfg.ffn, cfg.ffn // P}) == 6
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"scheme": "ring"}, "unknown scheme 'ring'"),
+        ({"heads": 12, "kv_heads": 4}, "heads 12 is not divisible by the sequence-parallel size 8"),
+        ({"seq": 100}, "seq 100 is not divisible by the sequence-parallel size 8"),
+        ({"hidden": 100}, "hidden 100 is not divisible by heads 16"),
+        ({"kv_heads": 3}, "heads 16 is not divisible by kv heads 3"),
+        ({"sp_size": 4, "heads": 12, "kv_heads": 6, "hidden": 96}, "kv heads 6 and P=4"),
+        ({"ffn": 100}, "ffn 100 is not divisible by the tensor-parallel size 8"),
+        ({"zero3": True}, "--zero3 applies to ulysses and hybrid"),
+        ({"scheme": "ulysses", "fault": "missing-reduce-scatter"}, "needs a tensor-parallel MLP"),
+        ({"fault": "stray-full-save", "fault_layer": 2}, "--fault-layer 2 is outside 0..1"),
+        ({"fault": "nope"}, "unknown fault 'nope'"),
+        ({"dtype": "int8"}, "unknown dtype 'int8'"),
+        ({"layers": 0}, "--layers must be >= 1"),
+        ({"hidden": 80, "heads": 16}, "head dim 5 (hidden/heads) must be even"),
+    ],
+)
+def test_invalid_configs_say_why(changes, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        StepConfig(**changes)
+
+
+def test_ulysses_allows_ffn_not_divisible_by_p_and_roundtrips():
+    cfg = StepConfig(scheme="ulysses", ffn=100, fault="debug-hook")
+    assert cfg.faulty_layer == cfg.layers - 1
+    assert StepConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match="unknown step config keys: bogus"):
+        StepConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+
+
+def test_every_fault_is_described():
+    assert set(FAULTS) == {"stray-full-save", "missing-reduce-scatter", "debug-hook"}
+    assert all(len(text) > 40 for text in FAULTS.values())

@@ -1,0 +1,119 @@
+"""sptrace.instrument / phase / profile_step on a plain single-process model."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+import sptrace
+from sptrace.instrumentation import Instrumentation
+from sptrace.markers import SavedTensor
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(12, 20, bias=False)
+        self.block = nn.Sequential(nn.GELU(), nn.Linear(20, 12, bias=False))
+
+    def forward(self, x):
+        return self.block(self.fc1(x))
+
+
+def _profiled_names(fn) -> Counter:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return Counter(e.name for e in prof.events())
+
+
+def test_markers_and_saved_records_while_profiling():
+    model = Tiny()
+    sptrace.instrument(model)
+    x = torch.randn(3, 5, 12)
+
+    def step():
+        with sptrace.phase("forward"):
+            out = model(x)
+        with sptrace.phase("backward"):
+            out.sum().backward()
+
+    names = _profiled_names(step)
+    for module in ("<root>", "fc1", "block", "block.0", "block.1"):
+        assert names[f"sptrace.module::{module}"] == 1
+    assert names["sptrace.phase::forward"] == names["sptrace.phase::backward"] == 1
+    saved = [SavedTensor.from_marker(n) for n in names if n.startswith("sptrace.saved::")]
+    by_module = {(r.module, r.shape, r.kind) for r in saved}
+    assert ("fc1", (15, 12), "input") in by_module  # x, flattened by the matmul
+    assert ("block.1", (20, 12), "param") in by_module  # W.t(), for the input gradient
+    assert ("block.0", (3, 5, 20), "activation") in by_module  # GeLU input
+    assert ("block.1", (15, 20), "activation") in by_module
+    gelu_in = next(r for r in saved if r.module == "block.0")
+    assert gelu_in.nbytes == gelu_in.storage_nbytes == 3 * 5 * 20 * 4
+
+
+def test_costs_nothing_when_no_profiler_runs(monkeypatch):
+    model = Tiny()
+    inst = sptrace.instrument(model)
+    calls = []
+    monkeypatch.setattr(Instrumentation, "_pack", lambda self, t: calls.append(t) or t)
+    model(torch.randn(2, 3, 12)).sum().backward()
+    assert calls == []  # no saved_tensors_hooks were even installed
+    assert inst._stack == []
+
+
+def test_remove_and_exception_safety():
+    model = Tiny()
+    inst = sptrace.instrument(model)
+
+    class Boom(Exception):
+        pass
+
+    def failing_forward(module, args):
+        raise Boom
+
+    handle = model.block[1].register_forward_pre_hook(failing_forward)
+    with profile(activities=[ProfilerActivity.CPU]):
+        with pytest.raises(Boom):
+            model(torch.randn(2, 12))
+    assert inst._stack == []  # always_call post-hooks unwound every open range
+    handle.remove()
+    inst.remove()
+    names = _profiled_names(lambda: model(torch.randn(2, 12)).sum().backward())
+    assert not any(n.startswith("sptrace.") for n in names)
+
+
+def test_profile_step_single_process(tmp_path):
+    model = Tiny()
+    sptrace.instrument(model, prefix="tiny")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+
+    def train_step(step):
+        seen.append(step)
+        with sptrace.phase("forward"):
+            loss = model(torch.randn(4, 12)).square().mean()
+        with sptrace.phase("backward"):
+            loss.backward()
+        with sptrace.phase("optimizer"):
+            opt.step()
+            opt.zero_grad()
+
+    path = sptrace.profile_step(train_step, tmp_path / "run", warmup=3, run_info={"scheme": "custom", "seq": 4})
+    assert seen == [0, 1, 2, 3]
+    assert path == tmp_path / "run" / "rank0.pt.trace.json.gz"
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["world_size"] == 1 and info["backend"] is None and info["profiled_step"] == 3
+    assert info["config"] == {"scheme": "custom", "seq": 4}
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    names = Counter(e["name"] for e in events)
+    assert names["ProfilerStep#3"] == 1
+    assert names["sptrace.module::tiny.fc1"] == 1
+    assert names["[memory]"] > 0
+    assert not list((tmp_path / "run").glob(".*"))  # no temporary files left behind
