@@ -86,7 +86,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for run in runs:
         print(f"  {run.out_dir}/  ({run.world_size} x rank*.pt.trace.json.gz, run.json; {run.seconds:.0f} s)")
     print("Open a trace in https://ui.perfetto.dev or chrome://tracing; sptrace's analyzer and")
-    print("dashboard over these runs are being built (see the README's roadmap).")
+    print("dashboard over these runs are being built (see the README's Status section).")
     return 0
 
 
