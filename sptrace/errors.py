@@ -20,3 +20,12 @@ class ConfigError(UsageError, ValueError):
 
 class LaunchError(SptraceError):
     """A distributed launch (torchrun) failed; the message names the failing rank's log."""
+
+
+class TraceError(SptraceError):
+    """An unusable trace file or run: the message names the file and the problem."""
+
+    def __init__(self, path: object, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem

@@ -1,0 +1,534 @@
+"""Kineto JSON -> the per-rank Arrow table (sptrace.load.schema).
+
+Fast path: msgspec decodes the events straight into typed Structs; no dict per event is ever
+built, which is most of the time and memory a json/orjson parse spends (measured in
+benchmarks/bench_load.py). Only the args sptrace analyses are declared; the rest is skipped by
+the decoder. A trace whose fields have unexpected types (a foreign writer, a string where Kineto
+writes an int) fails typed validation and takes the tolerant path: untyped msgspec decode and
+the same column extraction, field by field.
+
+Hand-written because no library turns Kineto's event list into typed columns: HTA's parser
+builds Python dicts, rounds nanoseconds and drops events without ``dur``.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sptrace.errors import TraceError
+from sptrace.load.schema import ARG_COLUMNS, SCHEMA, normalise_category
+
+_EXACT_FLOAT_US = float(2**43)  # below this a float µs with 3 decimals maps to a unique ns
+
+
+_ABSENT = -(2**63)
+"""Default of the typed int args: lets numpy read a column in C (np.fromiter), no None."""
+
+
+def _field(name: str) -> Any:
+    return msgspec.field(default=_ABSENT, name=name)
+
+
+def _raw(name: str) -> Any:
+    return msgspec.field(default=msgspec.Raw(), name=name)
+
+
+class _XArgs(msgspec.Struct, gc=False):
+    """args of complete ("X") events: ops, kernels, runtime calls, annotations, python frames."""
+
+    external_id: int | None = _field("External id")
+    external_id_old: int | None = _field("external id")
+    correlation: int | None = _field("correlation")
+    seq_num: int | None = _field("Sequence number")
+    fwd_thread_id: int | None = _field("Fwd thread id")
+    input_dims: msgspec.Raw = _raw("Input Dims")
+    input_types: msgspec.Raw = _raw("Input type")
+    concrete_inputs: msgspec.Raw = _raw("Concrete Inputs")
+    coll_name: str | None = msgspec.field(default=None, name="Collective name")
+    coll_dtype: str | None = msgspec.field(default=None, name="dtype")
+    in_nelems: int | None = _field("In msg nelems")
+    out_nelems: int | None = _field("Out msg nelems")
+    group_size: int | None = _field("Group size")
+    in_split: msgspec.Raw = _raw("In split size")
+    out_split: msgspec.Raw = _raw("Out split size")
+    pg_name: msgspec.Raw = _raw("Process Group Name")
+    pg_desc: str | None = msgspec.field(default=None, name="Process Group Description")
+    pg_ranks: msgspec.Raw = _raw("Process Group Ranks")
+    comm_rank: int | None = _field("Rank")
+    comm_seq: int | None = _field("Seq")
+    python_id: int | None = _field("Python id")
+    python_parent_id: int | None = _field("Python parent id")
+    stream: int | None = _field("stream")
+    device: int | None = _field("device")
+    ev_idx: int | None = _field("Ev Idx")
+
+
+class _IArgs(msgspec.Struct, gc=False):
+    """args of instant ("i") events: the [memory] allocator events."""
+
+    mem_addr: int | None = _field("Addr")
+    mem_bytes: int | None = _field("Bytes")
+    mem_total_allocated: int | None = _field("Total Allocated")
+    mem_total_reserved: int | None = _field("Total Reserved")
+    device_type: int | None = _field("Device Type")
+    device_id: int | None = _field("Device Id")
+    ev_idx: int | None = _field("Ev Idx")
+
+
+# One Struct per event phase (msgspec's tagged union on "ph"), so that each kind of event only
+# declares, and the table builder only visits, the fields it can carry. Kineto writes X, i, s,
+# f and M; any other phase fails validation and the trace takes the tolerant path.
+class _X(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+    name: str = ""
+    cat: str | None = None
+    ts: int | float | None = None
+    dur: int | float | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    args: _XArgs = msgspec.field(default_factory=_XArgs)
+
+
+class _I(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
+    name: str = ""
+    cat: str | None = None
+    ts: int | float | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    args: _IArgs = msgspec.field(default_factory=_IArgs)
+
+
+class _S(msgspec.Struct, gc=False, tag_field="ph", tag="s"):
+    name: str = ""
+    cat: str | None = None
+    ts: int | float | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    id: int | str | None = None
+    bp: str | None = None
+
+
+class _F(_S, tag="f"):
+    pass
+
+
+class _M(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
+    name: str = ""
+    cat: str | None = None
+    ts: int | float | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    args: dict[str, Any] | None = None
+
+
+_KINDS: tuple[type, ...] = (_X, _I, _S, _F, _M)
+_PH = {_X: "X", _I: "i", _S: "s", _F: "f", _M: "M"}
+_KIND_CODE = {kind: code for code, kind in enumerate(_KINDS)}
+_ARGS = {_X: _XArgs, _I: _IArgs}
+# Top-level keys Kineto writes. Decoding them and the events in one typed pass saves a scan of
+# the whole file; keys not listed here are dropped on the fast path.
+METADATA_KEYS = (
+    "schemaVersion", "deviceProperties", "distributedInfo", "baseTimeNanoseconds", "trace_id",
+    "traceName", "displayTimeUnit", "record_shapes", "profile_memory", "with_stack", "with_flops",
+    "with_modules", "metadata", "username", "INFO", "host_name", "cuda_runtime_version",
+    "cuda_driver_version", "cupti_version", "hip_runtime_version", "roctracer_version",
+    "rocprofiler_version", "documentation",
+)  # fmt: skip
+_Top = msgspec.defstruct(
+    "_Top",
+    [("traceEvents", list[_X | _I | _S | _F | _M] | None, None)]
+    + [(key, msgspec.Raw, msgspec.Raw()) for key in METADATA_KEYS],
+    gc=False,
+)
+_TYPED_TOP = msgspec.json.Decoder(_Top)
+_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ANY = msgspec.json.Decoder()
+
+try:  # ISA-L inflates gzip about 2.5x faster than zlib (benchmarks/bench_load.py)
+    from isal import isal_zlib as _zlib
+except ImportError:  # pragma: no cover - isal is a dependency; zlib is the same API
+    _zlib = zlib
+
+
+# ---- bytes ---------------------------------------------------------------------------------
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's JSON text, gunzipped when it is gzip (by magic number, not by name)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    if not data:
+        raise TraceError(path, "empty file")
+    if data[:2] == b"\x1f\x8b":
+        try:
+            # wbits=47: gzip or zlib header, auto-detected; decompressobj to detect truncation
+            d = _zlib.decompressobj(wbits=47)
+            out = d.decompress(data)
+            if not d.eof:
+                raise TraceError(path, "truncated gzip stream: the file is incomplete (was it still being written?)")
+            return out
+        except (zlib.error, _zlib.error) as exc:
+            raise TraceError(path, f"corrupt gzip data ({exc})") from None
+    return data
+
+
+# ---- decoding ------------------------------------------------------------------------------
+
+
+def decode_trace(path: Path, data: bytes) -> tuple[dict[str, Any], pa.Table]:
+    """(top-level metadata without traceEvents, event table) of one trace's JSON text."""
+    try:
+        top = _TYPED_TOP.decode(data)
+        if top.traceEvents is not None:
+            metadata = {k: _ANY.decode(raw) for k in METADATA_KEYS if (raw := getattr(top, k))}
+            events = top.traceEvents
+            del top
+            return metadata, _table_from_structs(path, events)
+    except (msgspec.ValidationError, _NeedsExactTime):
+        pass  # unexpected types somewhere: the tolerant path below says what is wrong, if anything
+    except msgspec.DecodeError as exc:  # (ValidationError is a DecodeError: order matters)
+        raise TraceError(path, f"invalid JSON: {_json_problem(exc, len(data))}") from None
+    return _decode_tolerant(path, data)
+
+
+def _decode_tolerant(path: Path, data: bytes) -> tuple[dict[str, Any], pa.Table]:
+    try:
+        top = _TOP.decode(data)
+    except msgspec.ValidationError:
+        raise TraceError(path, "not a Kineto trace: the JSON is not an object with traceEvents") from None
+    except msgspec.DecodeError as exc:
+        raise TraceError(path, f"invalid JSON: {_json_problem(exc, len(data))}") from None
+    raw_events = top.pop("traceEvents", None)
+    if raw_events is None:
+        raise TraceError(path, "no traceEvents: not a Kineto/Chrome trace (is it a different JSON file?)")
+    metadata = {key: _ANY.decode(value) for key, value in top.items()}
+    return metadata, _table_from_dicts(path, _decode_any_events(path, raw_events))
+
+
+def _decode_any_events(path: Path, raw: msgspec.Raw) -> list[Any]:
+    events = _ANY.decode(raw)
+    if not isinstance(events, list):
+        raise TraceError(path, "traceEvents is not a list")
+    return events
+
+
+def _json_problem(exc: msgspec.DecodeError, size: int) -> str:
+    text = str(exc)
+    match = re.search(r"byte (\d+)", text)
+    if (match and int(match.group(1)) >= size - 1) or "truncated" in text.lower():
+        return f"truncated after {size} bytes (the file is incomplete)"
+    return text
+
+
+class _NeedsExactTime(Exception):
+    """A float timestamp too large to recover its nanoseconds from a double: re-read as text."""
+
+
+# ---- columns -------------------------------------------------------------------------------
+
+
+def _us_to_ns(values: Sequence[int | float | None], path: Path, what: str, exact_text: bool) -> pa.Array:
+    """Microseconds (int, float with a fraction, or None) -> int64 nanoseconds, exactly.
+
+    A float µs with three decimals below 2^43 µs is the nearest double to its decimal text, so
+    floor + round(fraction * 1000) recovers the written nanoseconds. Above that, only the text
+    is exact: the caller re-decodes (``_NeedsExactTime``)."""
+    if exact_text:
+        return pa.array([_text_us_to_ns(v) for v in values], type=pa.int64())
+    arr = pa.array(values, type=pa.float64(), from_pandas=True)
+    x = arr.to_numpy(zero_copy_only=False)
+    finite = np.isfinite(x)
+    whole = np.floor(np.where(finite, x, 0.0))
+    frac = np.where(finite, x, 0.0) - whole
+    if np.any((frac != 0) & (np.abs(x) >= _EXACT_FLOAT_US)):
+        raise _NeedsExactTime(what)
+    ns = whole.astype(np.int64) * 1000 + np.round(frac * 1000).astype(np.int64)
+    return pa.array(ns, type=pa.int64(), mask=~finite)
+
+
+def _text_us_to_ns(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return value * 1000
+    text = value if isinstance(value, str) else repr(value)
+    if "e" in text or "E" in text:
+        return round(float(text) * 1000)
+    whole, _, frac = text.partition(".")
+    sign = -1 if whole.startswith("-") else 1
+    return int(whole) * 1000 + sign * int((frac + "000")[:3])
+
+
+_STREAM = re.compile(r"(?:stream\s*)?(-?\d+)$")
+
+
+def _to_int(value: Any) -> int | None:
+    """pid / tid / flow id: ints, numeric strings, and old traces' "stream 7"."""
+    if isinstance(value, int) or value is None:
+        return value
+    if isinstance(value, str):
+        m = _STREAM.match(value.strip())
+        return int(m.group(1)) if m else None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _raw_text(raw: msgspec.Raw) -> str | None:
+    """A Raw JSON value as text; strings lose their quotes; absent or null -> None."""
+    if not raw:
+        return None
+    text = bytes(raw).decode()
+    if text == "null":
+        return None
+    if text.startswith('"'):
+        return _ANY.decode(raw)
+    return text
+
+
+def _ints(values: Sequence[Any]) -> pa.Array:
+    """int64 column from Python values: numpy's C conversion when all are ints (the common
+    case), else value by value (None, numeric strings, "stream 7")."""
+    try:
+        return pa.array(np.array(values, dtype=np.int64))
+    except (TypeError, ValueError, OverflowError):
+        return pa.array([v if type(v) is int else _to_int(v) for v in values], type=pa.int64())
+
+
+def _sentinel_ints(objects: Sequence[Any], attr: str, n: int) -> pa.Array:
+    """int64 column of a typed-Struct field whose absent value is ``_ABSENT``."""
+    try:
+        arr = np.fromiter(map(operator.attrgetter(attr), objects), dtype=np.int64, count=n)
+    except TypeError:  # a JSON null somewhere: None and _ABSENT both become nulls
+        values = list(map(operator.attrgetter(attr), objects))
+        return pa.array([None if v is None or v == _ABSENT else v for v in values], type=pa.int64())
+    absent = arr == _ABSENT
+    return pa.array(arr, mask=absent) if absent.any() else pa.array(arr)
+
+
+def _strings(values: Sequence[str | None]) -> pa.Array:
+    """Dictionary-encode repeated strings (names, categories) in one pass over a Python dict:
+    cheaper than converting every string to UTF-8 first."""
+    codes: dict[str | None, int] = {}
+    idx = np.fromiter((codes.setdefault(v, len(codes)) for v in values), dtype=np.int32, count=len(values))
+    keys = list(codes)
+    if None in codes:
+        null_code = codes[None]
+        keys[null_code] = ""
+        return pa.DictionaryArray.from_arrays(pa.array(idx, mask=idx == null_code), pa.array(keys, pa.string()))
+    return pa.DictionaryArray.from_arrays(pa.array(idx), pa.array(keys, pa.string()))
+
+
+def _texts(values: Sequence[Any], n: int) -> pa.Array:
+    if not any(values):
+        return pa.nulls(n, type=pa.string())
+    if isinstance(next(v for v in values if v), msgspec.Raw):
+        values = [_raw_text(v) if v else None for v in values]
+    return pa.array(values, type=pa.string())
+
+
+def _plain(arr: pa.Array) -> pa.Array:
+    return arr.cast(pa.string()) if pa.types.is_dictionary(arr.type) else arr
+
+
+def _categories(raw_cat: pa.Array, ph: pa.Array, name: pa.Array) -> pa.Array:
+    """Vectorised ``normalise_category``: map the few distinct raw categories, then patch the
+    rows whose category depends on the name (old traces' uncategorised [memory] instants,
+    old "async"/"launch" flows) or on ph (metadata)."""
+    encoded = raw_cat if pa.types.is_dictionary(raw_cat.type) else pc.dictionary_encode(raw_cat)
+    mapped = pa.array([normalise_category(c, "X", "") for c in encoded.dictionary.to_pylist()], type=pa.string())
+    cat = pc.take(mapped, encoded.indices)
+    ph, name = _plain(ph), _plain(name)
+    fallback = pc.if_else(
+        pc.equal(ph, "M"), "metadata", pc.if_else(pc.equal(name, "[memory]"), "cpu_instant_event", "other")
+    )
+    cat = pc.if_else(pc.is_null(encoded.indices), fallback, cat)
+    launch = pc.and_(pc.equal(_plain(raw_cat), "async"), pc.equal(name, "launch"))
+    return pc.if_else(pc.fill_null(launch, False), "ac2g", cat)
+
+
+def _thread_names(pid: pa.Array, tid: pa.Array, ph: pa.Array, name: pa.Array, meta: pa.Array) -> pa.Array:
+    """Each event's thread name, from the trace's thread_name metadata events."""
+    import pandas as pd
+
+    is_thread = pc.and_(pc.equal(_plain(ph), "M"), pc.equal(_plain(name), "thread_name"))
+    rows = pc.filter(pa.table({"pid": pid, "tid": tid, "meta": meta}), pc.fill_null(is_thread, False))
+    if rows.num_rows == 0:
+        return pa.nulls(len(pid), pa.string())
+    frame = rows.to_pandas().drop_duplicates(["pid", "tid"], keep="last")  # the last name wins
+    known = pd.MultiIndex.from_arrays([frame["pid"], frame["tid"]])
+    known_names = frame["meta"].tolist()
+    lookup = pd.MultiIndex.from_arrays([pid.to_pandas(), tid.to_pandas()])
+    pos = known.get_indexer(lookup)
+    table = pa.array([*known_names, None], type=pa.string())
+    return pc.take(table, pa.array(np.where(pos < 0, len(known_names), pos)))
+
+
+_RAW_ARGS = {"input_dims", "input_types", "concrete_inputs", "in_split", "out_split", "pg_name", "pg_ranks"}
+_STR_ARGS = {"coll_name", "coll_dtype", "pg_desc"}
+
+
+def _finish(path: Path, columns: dict[str, pa.Array]) -> pa.Table:
+    """Checks and derived columns shared by both paths; the table in schema order."""
+    ts, ph, name = columns["ts_ns"], columns["ph"], columns["name"]
+    missing = pc.and_(pc.is_null(ts), pc.invert(pc.is_in(_plain(ph), pa.array(["M", ""]))))
+    n_missing = pc.sum(missing).as_py() or 0
+    if n_missing:
+        first = pc.index(missing, True).as_py()
+        raise TraceError(path, f"{n_missing} events have no ts (first: event {first}, {_plain(name)[first]})")
+    columns["cat"] = _categories(columns["raw_cat"], ph, name)
+    columns["thread_name"] = _thread_names(columns["pid"], columns["tid"], ph, name, columns["meta"])
+    arrays = []
+    for field in SCHEMA:
+        arr = columns[field.name]
+        if pa.types.is_dictionary(field.type) and not pa.types.is_dictionary(arr.type):
+            arr = pc.dictionary_encode(arr)
+        arrays.append(arr)
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def _group_columns(kind: type, events: list[Any]) -> dict[str, pa.Array]:
+    """The columns one kind of event carries, each as long as ``events``."""
+    n = len(events)
+
+    def field(attr: str) -> list:
+        return list(map(operator.attrgetter(attr), events))
+
+    columns: dict[str, pa.Array] = {
+        "name": pa.array(field("name"), pa.string()),
+        "raw_cat": pa.array(field("cat"), pa.string()),
+        "ts": field("ts"),
+        "pid": _ints(field("pid")),
+        "tid": _ints(field("tid")),
+    }
+    if kind is _X:
+        columns["dur"] = field("dur")
+    if kind in (_S, _F):
+        columns["flow_id"] = _ints(field("id"))
+        columns["flow_bp"] = _texts(field("bp"), n)
+    if kind is _M:
+        metas = [a or {} for a in field("args")]
+        columns["meta"] = pa.array([_meta_text(m) for m in metas], pa.string())
+    if kind in _ARGS:
+        args = field("args")
+        for attr in _ARGS[kind].__struct_fields__:
+            if attr == "external_id_old":
+                continue
+            values = list(map(operator.attrgetter(attr), args)) if attr in _RAW_ARGS | _STR_ARGS else None
+            columns[attr] = _texts(values, n) if values is not None else _sentinel_ints(args, attr, n)
+        if kind is _X:
+            columns["external_id"] = pc.coalesce(columns["external_id"], _sentinel_ints(args, "external_id_old", n))
+    return columns
+
+
+def _meta_text(args: dict[str, Any]) -> str | None:
+    value = args.get("name", args.get("labels"))
+    return value if isinstance(value, str) or value is None else str(value)
+
+
+def _table_from_structs(path: Path, events: list[Any]) -> pa.Table:
+    n = len(events)
+    codes = np.fromiter(map(_KIND_CODE.__getitem__, map(type, events)), dtype=np.int8, count=n)
+    parts: list[tuple[str, dict[str, pa.Array], int]] = []
+    for code, kind in enumerate(_KINDS):
+        idx = np.flatnonzero(codes == code)
+        if len(idx) == 0:
+            continue
+        if len(idx) == n:
+            group = events
+        elif len(idx) == 1:
+            group = [events[idx[0]]]
+        else:
+            group = list(operator.itemgetter(*idx)(events))
+        parts.append((_PH[kind], _group_columns(kind, group), len(idx)))
+    columns: dict[str, pa.Array] = {}
+    names = ["name", "raw_cat", "pid", "tid", "flow_id", "flow_bp"] + [c for c, _, _ in ARG_COLUMNS]
+    for column in names:
+        arrow_type = pa.int64() if column in ("pid", "tid", "flow_id") else SCHEMA.field(column).type
+        if pa.types.is_dictionary(arrow_type):
+            arrow_type = pa.string()
+        chunks = [cols[column] if column in cols else pa.nulls(m, arrow_type) for _, cols, m in parts]
+        columns[column] = pa.concat_arrays([c.cast(arrow_type) for c in chunks]) if chunks else pa.nulls(0, arrow_type)
+    columns["ts_ns"] = pa.concat_arrays([_us_to_ns(cols["ts"], path, "ts", False) for _, cols, _ in parts])
+    columns["dur_ns"] = pa.concat_arrays(
+        [
+            _us_to_ns(cols["dur"], path, "dur", False) if "dur" in cols else pa.nulls(m, pa.int64())
+            for _, cols, m in parts
+        ]
+    )
+    columns["ph"] = pa.DictionaryArray.from_arrays(
+        pa.array(np.repeat(np.arange(len(parts), dtype=np.int32), [m for _, _, m in parts])),
+        pa.array([ph for ph, _, _ in parts], pa.string()),
+    )
+    # rows come grouped by phase (X, i, s, f, M), in file order within each group
+    return _finish(path, columns)
+
+
+def _table_from_dicts(path: Path, events: list[Any]) -> pa.Table:
+    """The tolerant path: any JSON types, converted field by field."""
+    good = [e for e in events if isinstance(e, dict)]
+    n = len(good)
+
+    def as_str(v: Any) -> str | None:
+        if v is None:
+            return None
+        return v if isinstance(v, str) else msgspec.json.encode(v).decode()
+
+    def as_int(v: Any) -> int | None:
+        if isinstance(v, bool):
+            return int(v)
+        if isinstance(v, int):
+            return v
+        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+            return int(v)
+        if isinstance(v, str):
+            try:
+                return int(v, 0)
+            except ValueError:
+                return _to_int(v)
+        return None
+
+    def as_time(v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                return float(v) if any(c in v for c in ".eE") else int(v)
+            except ValueError:
+                return None
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    columns: dict[str, pa.Array] = {
+        "name": pa.array(["" if e.get("name") is None else str(e["name"]) for e in good], pa.string()),
+        "raw_cat": pa.array([None if e.get("cat") is None else str(e["cat"]) for e in good], pa.string()),
+        "ph": pa.array(["" if e.get("ph") is None else str(e["ph"]) for e in good], pa.string()),
+        "ts_ns": _us_to_ns([as_time(e.get("ts")) for e in good], path, "ts", exact_text=True),
+        "dur_ns": _us_to_ns([as_time(e.get("dur")) for e in good], path, "dur", exact_text=True),
+        "pid": pa.array([as_int(e.get("pid")) for e in good], pa.int64()),
+        "tid": pa.array([as_int(e.get("tid")) for e in good], pa.int64()),
+        "flow_id": pa.array([as_int(e.get("id")) for e in good], pa.int64()),
+        "flow_bp": pa.array([as_str(e.get("bp")) for e in good], pa.string()),
+    }
+    arg_dicts = [e.get("args") if isinstance(e.get("args"), dict) else {} for e in good]
+    for column, arrow_type, keys in ARG_COLUMNS:
+        integer = pa.types.is_integer(arrow_type)
+        values = []
+        for a in arg_dicts:
+            v = None
+            for key in keys:
+                if a.get(key) is not None:
+                    v = a[key]
+                    break
+            values.append(as_int(v) if integer else as_str(v))
+        columns[column] = pa.array(values, type=pa.int64() if integer else pa.string())
+    return _finish(path, columns)
