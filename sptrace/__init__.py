@@ -14,6 +14,10 @@ _LAZY = {
     "phase": "sptrace.instrumentation",
     "annotate": "sptrace.instrumentation",
     "profile_step": "sptrace.profiling",
+    "load_trace": "sptrace.load",
+    "load_run": "sptrace.load",
+    "RankTrace": "sptrace.load",
+    "RunTrace": "sptrace.load",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -90,6 +90,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_info(args: argparse.Namespace) -> int:
+    """Ranks, world size, groups, events, and which analyses the traces allow."""
+    import json
+    import warnings
+
+    from sptrace.load import describe, load_run
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # shown in the report instead
+        run = load_run(args.path, cache=not args.no_cache, skip_bad=args.skip_bad, cache_dir=args.cache_dir)
+    info = describe.describe_run(run)
+    if args.format == "json":
+        print(json.dumps(info, indent=2))
+    else:
+        print(describe.render_text(info))
+    return 0
+
+
+def _add_load_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-cache", action="store_true", help="parse the traces again; do not read or write the table cache"
+    )
+    p.add_argument("--cache-dir", help="where parsed tables are cached (default: $XDG_CACHE_HOME/sptrace)")
+    p.add_argument("--skip-bad", action="store_true", help="warn about unusable rank files and analyse the rest")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sptrace", description="Trace profiler and analyzer for sequence-parallel training.")
     parser.add_argument("--version", action="version", version=f"sptrace {__version__}")
@@ -117,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     _add_model_flags(p)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("info", help="what a run's traces hold and which analyses they allow")
+    p.add_argument("path", help="a run directory (per-rank *.json / *.json.gz traces) or one trace file")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    _add_load_flags(p)
+    p.set_defaults(func=cmd_info)
     return parser
 
 

@@ -29,3 +29,6 @@ class TraceError(SptraceError):
         super().__init__(f"{path}: {problem}")
         self.path = path
         self.problem = problem
+
+    def __reduce__(self) -> tuple[type, tuple[object, str]]:  # raised in loader worker processes
+        return (type(self), (self.path, self.problem))

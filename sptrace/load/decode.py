@@ -479,7 +479,6 @@ def _table_from_structs(path: Path, events: list[Any]) -> pa.Table:
 def _table_from_dicts(path: Path, events: list[Any]) -> pa.Table:
     """The tolerant path: any JSON types, converted field by field."""
     good = [e for e in events if isinstance(e, dict)]
-    n = len(good)
 
     def as_str(v: Any) -> str | None:
         if v is None:

@@ -1,0 +1,350 @@
+"""Loading traces: ``load_trace`` for one rank's file, ``load_run`` for every rank of a step.
+
+A run is a directory (or a list) of per-rank Kineto traces, ``.json`` or ``.json.gz``. Each
+rank's rank and world size come from its ``distributedInfo``; traces without it (older
+PyTorch, single GPU) get them from the file name (``rank3``, ``rank-3``, ``worker3``). Ranks load
+in parallel processes when the run is large, each through the table cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import warnings
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sptrace.errors import TraceError
+from sptrace.load import cache as table_cache
+from sptrace.load.decode import decode_trace, read_bytes
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+RUN_FILE = "run.json"
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+PARALLEL_MIN_BYTES = 32 * 2**20
+"""Below this much trace data, worker processes cost more than they save."""
+
+
+class TraceWarning(UserWarning):
+    """Something about a run that limits the analyses but does not stop them."""
+
+
+@dataclass(eq=False)
+class RankTrace:
+    """One rank's trace: its event table and the trace's top-level metadata."""
+
+    path: Path
+    rank: int | None
+    world_size: int | None
+    metadata: dict[str, Any]
+    """Top-level keys of the trace (distributedInfo, deviceProperties, baseTimeNanoseconds ...)."""
+    table: pa.Table
+    """One row per event, columns as in sptrace.load.schema.SCHEMA."""
+    rank_source: str = "distributedInfo"
+    """Where rank came from: 'distributedInfo', 'file name' or 'single file'."""
+
+    @cached_property
+    def events(self):  # -> pandas.DataFrame; typed lazily so that importing sptrace stays light
+        """The event table as a pandas DataFrame (string columns categorical, ints nullable)."""
+        import pandas as pd
+
+        return self.table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+
+    @property
+    def distributed_info(self) -> dict[str, Any]:
+        info = self.metadata.get("distributedInfo")
+        return info if isinstance(info, dict) else {}
+
+    @property
+    def backend(self) -> str | None:
+        return self.distributed_info.get("backend")
+
+    @property
+    def process_groups(self) -> list[dict[str, Any]]:
+        groups = self.distributed_info.get("pg_config")
+        return groups if isinstance(groups, list) else []
+
+    @property
+    def num_events(self) -> int:
+        return self.table.num_rows
+
+    def category_counts(self) -> dict[str, int]:
+        counts = pc.value_counts(self.table["cat"].combine_chunks().dictionary_decode())
+        return {c["values"].as_py(): c["counts"].as_py() for c in counts}
+
+    def time_span_ns(self) -> tuple[int, int] | None:
+        ts = self.table["ts_ns"]
+        end = pc.add(ts, pc.fill_null(self.table["dur_ns"], 0))
+        lo, hi = pc.min(ts).as_py(), pc.max(end).as_py()
+        return None if lo is None else (lo, hi)
+
+
+@dataclass(eq=False)
+class RunTrace:
+    """Every rank of one profiled step."""
+
+    ranks: dict[int, RankTrace]
+    """By rank, in rank order."""
+    world_size: int
+    root: Path | None = None
+    run_info: dict[str, Any] | None = None
+    """The run's run.json (written by sptrace.profile_step), when present."""
+    missing_ranks: list[int] = field(default_factory=list)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    """Files left out: (path, why)."""
+    warnings: list[str] = field(default_factory=list)
+
+    def __iter__(self):
+        return iter(self.ranks.values())
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def backend(self) -> str | None:
+        return next((r.backend for r in self.ranks.values() if r.backend), None)
+
+
+def load_trace(
+    path: str | os.PathLike[str],
+    *,
+    cache: bool = True,
+    cache_dir: str | os.PathLike[str] | None = None,
+    rank: int | None = None,
+) -> RankTrace:
+    """Parse one rank's trace (through the table cache unless ``cache=False``)."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(p, "no such file")
+    if p.is_dir():
+        raise TraceError(p, "is a directory: use load_run for a run's folder")
+    directory = Path(cache_dir) if cache_dir is not None else table_cache.default_cache_dir()
+    loaded = table_cache.read_cached(directory, p) if cache else None
+    if loaded is None:
+        metadata, table = decode_trace(p, read_bytes(p))
+        if cache:
+            table_cache.write_cached(directory, p, metadata, table)
+    else:
+        metadata, table = loaded
+    found_rank, world_size, source = _identify(p, metadata)
+    if rank is not None:
+        found_rank, source = rank, source if found_rank == rank else "caller"
+    return RankTrace(p, found_rank, world_size, metadata, table, source)
+
+
+def _identify(path: Path, metadata: dict[str, Any]) -> tuple[int | None, int | None, str]:
+    info = metadata.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        world = info.get("world_size")
+        return info["rank"], world if isinstance(world, int) else None, "distributedInfo"
+    match = _RANK_IN_NAME.search(path.name)
+    if match:
+        return int(match.group(1)), None, "file name"
+    return None, None, "none"
+
+
+def find_traces(root: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Trace files in a run folder, and the files skipped (HTA's outputs)."""
+    if not root.exists():
+        raise TraceError(root, "no such file or directory")
+    files, skipped = [], []
+    for p in sorted(root.iterdir()):
+        if not p.is_file() or p.name == RUN_FILE or p.name.startswith("."):
+            continue
+        if not p.name.endswith(TRACE_SUFFIXES):
+            continue
+        if "_with_counters" in p.name:
+            skipped.append((p, "written by HTA's generate_trace_with_counters, not a profiler trace"))
+            continue
+        files.append(p)
+    if not files:
+        raise TraceError(root, "no trace files (*.json, *.json.gz) in this directory")
+    return files, skipped
+
+
+def _load_one(path: Path, cache: bool, cache_dir: Path | None) -> RankTrace:
+    return load_trace(path, cache=cache, cache_dir=cache_dir)
+
+
+def _load_in_worker(path: Path, cache: bool, cache_dir: Path | None) -> tuple[Path, Any]:
+    """Runs in a worker process. With the cache on, only the entry's path travels back."""
+    trace = _load_one(path, cache, cache_dir)
+    if cache:
+        return path, None
+    return path, trace
+
+
+def load_run(
+    path_or_files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    cache: bool = True,
+    cache_dir: str | os.PathLike[str] | None = None,
+    skip_bad: bool = False,
+    workers: int | None = None,
+    progress: bool | None = None,
+) -> RunTrace:
+    """Load every rank of a run: a directory of per-rank traces, a single trace, or a list.
+
+    Raises TraceError for an unusable run (no traces, two files claiming one rank, ranks from
+    different runs or worlds). A rank missing from 0..world_size-1 is a warning (the run is
+    analysed over the ranks present). ``skip_bad`` turns a bad rank file into a warning too.
+    """
+    root, files, skipped = _files_of(path_or_files)
+    directory = Path(cache_dir) if cache_dir is not None else None
+    traces, bad = _load_all(files, cache, directory, skip_bad, workers, progress)
+    notes: list[str] = []
+    for p, why in skipped + bad:
+        notes.append(f"skipped {p}: {why}")
+    if not traces:
+        raise TraceError(root or files[0], "no usable trace among " + ", ".join(str(p) for p, _ in bad))
+    run = _assemble_run(root, traces, notes)
+    run.skipped = skipped + bad
+    for note in run.warnings:
+        warnings.warn(note, TraceWarning, stacklevel=2)
+    return run
+
+
+def _files_of(path_or_files: Any) -> tuple[Path | None, list[Path], list[tuple[Path, str]]]:
+    if isinstance(path_or_files, (str, os.PathLike)):
+        root = Path(path_or_files)
+        if root.is_dir():
+            files, skipped = find_traces(root)
+            return root, files, skipped
+        if not root.exists():
+            raise TraceError(root, "no such file or directory")
+        return root.parent, [root], []
+    files = [Path(p) for p in path_or_files]
+    if not files:
+        raise TraceError("<run>", "no trace files given")
+    for p in files:
+        if not p.is_file():
+            raise TraceError(p, "no such file")
+    return None, files, []
+
+
+def _load_all(
+    files: list[Path], cache: bool, cache_dir: Path | None, skip_bad: bool, workers: int | None, progress: bool | None
+) -> tuple[list[RankTrace], list[tuple[Path, str]]]:
+    total = sum(p.stat().st_size for p in files)
+    if workers is None:
+        workers = min(len(files), os.cpu_count() or 1) if total >= PARALLEL_MIN_BYTES else 1
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = _progress(len(files), show)
+    traces: list[RankTrace] = []
+    bad: list[tuple[Path, str]] = []
+
+    def failed(p: Path, exc: TraceError) -> None:
+        if not skip_bad:
+            raise exc
+        bad.append((p, exc.problem))
+
+    try:
+        if workers <= 1 or len(files) == 1:
+            for p in files:
+                try:
+                    traces.append(_load_one(p, cache, cache_dir))
+                except TraceError as exc:
+                    failed(p, exc)
+                bar.update(1)
+        else:
+            import multiprocessing
+
+            # spawn: forking a process whose Arrow thread pool is running can deadlock
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                futures = {pool.submit(_load_in_worker, p, cache, cache_dir): p for p in files}
+                for fut in as_completed(futures):
+                    p = futures[fut]
+                    try:
+                        _, trace = fut.result()
+                        # with the cache on, the worker left the table there: map it here
+                        traces.append(trace if trace is not None else _load_one(p, True, cache_dir))
+                    except TraceError as exc:
+                        failed(p, exc)
+                    bar.update(1)
+    finally:
+        bar.close()
+    return traces, bad
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, show: bool) -> Any:
+    if not show or total < 2:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="rank", desc="loading traces", file=sys.stderr, leave=False)
+
+
+def _assemble_run(root: Path | None, traces: list[RankTrace], notes: list[str]) -> RunTrace:
+    if len(traces) == 1 and traces[0].rank is None:
+        only = traces[0]
+        only.rank, only.world_size, only.rank_source = 0, 1, "single file"
+    unknown = [t.path for t in traces if t.rank is None]
+    if unknown:
+        raise TraceError(
+            unknown[0],
+            "cannot tell which rank this trace is: no distributedInfo and no rank in the file name "
+            "(rename it rank<N>.json, or load it alone)",
+        )
+    by_rank: dict[int, RankTrace] = {}
+    for t in sorted(traces, key=lambda t: (t.rank, str(t.path))):
+        assert t.rank is not None
+        if t.rank in by_rank:
+            raise TraceError(t.path, f"claims rank {t.rank}, as does {by_rank[t.rank].path}")
+        by_rank[t.rank] = t
+    worlds = {t.world_size for t in traces if t.world_size is not None}
+    if len(worlds) > 1:
+        detail = ", ".join(f"{t.path.name}: {t.world_size}" for t in traces if t.world_size is not None)
+        raise TraceError(root or traces[0].path, f"ranks come from different runs: world sizes differ ({detail})")
+    backends = {t.backend for t in traces if t.backend}
+    if len(backends) > 1:
+        raise TraceError(root or traces[0].path, f"ranks come from different runs: backends {sorted(backends)}")
+    world = worlds.pop() if worlds else max(by_rank) + 1
+    outside = [r for r in by_rank if not 0 <= r < world]
+    if outside:
+        raise TraceError(by_rank[outside[0]].path, f"rank {outside[0]} is outside the world of {world} ranks")
+    missing = [r for r in range(world) if r not in by_rank]
+    run_info = None
+    if root is not None and (root / RUN_FILE).is_file():
+        try:
+            run_info = json.loads((root / RUN_FILE).read_text())
+        except (OSError, ValueError) as exc:
+            notes.append(f"ignored {root / RUN_FILE}: {exc}")
+    if missing:
+        notes.append(
+            f"{len(missing)} of {world} ranks have no trace ({_ranges(missing)}): cross-rank matching, "
+            f"skew and straggler analysis cover the {len(by_rank)} ranks present, and the per-rank "
+            "checks say nothing about the missing ones"
+        )
+    return RunTrace(dict(sorted(by_rank.items())), world, root, run_info, missing, [], notes)
+
+
+def _ranges(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    out: list[str] = []
+    items = sorted(ranks)
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
+        i = j + 1
+    return ", ".join(out)
