@@ -15,6 +15,7 @@ import pytest
 from sptrace.cli import main as sptrace_main
 
 REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO.parent / "shared" / "corpus"  # real GPU traces, read in place (read-only)
 WORLD = 8
 
 # name -> `sptrace profile` flags (8 ranks, the default model unless stated)
@@ -80,3 +81,15 @@ def verify_reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return [json.loads((out / f"verify_rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    assert CORPUS.is_dir(), f"the trace corpus is expected at {CORPUS} (../shared/corpus beside the checkout)"
+    return CORPUS
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    """A private table cache, so tests never touch the user's ~/.cache."""
+    return tmp_path / "cache"

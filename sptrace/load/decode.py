@@ -152,6 +152,14 @@ _Top = msgspec.defstruct(
 )
 _TYPED_TOP = msgspec.json.Decoder(_Top)
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+class _Times(msgspec.Struct, gc=False):
+    ts: msgspec.Raw = msgspec.Raw()
+    dur: msgspec.Raw = msgspec.Raw()
+
+
+_TIMES = msgspec.json.Decoder(list[_Times])
 _ANY = msgspec.json.Decoder()
 
 try:  # ISA-L inflates gzip about 2.5x faster than zlib (benchmarks/bench_load.py)
@@ -214,7 +222,11 @@ def _decode_tolerant(path: Path, data: bytes) -> tuple[dict[str, Any], pa.Table]
     if raw_events is None:
         raise TraceError(path, "no traceEvents: not a Kineto/Chrome trace (is it a different JSON file?)")
     metadata = {key: _ANY.decode(value) for key, value in top.items()}
-    return metadata, _table_from_dicts(path, _decode_any_events(path, raw_events))
+    try:  # the timestamps' text, for exact nanoseconds whatever their size
+        times = [(_raw_text(t.ts), _raw_text(t.dur)) for t in _TIMES.decode(raw_events)]
+    except msgspec.ValidationError:
+        times = None
+    return metadata, _table_from_dicts(path, _decode_any_events(path, raw_events), times)
 
 
 def _decode_any_events(path: Path, raw: msgspec.Raw) -> list[Any]:
@@ -259,16 +271,20 @@ def _us_to_ns(values: Sequence[int | float | None], path: Path, what: str, exact
 
 
 def _text_us_to_ns(value: Any) -> int | None:
-    if value is None:
+    """'1700000000123456.789' -> 1700000000123456789, digit by digit (no float rounding)."""
+    if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value * 1000
-    text = value if isinstance(value, str) else repr(value)
-    if "e" in text or "E" in text:
-        return round(float(text) * 1000)
-    whole, _, frac = text.partition(".")
-    sign = -1 if whole.startswith("-") else 1
-    return int(whole) * 1000 + sign * int((frac + "000")[:3])
+    text = (value if isinstance(value, str) else repr(value)).strip().strip('"')
+    try:
+        if "e" in text or "E" in text:
+            return round(float(text) * 1000)
+        whole, _, frac = text.partition(".")
+        sign = -1 if whole.startswith("-") else 1
+        return int(whole) * 1000 + sign * int((frac + "000")[:3])
+    except ValueError:
+        return None
 
 
 _STREAM = re.compile(r"(?:stream\s*)?(-?\d+)$")
@@ -387,7 +403,8 @@ def _finish(path: Path, columns: dict[str, pa.Array]) -> pa.Table:
     n_missing = pc.sum(missing).as_py() or 0
     if n_missing:
         first = pc.index(missing, True).as_py()
-        raise TraceError(path, f"{n_missing} events have no ts (first: event {first}, {_plain(name)[first]})")
+        noun = "event has" if n_missing == 1 else "events have"
+        raise TraceError(path, f"{n_missing} {noun} no ts (the first: {_plain(name)[first]})")
     columns["cat"] = _categories(columns["raw_cat"], ph, name)
     columns["thread_name"] = _thread_names(columns["pid"], columns["tid"], ph, name, columns["meta"])
     arrays = []
@@ -476,8 +493,14 @@ def _table_from_structs(path: Path, events: list[Any]) -> pa.Table:
     return _finish(path, columns)
 
 
-def _table_from_dicts(path: Path, events: list[Any]) -> pa.Table:
-    """The tolerant path: any JSON types, converted field by field."""
+def _table_from_dicts(path: Path, events: list[Any], times: list[tuple[Any, Any]] | None = None) -> pa.Table:
+    """The tolerant path: any JSON types, converted field by field. ``times`` holds each
+    event's ts and dur as written (text), for exact nanoseconds."""
+    if times is not None and len(times) == len(events):
+        keep = [i for i, e in enumerate(events) if isinstance(e, dict)]
+        times = [times[i] for i in keep]
+    else:
+        times = None
     good = [e for e in events if isinstance(e, dict)]
 
     def as_str(v: Any) -> str | None:
@@ -511,8 +534,12 @@ def _table_from_dicts(path: Path, events: list[Any]) -> pa.Table:
         "name": pa.array(["" if e.get("name") is None else str(e["name"]) for e in good], pa.string()),
         "raw_cat": pa.array([None if e.get("cat") is None else str(e["cat"]) for e in good], pa.string()),
         "ph": pa.array(["" if e.get("ph") is None else str(e["ph"]) for e in good], pa.string()),
-        "ts_ns": _us_to_ns([as_time(e.get("ts")) for e in good], path, "ts", exact_text=True),
-        "dur_ns": _us_to_ns([as_time(e.get("dur")) for e in good], path, "dur", exact_text=True),
+        "ts_ns": _us_to_ns(
+            [t[0] for t in times] if times else [as_time(e.get("ts")) for e in good], path, "ts", exact_text=True
+        ),
+        "dur_ns": _us_to_ns(
+            [t[1] for t in times] if times else [as_time(e.get("dur")) for e in good], path, "dur", exact_text=True
+        ),
         "pid": pa.array([as_int(e.get("pid")) for e in good], pa.int64()),
         "tid": pa.array([as_int(e.get("tid")) for e in good], pa.int64()),
         "flow_id": pa.array([as_int(e.get("id")) for e in good], pa.int64()),

@@ -118,8 +118,10 @@ def render_text(info: dict[str, Any]) -> str:
     if info["span_ms"]:
         lines.append(f"time span:    {info['span_ms']['min']:.1f} to {info['span_ms']['max']:.1f} ms per rank")
     lines.append("")
-    header = f"{'rank':>5} {'events':>9} {'cpu ops':>8} {'kernels':>8} {'memory':>8} {'stacks':>8} {'c10d':>6} {'span ms':>9}  file"
-    lines.append(header)
+    lines.append(
+        f"{'rank':>5} {'events':>9} {'cpu ops':>8} {'kernels':>8} {'memory':>8} {'stacks':>8} {'c10d':>6} "
+        f"{'span ms':>9}  file"
+    )
     for r in info["per_rank"]:
         span = f"{r['span_ms']:.1f}" if r["span_ms"] is not None else "-"
         lines.append(
