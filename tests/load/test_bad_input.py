@@ -111,7 +111,7 @@ def test_rank_from_file_name_and_unknown_rank(tmp_path):
     run = sptrace.load_run(tmp_path, cache=False)
     assert sorted(run.ranks) == [0, 1] and run.ranks[1].rank_source == "file name" and run.world_size == 2
     write(tmp_path, "mystery.json", trace_json())
-    with pytest.raises(TraceError, match="mystery.json: cannot tell which rank this trace is"):
+    with pytest.raises(TraceError, match=r"mystery\.json: cannot tell which rank this trace is"):
         sptrace.load_run(tmp_path, cache=False)
     alone = sptrace.load_run(tmp_path / "mystery.json", cache=False)  # one file alone: rank 0 of 1
     assert alone.world_size == 1 and alone.ranks[0].rank_source == "single file"
@@ -121,7 +121,7 @@ def test_hta_outputs_are_skipped_and_bad_ranks_can_be_skipped(tmp_path, capsys):
     write(tmp_path, "rank0.json", trace_json(rank=0, world=2))
     write(tmp_path, "rank0_with_counters.json", trace_json(rank=0, world=2))
     write(tmp_path, "rank1.json", trace_json(rank=1, world=2)[:40])
-    with pytest.raises(TraceError, match="rank1.json: invalid JSON"):
+    with pytest.raises(TraceError, match=r"rank1\.json: invalid JSON"):
         sptrace.load_run(tmp_path, cache=False)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

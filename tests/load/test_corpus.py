@@ -182,9 +182,8 @@ def test_parallel_load_matches_serial(corpus, cache_dir):
                                     ("1623143093553659", 1623143093553659000), ("0.001", 1)])  # fmt: skip
 def test_microseconds_become_exact_nanoseconds(tmp_path, ts, ns):
     path = tmp_path / "t.json"
-    path.write_text(
-        '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": %s, "dur": 1.5}]}' % ts
-    )
+    event = '{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": TS, "dur": 1.5}'
+    path.write_text('{"traceEvents": [' + event.replace("TS", ts) + "]}")
     trace = sptrace.load_trace(path, cache=False)
     assert trace.table["ts_ns"][0].as_py() == ns and trace.table["dur_ns"][0].as_py() == 1500
 
