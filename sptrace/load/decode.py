@@ -195,14 +195,15 @@ def read_bytes(path: Path) -> bytes:
 # ---- decoding ------------------------------------------------------------------------------
 
 
-def decode_trace(path: Path, data: bytes) -> tuple[dict[str, Any], pa.Table]:
-    """(top-level metadata without traceEvents, event table) of one trace's JSON text."""
+def decode_trace(path: Path) -> tuple[dict[str, Any], pa.Table]:
+    """(top-level metadata without traceEvents, event table) of one trace file."""
+    data = read_bytes(path)
     try:
         top = _TYPED_TOP.decode(data)
         if top.traceEvents is not None:
             metadata = {k: _ANY.decode(raw) for k in METADATA_KEYS if (raw := getattr(top, k))}
             events = top.traceEvents
-            del top
+            del top, data  # the Structs' Raw fields keep the bytes alive only as long as needed
             return metadata, _table_from_structs(path, events)
     except (msgspec.ValidationError, _NeedsExactTime):
         pass  # unexpected types somewhere: the tolerant path below says what is wrong, if anything
@@ -456,39 +457,50 @@ def _meta_text(args: dict[str, Any]) -> str | None:
 
 
 def _table_from_structs(path: Path, events: list[Any]) -> pa.Table:
+    """Columns from the decoded Structs. Memory: ``events`` is emptied, and each kind's
+    Structs are dropped as soon as its columns exist, the largest kind (X) last, so the peak
+    is about the Structs plus one kind's columns (benchmarks/bench_load.py measures it)."""
     n = len(events)
     codes = np.fromiter(map(_KIND_CODE.__getitem__, map(type, events)), dtype=np.int8, count=n)
-    parts: list[tuple[str, dict[str, pa.Array], int]] = []
+    groups: list[tuple[type, list[Any] | None]] = []
     for code, kind in enumerate(_KINDS):
         idx = np.flatnonzero(codes == code)
-        if len(idx) == 0:
-            continue
-        if len(idx) == n:
-            group = events
-        elif len(idx) == 1:
-            group = [events[idx[0]]]
-        else:
-            group = list(operator.itemgetter(*idx)(events))
-        parts.append((_PH[kind], _group_columns(kind, group), len(idx)))
+        if len(idx) == 1:
+            groups.append((kind, [events[idx[0]]]))
+        elif len(idx) > 1:
+            groups.append((kind, list(operator.itemgetter(*idx)(events))))
+    events.clear()  # the Structs now live only in their group
+    del codes
+    parts: list[tuple[str, dict[str, Any], int]] = [("", {}, 0)] * len(groups)
+    for k in sorted(range(len(groups)), key=lambda k: groups[k][0] is _X):
+        kind, group = groups[k]
+        assert group is not None
+        cols = _group_columns(kind, group)
+        cols["ts"] = _us_to_ns(cols["ts"], path, "ts", False)
+        if "dur" in cols:
+            cols["dur"] = _us_to_ns(cols["dur"], path, "dur", False)
+        parts[k] = (_PH[kind], cols, len(group))
+        groups[k] = (kind, None)  # free this kind's Structs
+        del group
     columns: dict[str, pa.Array] = {}
-    names = ["name", "raw_cat", "pid", "tid", "flow_id", "flow_bp"] + [c for c, _, _ in ARG_COLUMNS]
+    names = ["name", "raw_cat", "pid", "tid", "flow_id", "flow_bp", "ts", "dur"] + [c for c, _, _ in ARG_COLUMNS]
     for column in names:
-        arrow_type = pa.int64() if column in ("pid", "tid", "flow_id") else SCHEMA.field(column).type
+        if column in ("pid", "tid", "flow_id", "ts", "dur"):
+            arrow_type = pa.int64()
+        else:
+            arrow_type = SCHEMA.field(column).type
         if pa.types.is_dictionary(arrow_type):
             arrow_type = pa.string()
-        chunks = [cols[column] if column in cols else pa.nulls(m, arrow_type) for _, cols, m in parts]
-        columns[column] = pa.concat_arrays([c.cast(arrow_type) for c in chunks]) if chunks else pa.nulls(0, arrow_type)
-    columns["ts_ns"] = pa.concat_arrays([_us_to_ns(cols["ts"], path, "ts", False) for _, cols, _ in parts])
-    columns["dur_ns"] = pa.concat_arrays(
-        [
-            _us_to_ns(cols["dur"], path, "dur", False) if "dur" in cols else pa.nulls(m, pa.int64())
-            for _, cols, m in parts
-        ]
-    )
+        chunks = [cols.pop(column, None) for _, cols, _ in parts]
+        arrays = [pa.nulls(m, arrow_type) if c is None else c.cast(arrow_type) for c, (_, _, m) in zip(chunks, parts)]
+        del chunks
+        key = {"ts": "ts_ns", "dur": "dur_ns"}.get(column, column)
+        columns[key] = pa.concat_arrays(arrays) if arrays else pa.nulls(0, arrow_type)
     columns["ph"] = pa.DictionaryArray.from_arrays(
         pa.array(np.repeat(np.arange(len(parts), dtype=np.int32), [m for _, _, m in parts])),
         pa.array([ph for ph, _, _ in parts], pa.string()),
     )
+    del parts
     # rows come grouped by phase (X, i, s, f, M), in file order within each group
     return _finish(path, columns)
 

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from sptrace.errors import TraceError
 from sptrace.load import cache as table_cache
-from sptrace.load.decode import decode_trace, read_bytes
+from sptrace.load.decode import decode_trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 RUN_FILE = "run.json"
@@ -130,7 +130,7 @@ def load_trace(
     directory = Path(cache_dir) if cache_dir is not None else table_cache.default_cache_dir()
     loaded = table_cache.read_cached(directory, p) if cache else None
     if loaded is None:
-        metadata, table = decode_trace(p, read_bytes(p))
+        metadata, table = decode_trace(p)
         if cache:
             table_cache.write_cached(directory, p, metadata, table)
     else:

@@ -1,0 +1,231 @@
+"""Trace loading: HolisticTraceAnalysis's parser against sptrace's, side by side.
+
+    python benchmarks/bench_load.py [--repeats 5] [--sizes 1,2,4,8] [--trace PATH]
+
+0. The JSON decoders, on the decompressed text alone: json, orjson (when installed), msgspec
+   untyped, and msgspec into sptrace's typed Structs (what sptrace uses).
+1. CPU time, in one process, alternating: HTA's ``hta.common.trace.parse_trace_file`` (default
+   config), ``sptrace.load_trace(..., cache=False)`` (cold) and ``sptrace.load_trace`` from its
+   table cache (warm), each warmed up once first; medians and ratios to HTA.
+2. Peak RSS of each, in a fresh process per variant (the memory above the process's size after
+   imports is printed too).
+3. Growth: synthetic traces of 2x, 4x, 8x the events (the real events replicated, shifted in
+   time) loaded cold in fresh processes: CPU time, peak RSS, and the table they produce.
+
+Default trace: ../shared/corpus/hta_tests_data/df_index_resolver/df_index_resolver.json.gz
+(rank 1 of 2, 2x V100, 216k events, 53.7 MB of JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_TRACE = HERE.parent.parent / "shared/corpus/hta_tests_data/df_index_resolver/df_index_resolver.json.gz"
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_rss_mb() -> float:
+    """VmHWM: this process's peak RSS since its exec (ru_maxrss would include the parent's)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _quiet_hta() -> None:
+    logging.disable(logging.CRITICAL)
+
+
+def run_hta(path: Path) -> object:
+    from hta.common.trace import parse_trace_file
+    from hta.configs.parser_config import ParserConfig
+
+    return parse_trace_file(str(path), ParserConfig.get_default_cfg())
+
+
+def run_cold(path: Path) -> object:
+    import sptrace
+
+    return sptrace.load_trace(path, cache=False)
+
+
+def run_cached(path: Path, cache_dir: Path) -> object:
+    import sptrace
+
+    return sptrace.load_trace(path, cache_dir=cache_dir)
+
+
+def child(variant: str, path: Path, cache_dir: Path) -> None:
+    """One variant in this fresh process; prints a JSON line."""
+    _quiet_hta()
+    if variant == "hta":
+        import hta.common.trace  # noqa: F401  (imports before the baseline)
+    else:
+        import pandas  # noqa: F401
+        import pyarrow  # noqa: F401
+
+        import sptrace.load  # noqa: F401
+    base = _rss_mb()
+    start = time.process_time()
+    result = {
+        "hta": lambda: run_hta(path),
+        "cold": lambda: run_cold(path),
+        "cached": lambda: run_cached(path, cache_dir),
+    }[variant]()
+    cpu = time.process_time() - start
+    peak = _peak_rss_mb()
+    table_mb = result.table.nbytes / 2**20 if hasattr(result, "table") else None
+    events = result.num_events if hasattr(result, "num_events") else None
+    print(json.dumps({"cpu_s": cpu, "base_mb": base, "peak_mb": peak, "table_mb": table_mb, "events": events}))
+
+
+def in_child(variant: str, path: Path, cache_dir: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", variant, "--trace", str(path), "--cache-dir", str(cache_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def replicate(path: Path, copies: int, out: Path) -> Path:
+    """A trace with ``copies`` times the events of ``path``, shifted so that they follow each other."""
+    import msgspec
+
+    from sptrace.load.decode import read_bytes
+
+    doc = msgspec.json.decode(read_bytes(path))
+    events = doc.pop("traceEvents")
+    stamps = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
+    shift = max(stamps) - min(stamps) + 1000
+    with open(out, "wb") as f:
+        f.write(msgspec.json.encode(doc)[:-1] + b', "traceEvents": [')
+        for j in range(copies):
+            batch = []
+            for e in events:
+                if isinstance(e.get("ts"), (int, float)) and e.get("ph") != "M":
+                    e = {**e, "ts": e["ts"] + j * shift}
+                elif j:
+                    continue  # metadata once
+                batch.append(e)
+            body = msgspec.json.encode(batch)[1:-1]
+            f.write((b"," if j else b"") + body)
+        f.write(b"]}")
+    return out
+
+
+def decoders(path: Path, repeats: int) -> None:
+    import msgspec
+
+    from sptrace.load.decode import _TYPED_TOP, read_bytes
+
+    data = read_bytes(path)
+    candidates = {
+        "json (stdlib)": json.loads,
+        "msgspec untyped": msgspec.json.decode,
+        "msgspec typed (sptrace)": _TYPED_TOP.decode,
+    }
+    try:
+        import orjson
+
+        candidates["orjson"] = orjson.loads
+    except ImportError:
+        pass
+    print(f"decoding {len(data) / 2**20:.1f} MB of JSON, CPU seconds (median of {repeats})")
+    for name, fn in candidates.items():
+        samples = []
+        for _ in range(repeats):
+            start = time.process_time()
+            fn(data)
+            samples.append(time.process_time() - start)
+        print(f"  {name:<26}{statistics.median(samples):>7.3f}")
+    print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sizes", default="1,2,4,8", help="replication factors for the growth table ('' to skip)")
+    parser.add_argument("--child", choices=("hta", "cold", "cached"), help=argparse.SUPPRESS)
+    parser.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.trace, args.cache_dir)
+        return
+    _quiet_hta()
+    path = args.trace
+    size_mb = path.stat().st_size / 2**20
+    decoders(path, args.repeats)
+    with tempfile.TemporaryDirectory(prefix="sptrace-bench-") as tmp:
+        cache_dir = Path(tmp) / "cache"
+        variants = {
+            "hta": lambda: run_hta(path),
+            "cold": lambda: run_cold(path),
+            "cached": lambda: run_cached(path, cache_dir),
+        }
+        for fn in variants.values():
+            fn()  # warm up (and fill the cache)
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(args.repeats):
+            for name, fn in variants.items():
+                start = time.process_time()
+                fn()
+                times[name].append(time.process_time() - start)
+        print(
+            f"{path.name} ({size_mb:.1f} MB gzip): load to a table, CPU seconds, median of {args.repeats}, alternating"
+        )
+        hta = statistics.median(times["hta"])
+        print(f"{'variant':<24}{'CPU s':>9}{'HTA / this':>12}")
+        labels = {"hta": "HTA parse_trace_file", "cold": "sptrace cold (no cache)", "cached": "sptrace cached"}
+        for name, samples in times.items():
+            med = statistics.median(samples)
+            print(f"{labels[name]:<24}{med:>9.3f}{hta / med:>12.1f}")
+
+        print("\npeak RSS, one fresh process per variant (MB)")
+        print(f"{'variant':<24}{'peak':>8}{'after imports':>15}{'load adds':>11}")
+        for name in ("hta", "cold", "cached"):
+            r = in_child(name, path, cache_dir)
+            print(f"{labels[name]:<24}{r['peak_mb']:>8.0f}{r['base_mb']:>15.0f}{r['peak_mb'] - r['base_mb']:>11.0f}")
+
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+        if sizes:
+            from sptrace.load.decode import read_bytes
+
+            print("\ngrowth: sptrace cold load of replicated traces (fresh process each)")
+            print(
+                f"{'copies':>6}{'JSON MB':>9}{'events':>10}{'CPU s':>8}{'peak MB':>9}{'load adds':>11}"
+                f"{'table MB':>10}{'adds/table':>12}"
+            )
+            for k in sizes:
+                big = path if k == 1 else replicate(path, k, Path(tmp) / f"x{k}.json")
+                json_mb = (len(read_bytes(big)) if k == 1 else big.stat().st_size) / 2**20
+                r = in_child("cold", big, cache_dir)
+                adds = r["peak_mb"] - r["base_mb"]
+                print(
+                    f"{k:>6}{json_mb:>9.0f}{r['events']:>10}{r['cpu_s']:>8.2f}{r['peak_mb']:>9.0f}{adds:>11.0f}"
+                    f"{r['table_mb']:>10.0f}{adds / r['table_mb']:>12.1f}"
+                )
+                if k != 1:
+                    big.unlink()
+
+
+if __name__ == "__main__":
+    main()
