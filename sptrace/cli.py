@@ -99,7 +99,13 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # shown in the report instead
-        run = load_run(args.path, cache=not args.no_cache, skip_bad=args.skip_bad, cache_dir=args.cache_dir)
+        run = load_run(
+            args.path,
+            cache=not args.no_cache,
+            skip_bad=args.skip_bad,
+            cache_dir=args.cache_dir,
+            workers=args.workers,
+        )
     info = describe.describe_run(run)
     if args.format == "json":
         print(json.dumps(info, indent=2))
@@ -114,6 +120,9 @@ def _add_load_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--cache-dir", help="where parsed tables are cached (default: $XDG_CACHE_HOME/sptrace)")
     p.add_argument("--skip-bad", action="store_true", help="warn about unusable rank files and analyse the rest")
+    p.add_argument(
+        "--workers", type=int, help="processes that parse ranks in parallel (default: one per core for large runs)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

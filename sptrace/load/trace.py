@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sptrace.errors import TraceError
+from sptrace.errors import TraceError, UsageError
 from sptrace.load import cache as table_cache
 from sptrace.load.decode import decode_trace
 
@@ -235,6 +235,8 @@ def _load_all(
     files: list[Path], cache: bool, cache_dir: Path | None, skip_bad: bool, workers: int | None, progress: bool | None
 ) -> tuple[list[RankTrace], list[tuple[Path, str]]]:
     total = sum(p.stat().st_size for p in files)
+    if workers is not None and workers < 1:
+        raise UsageError("--workers must be >= 1")
     if workers is None:
         workers = min(len(files), os.cpu_count() or 1) if total >= PARALLEL_MIN_BYTES else 1
     show = sys.stderr.isatty() if progress is None else progress

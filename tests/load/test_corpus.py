@@ -195,3 +195,14 @@ def test_huge_float_timestamps_take_the_exact_text_path(tmp_path):
         '{"traceEvents": [{"ph": "X", "name": "op", "pid": 1, "tid": 1, "ts": 1700000000123456.789, "dur": 2}]}'
     )
     assert sptrace.load_trace(path, cache=False).table["ts_ns"][0].as_py() == 1700000000123456789
+
+
+def test_minified_trace_keeps_its_rank(tmp_path, corpus):
+    # HTA finds the rank with a line-by-line regex, so a minified trace becomes rank 0
+    src = corpus / "param_dlrm_kineto/worker3_step_12.1694128201557.pt.trace.json"
+    minified = tmp_path / "trace.json"
+    minified.write_text(json.dumps(json.loads(src.read_text()), separators=(",", ":")))
+    assert "\n" not in minified.read_text()
+    trace = sptrace.load_trace(minified, cache=False)
+    assert (trace.rank, trace.world_size, trace.rank_source) == (3, 8, "distributedInfo")
+    assert trace.num_events == 3474
