@@ -209,7 +209,7 @@ def decode_trace(path: Path) -> tuple[dict[str, Any], pa.Table]:
         pass  # unexpected types somewhere: the tolerant path below says what is wrong, if anything
     except msgspec.DecodeError as exc:  # (ValidationError is a DecodeError: order matters)
         raise TraceError(path, f"invalid JSON: {_json_problem(exc, len(data))}") from None
-    return _decode_tolerant(path, data)
+    return _decode_tolerant(path, read_bytes(path))  # the fast path may have released the bytes
 
 
 def _decode_tolerant(path: Path, data: bytes) -> tuple[dict[str, Any], pa.Table]:
