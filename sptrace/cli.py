@@ -114,6 +114,92 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+MODEL_SCHEMES = ("megatron", "ulysses", "ulysses-zero3", "hybrid", "hybrid-zero3")
+_SIZE_FLAGS = ("layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn")
+
+
+def _human_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    """The analytic table of a scheme's collectives and activation memory."""
+    import json
+
+    from sptrace.costmodel import PRESETS, activation_bytes_per_layer, estimate_comm, korthikanti_bytes_per_layer
+
+    values = dict(PRESETS[args.preset]) if args.preset else {}
+    attention_only = bool(values.pop("attention_only", False)) or args.attention_only
+    for name in _SIZE_FLAGS:
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    if args.sp is not None:
+        values["sp_size"] = args.sp
+    if args.dtype is not None:
+        values["dtype"] = args.dtype
+    if args.recompute is not None:
+        values["recompute"] = args.recompute
+    scheme, _, zero = args.scheme.partition("-")
+    if "kv_heads" not in values and "heads" in values:
+        values["kv_heads"] = values["heads"]
+    cfg = StepConfig(scheme=scheme, zero3=bool(zero), **values)
+    if args.k not in (1, 2):
+        raise UsageError("--k must be 1 or 2")
+    est = estimate_comm(cfg, k=args.k, attention_only=attention_only, grad_bytes=args.grad_bytes)
+    act = activation_bytes_per_layer(cfg)
+    if args.format == "json":
+        out = est.to_dict()
+        out["attention_only"] = attention_only
+        out["activation_bytes_per_layer"] = act
+        out["korthikanti_bytes_per_layer"] = {
+            s: korthikanti_bytes_per_layer(
+                s, seq=cfg.seq, batch=cfg.batch, hidden=cfg.hidden, heads=cfg.heads, tp=cfg.sp_size
+            )
+            for s in ("none", "tp", "tp_sp", "tp_sp_selective", "full_recompute")
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    print(
+        f"{est.scheme}{' (attention only)' if attention_only else ''}: P={cfg.sp_size} L={cfg.layers} B={cfg.batch} "
+        f"S={cfg.seq} H={cfg.hidden} a={cfg.heads} g={cfg.kv_heads} d={cfg.head_dim} F={cfg.ffn} {cfg.dtype}"
+        + (f", ZeRO-3 k={est.k}" if cfg.zero3 else "")
+    )
+    print(
+        f"\n{'phase':<9}{'kind':<15}{'module':<11}{'x/step':>7}  {'in -> out shape':<34}"
+        f"{'in bytes':>12}{'wire/step':>12}  what"
+    )
+    for c in est.collectives:
+        n = cfg.layers if c.per_layer else 1
+        shapes = f"{list(c.in_shape)} -> {list(c.out_shape)}"
+        print(
+            f"{c.phase:<9}{c.kind:<15}{c.module:<11}{n:>7}  {shapes:<34}{_human_bytes(c.in_bytes):>12}"
+            f"{_human_bytes(c.wire_bytes * n):>12}  {c.what}"
+        )
+    print("\nwire bytes sent per rank, one direction:")
+    for kind in ("all_gather", "reduce_scatter", "all_to_all", "all_reduce"):
+        if est.count(kind):
+            print(f"  {kind:<15}{est.count(kind):>5} collectives  {_human_bytes(est.wire_per_step(kind)):>12}")
+    print(f"  {'per layer':<15}{'':>18}{_human_bytes(est.wire_per_layer()):>12}  (layer-level collectives)")
+    step = est.wire_per_step()
+    print(f"  {'per step':<15}{est.count():>5} collectives  {_human_bytes(step):>12}  ({step / 2**20:.2f} MiB)")
+    for note in est.notes:
+        print(f"  note: {note}")
+    print("\nactivations kept per layer and rank (Korthikanti et al. Table 2, fp16 with dropout):")
+    print(
+        f"  this scheme ({'selective recompute' if cfg.recompute == 'selective' else 'no recompute'}): "
+        f"{_human_bytes(act)}"
+    )
+    if cfg.recompute != "selective":
+        sel = korthikanti_bytes_per_layer(
+            "tp_sp_selective", seq=cfg.seq, batch=cfg.batch, hidden=cfg.hidden, heads=cfg.heads, tp=cfg.sp_size
+        )
+        print(f"  with selective recompute of core attention: {_human_bytes(sel)}")
+    return 0
+
+
 def _add_load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-cache", action="store_true", help="parse the traces again; do not read or write the table cache"
@@ -152,6 +238,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     _add_model_flags(p)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("model", help="the analytic cost model: collectives, shapes, wire bytes, activation memory")
+    p.add_argument("--scheme", choices=MODEL_SCHEMES, required=True)
+    p.add_argument("--preset", choices=("seed-attention", "seed-3.6b"), help="the first article's configurations")
+    p.add_argument("--sp", type=int, help="P, the sequence/tensor-parallel size (default 8)")
+    for name in _SIZE_FLAGS:
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, help="default: the preset's, else sptrace profile's")
+    p.add_argument("--dtype", choices=tuple(DTYPES))
+    p.add_argument("--recompute", choices=RECOMPUTE)
+    p.add_argument("--k", type=int, default=2, help="ZeRO-3 parameter gathers per step: 1, or 2 (default, DeepSpeed)")
+    p.add_argument("--grad-bytes", type=int, default=4, choices=(2, 4), help="Ulysses gradient element size (4: fp32)")
+    p.add_argument(
+        "--attention-only", action="store_true", help="the attention block alone (the article's first example)"
+    )
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=cmd_model)
 
     p = sub.add_parser("info", help="what a run's traces hold and which analyses they allow")
     p.add_argument("path", help="a run directory (per-rank *.json / *.json.gz traces) or one trace file")
