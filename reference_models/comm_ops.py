@@ -83,7 +83,9 @@ def reduce_scatter_last(x: Tensor, group: Group, tag: str = "", role: str = "red
 
 def all_reduce_(x: Tensor, group: Group, tag: str = "", role: str = "all_reduce") -> Tensor:
     if _size(group) > 1:
-        with annotate(markers.comm_name(tag, role)):
+        # c10d::allreduce_ takes a TensorList, whose dtype the trace does not record
+        dtype = str(x.dtype).removeprefix("torch.")
+        with annotate(markers.comm_name(tag, f"{role}|dtype={dtype}")):
             dist.all_reduce(x, group=group)
     return x
 

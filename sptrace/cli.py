@@ -100,11 +100,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # shown in the report instead
         run = load_run(
-            args.path,
-            cache=not args.no_cache,
-            skip_bad=args.skip_bad,
-            cache_dir=args.cache_dir,
-            workers=args.workers,
+            args.path, cache=not args.no_cache, skip_bad=args.skip_bad, cache_dir=args.cache_dir, workers=args.workers
         )
     info = describe.describe_run(run)
     if args.format == "json":
@@ -200,6 +196,64 @@ def cmd_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_quietly(args: argparse.Namespace):
+    import warnings
+
+    from sptrace.load import load_run
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run = load_run(
+            args.path, cache=not args.no_cache, skip_bad=args.skip_bad, cache_dir=args.cache_dir, workers=args.workers
+        )
+    for w in seen:
+        _log(f"warning: {w.message}")
+    return run
+
+
+def cmd_collectives(args: argparse.Namespace) -> int:
+    """Every collective of every rank, one record each."""
+    import json
+    import math
+
+    from sptrace.detect import COLUMNS, detect_run_collectives
+
+    frame = detect_run_collectives(_load_quietly(args))
+    if args.format == "csv":
+        sys.stdout.write(frame.to_csv(index=False))
+        return 0
+    if args.format == "json":
+        records = [
+            {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}
+            for rec in frame[COLUMNS].to_dict(orient="records")
+        ]
+        print(json.dumps(records, indent=1, default=str))
+        return 0
+    if frame.empty:
+        print("no collectives in this run")
+        return 0
+    print(
+        f"{'rank':>4} {'kind':<15}{'group':<6}{'P':>3} {'dtype':<9}{'in':>11}{'out':>11}{'wire':>11}"
+        f"{'start ms':>10}{'dur ms':>9} {'phase':<9}{'layer':>5}  module"
+    )
+    t0 = frame["start_us"].min()
+    for r in frame.itertuples():
+        layer = "" if r.layer is None or (isinstance(r.layer, float) and math.isnan(r.layer)) else int(r.layer)
+        size = lambda v: "?" if v is None or (isinstance(v, float) and math.isnan(v)) else _human_bytes(v)  # noqa: E731
+        print(
+            f"{r.rank:>4} {r.kind:<15}{r.group!s:<6}{r.group_size:>3} {r.dtype!s:<9}{size(r.in_bytes):>11}"
+            f"{size(r.out_bytes):>11}{size(r.wire_bytes):>11}{(r.start_us - t0) / 1e3:>10.2f}{r.dur_us / 1e3:>9.2f} "
+            f"{r.phase:<9}{layer!s:>5}  {r.module or ''}"
+        )
+    print(f"\n{len(frame)} collectives on {frame['rank'].nunique()} ranks; per rank and kind:")
+    counts = frame.groupby(["kind"]).agg(n=("rank", "size"), wire=("wire_bytes", "sum"))
+    for kind, row in counts.iterrows():
+        print(
+            f"  {kind:<15}{row.n / frame['rank'].nunique():>7.1f} per rank  {_human_bytes(row.wire / frame['rank'].nunique()):>12} wire per rank"
+        )
+    return 0
+
+
 def _add_load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-cache", action="store_true", help="parse the traces again; do not read or write the table cache"
@@ -254,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=cmd_model)
+
+    p = sub.add_parser("collectives", help="every collective of every rank: kind, group, bytes, phase, layer")
+    p.add_argument("path", help="a run directory or one trace file")
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    _add_load_flags(p)
+    p.set_defaults(func=cmd_collectives)
 
     p = sub.add_parser("info", help="what a run's traces hold and which analyses they allow")
     p.add_argument("path", help="a run directory (per-rank *.json / *.json.gz traces) or one trace file")
