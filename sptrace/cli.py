@@ -247,10 +247,9 @@ def cmd_collectives(args: argparse.Namespace) -> int:
         )
     print(f"\n{len(frame)} collectives on {frame['rank'].nunique()} ranks; per rank and kind:")
     counts = frame.groupby(["kind"]).agg(n=("rank", "size"), wire=("wire_bytes", "sum"))
+    ranks = frame["rank"].nunique()
     for kind, row in counts.iterrows():
-        print(
-            f"  {kind:<15}{row.n / frame['rank'].nunique():>7.1f} per rank  {_human_bytes(row.wire / frame['rank'].nunique()):>12} wire per rank"
-        )
+        print(f"  {kind:<15}{row.n / ranks:>7.1f} per rank  {_human_bytes(row.wire / ranks):>12} wire per rank")
     return 0
 
 

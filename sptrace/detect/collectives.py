@@ -78,8 +78,10 @@ NCCL_ANNOTATION_KINDS = {
     "nccl:send": "send_recv", "nccl:recv": "send_recv", "nccl:barrier": "barrier",
     "nccl:allreduce_coalesced": "all_reduce",
 }  # fmt: skip
-GLOO_KINDS = {"gloo:all_gather": "all_gather", "gloo:all_reduce": "all_reduce", "gloo:all_to_all": "all_to_all",
-              "gloo:reduce_scatter": "reduce_scatter", "gloo:broadcast": "broadcast", "gloo:barrier": "barrier"}  # fmt: skip
+GLOO_KINDS = {
+    "gloo:all_gather": "all_gather", "gloo:all_reduce": "all_reduce", "gloo:all_to_all": "all_to_all",
+    "gloo:reduce_scatter": "reduce_scatter", "gloo:broadcast": "broadcast", "gloo:barrier": "barrier",
+}  # fmt: skip
 # GPU kernels of collectives that never went through c10d: kind from the name
 KERNEL_PATTERNS = (
     (re.compile(r"nccl(?:Dev)?Kernel_AllReduce", re.I), "all_reduce"),
@@ -257,7 +259,7 @@ class _RankIndex:
         layer = next((m for m in reversed(modules) if _LAYER_MODULE.search(m)), None)
         inner = modules[-1][len("nn.Module: ") :]
         if layer:
-            cls, n = _LAYER_MODULE.search(layer).groups()
+            _, n = _LAYER_MODULE.search(layer).groups()
             return f"layers.{n}" + ("" if layer == modules[-1] else f".{inner}")
         return inner
 
@@ -409,7 +411,7 @@ def _collective(
         "dtype": dtype, "in_bytes": in_bytes, "out_bytes": out_bytes, "wire_bytes": wire,
         "start_us": start / 1000, "dur_us": (end - start) / 1000, "comm_start_us": None, "comm_dur_us": None,
         "phase": idx.phase_of(start, end, tid), "step": idx.step_of(start), "layer": layer_of(module),
-        "module": module, "role": role, "seq": seq, "source": "; ".join(source + [f"module: {how}"]), "tid": tid,
+        "module": module, "role": role, "seq": seq, "source": "; ".join([*source, f"module: {how}"]), "tid": tid,
         "_start_ns": start, "_end_ns": end,
     }  # fmt: skip
 
@@ -471,10 +473,11 @@ def _attach_device_time(idx: _RankIndex, frame: pd.DataFrame) -> pd.DataFrame:
         for g in order:
             gs = int(idx.gloo.start[g])
             kind = GLOO_KINDS[str(idx.gloo.frame.iloc[int(g)]["name"])]
+            # gloo implements reduce-scatter as an all-reduce (SPEC.md §4)
+            fits = {kind, "reduce_scatter"} if kind == "all_reduce" else {kind}
             cands = [
                 i for i in np.flatnonzero(starts <= gs)
-                if i not in taken and comm_start[i] is None
-                and (frame.iloc[i]["kind"] == kind or (kind == "all_reduce" and frame.iloc[i]["kind"] == "reduce_scatter"))
+                if i not in taken and comm_start[i] is None and frame.iloc[i]["kind"] in fits
             ]  # fmt: skip
             if cands:
                 i = max(cands, key=lambda c: starts[c])
@@ -512,7 +515,7 @@ def _kernel_only(idx: _RankIndex, k: Any, frame: pd.DataFrame) -> dict[str, Any]
         "wire_bytes": wire_bytes(kind, in_bytes or 0, out_bytes or 0, size or 1) if in_bytes is not None else None,
         "start_us": start / 1000, "dur_us": dur / 1000, "comm_start_us": start / 1000, "comm_dur_us": dur / 1000,
         "phase": idx.phase_of(start, start + dur, -1), "step": idx.step_of(start), "layer": None, "module": None,
-        "role": None, "seq": None, "source": "; ".join(source + ["kernel only: no CPU op found"]), "tid": None,
+        "role": None, "seq": None, "source": "; ".join([*source, "kernel only: no CPU op found"]), "tid": None,
         "_start_ns": start, "_end_ns": start + dur,
     }  # fmt: skip
 
