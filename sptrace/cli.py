@@ -253,6 +253,83 @@ def cmd_collectives(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_for(args: argparse.Namespace, run, what: str) -> tuple[StepConfig, bool]:
+    """The step config of a run: run.json's, with flags overriding; (config, attention_only)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(StepConfig)}
+    values: dict = {}
+    declared = (run.run_info or {}).get("config") or {}
+    values.update({k: v for k, v in declared.items() if k in names})
+    if args.scheme:
+        scheme, _, zero = args.scheme.partition("-")
+        values["scheme"], values["zero3"] = scheme, bool(zero)
+    if "scheme" not in values:
+        raise UsageError(f"{run.root or args.path}: no run.json to say which scheme this is; pass --scheme for {what}")
+    for name in _SIZE_FLAGS:
+        if getattr(args, name, None) is not None:
+            values[name] = getattr(args, name)
+    if getattr(args, "dtype", None):
+        values["dtype"] = args.dtype
+    values["sp_size"] = args.sp if getattr(args, "sp", None) else values.get("sp_size", run.world_size)
+    if "kv_heads" not in values and "heads" in values:
+        values["kv_heads"] = values["heads"]
+    return StepConfig(**values), False
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    """Observed collectives versus the scheme's; exit 0 when they match, 1 when not."""
+    import json
+
+    from sptrace.checks import check_collectives
+    from sptrace.costmodel import estimate_comm
+    from sptrace.detect import detect_run_collectives
+    from sptrace.detect.matching import match_collectives
+
+    run = _load_quietly(args)
+    cfg, attention_only = _config_for(args, run, "the model to compare with")
+    if args.k not in (1, 2):
+        raise UsageError("--k must be 1 or 2")
+    est = estimate_comm(cfg, k=args.k, attention_only=attention_only)
+    frame = detect_run_collectives(run)
+    matching = match_collectives(frame)
+    report = check_collectives(frame, est, sorted(run.ranks), matching)
+    if run.missing_ranks:
+        report.notes.append(f"ranks without a trace: {len(run.missing_ranks)} of {run.world_size}; analysed the rest")
+    if args.format == "json":
+        print(json.dumps({**report.to_dict(), "config": cfg.to_dict()}, indent=1, default=str))
+        return 0 if report.ok else 1
+    print(
+        f"{est.scheme}: P={cfg.sp_size} L={cfg.layers} B={cfg.batch} S={cfg.seq} H={cfg.hidden} a={cfg.heads} "
+        f"g={cfg.kv_heads} F={cfg.ffn} {cfg.dtype}; {len(run)} of {run.world_size} ranks"
+    )
+    print(f"\n{'rank':>4}{'collectives':>13}{'expected':>10}{'wire/step':>13}{'model':>13}{'missing':>9}{'extra':>7}")
+    for r in report.ranks.itertuples():
+        print(
+            f"{r.rank:>4}{r.observed:>13}{r.expected:>10}{_human_bytes(r.observed_wire_bytes):>13}"
+            f"{_human_bytes(r.expected_wire_bytes):>13}{r.missing:>9}{r.extra:>7}"
+        )
+    if not report.layers.empty:
+        off = report.layers[report.layers["observed"] != report.layers["expected"]]
+        if not off.empty:
+            print("\nlayers whose counts differ from the model (rank, layer, phase: observed / expected):")
+            for r in off.head(40).itertuples():
+                print(f"  rank {r.rank}, layer {r.layer}, {r.phase}: {r.observed} / {r.expected}")
+    if report.findings:
+        print(f"\n{len(report.findings)} findings:")
+        for f in report.findings[: args.max_findings]:
+            print(f"  {f.severity}: {f.message}")
+        if len(report.findings) > args.max_findings:
+            print(f"  ... and {len(report.findings) - args.max_findings} more (--format json lists all)")
+    for note in report.notes:
+        print(f"note: {note}")
+    if matching.offsets_us:
+        spread = max(matching.offsets_us.values()) - min(matching.offsets_us.values())
+        print(f"note: clock offsets across ranks span {spread:.0f} us (aligned on matched completions)")
+    print("\nMATCH: the run communicates what its scheme must" if report.ok else "\nMISMATCH: see the findings above")
+    return 0 if report.ok else 1
+
+
 def _add_load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-cache", action="store_true", help="parse the traces again; do not read or write the table cache"
@@ -313,6 +390,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "json", "csv"), default="table")
     _add_load_flags(p)
     p.set_defaults(func=cmd_collectives)
+
+    p = sub.add_parser("analyze", help="observed collectives versus the scheme's cost model (exit 1 on mismatch)")
+    p.add_argument("path", help="a run directory or one trace file")
+    p.add_argument("--scheme", choices=MODEL_SCHEMES, help="default: run.json's")
+    p.add_argument("--sp", type=int, help="P (default: run.json's, else the world size)")
+    for name in _SIZE_FLAGS:
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, help="default: run.json's")
+    p.add_argument("--dtype", choices=tuple(DTYPES))
+    p.add_argument("--k", type=int, default=2, help="ZeRO-3 parameter gathers per step (default 2)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--max-findings", type=int, default=30, help="findings shown in text (default 30)")
+    _add_load_flags(p)
+    p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("info", help="what a run's traces hold and which analyses they allow")
     p.add_argument("path", help="a run directory (per-rank *.json / *.json.gz traces) or one trace file")

@@ -153,6 +153,21 @@ def layer_of(module: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _within(ranges: Intervals, points: np.ndarray) -> np.ndarray:
+    """For each point: does a range (of any thread) contain it? Vectorised over the points:
+    the latest range starting at or before the point, or any open range, must still run."""
+    if not len(ranges) or not len(points):
+        return np.zeros(len(points), dtype=bool)
+    order = np.argsort(ranges.start, kind="stable")
+    starts = ranges.start[order]
+    running_end = np.maximum.accumulate(ranges.end[order])  # latest end among ranges begun so far
+    pos = np.searchsorted(starts, points, side="right") - 1
+    ok = pos >= 0
+    result = np.zeros(len(points), dtype=bool)
+    result[ok] = running_end[pos[ok]] >= points[ok]
+    return result
+
+
 class _RankIndex:
     """The ranges of one rank's trace that collectives are matched against."""
 
@@ -181,7 +196,11 @@ class _RankIndex:
         runtime = x[cat[x.index] == "cuda_runtime"]
         self.launches = runtime[runtime["correlation"].notna()]
         # forward ops by autograd sequence number (for backward attribution)
-        fwd = cpu[cpu["seq_num"].notna() & ~names[cpu.index].str.startswith("autograd::engine")]
+        with_seq = cpu[cpu["seq_num"].notna() & ~names[cpu.index].str.startswith("autograd::engine")]
+        # forward ops run on the forward thread(s), outside backward nodes; the rest are backward ops
+        in_backward = _within(self.backward_nodes, with_seq["ts_ns"].to_numpy(dtype=np.int64, na_value=0))
+        self.backward_ops = Intervals(with_seq[in_backward])
+        fwd = with_seq[~in_backward]
         self.forward_by_seq = fwd.drop_duplicates("seq_num", keep="first").set_index("seq_num")
         first_bwd = {}
         for i in range(len(self.steps) or 1):
@@ -229,7 +248,14 @@ class _RankIndex:
             return str(self.module_markers.frame.iloc[i]["name"])[len(markers.MODULE) :], None, "sptrace.module marker"
         node = self.backward_nodes.innermost(start, end, tid)
         if node is not None:
+            # the node's own op (XBackward0 inside "evaluate_function: XBackward0") carries the
+            # Sequence number of the forward op it differentiates
             seq = self.backward_nodes.frame.iloc[node]["seq_num"]
+            if not _present(seq):
+                inner = self.backward_ops.inside(
+                    int(self.backward_nodes.start[node]), int(self.backward_nodes.end[node]), tid
+                )
+                seq = self.backward_ops.frame.iloc[int(inner[0])]["seq_num"] if len(inner) else None
             if _present(seq) and seq in self.forward_by_seq.index:
                 op = self.forward_by_seq.loc[seq]
                 fstart, fend = int(op["ts_ns"]), int(op["ts_ns"] + (op["dur_ns"] if _present(op["dur_ns"]) else 0))

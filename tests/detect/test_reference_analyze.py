@@ -1,0 +1,92 @@
+"""GIVEN profiled reference runs (8 gloo ranks), clean and with communication faults
+WHEN sptrace analyze compares their collectives with the cost model
+THEN clean runs match with measured wire bytes equal to the model's, and each fault is reported
+in the right layer, phase and module on every rank."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sptrace.cli import main
+
+pytestmark = pytest.mark.distributed
+
+KiB = 1024
+SHARD = 2 * 16 * 96 * 4  # [B, S/P, H] fp32 = 12 KiB
+FULL = 8 * SHARD
+
+
+def analyze(path, capsys, *flags):
+    code = main(["analyze", str(path), "--format", "json", *flags])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    "name", ["megatron", "ulysses", "hybrid", "megatron-gqa-recompute", "ulysses-zero3-gqa", "hybrid-zero3"]
+)
+def test_clean_runs_match_the_model(profiled, capsys, cache_dir, name):
+    code, report = analyze(profiled(name), capsys, "--cache-dir", str(cache_dir))
+    assert code == 0 and report["match"] and report["findings"] == []
+    assert len(report["ranks"]) == 8
+    for r in report["ranks"]:
+        assert r["observed"] == r["expected"]
+        assert r["observed_wire_bytes"] == pytest.approx(r["expected_wire_bytes"], rel=1e-12)
+    assert all(layer["observed"] == layer["expected"] for layer in report["layers"])
+    matched = report["matched_collectives"]
+    assert len(matched) == report["ranks"][0]["observed"] and all(m["n_ranks"] == 8 for m in matched)
+    assert sorted(map(int, report["clock_offsets_us"])) == list(range(8))
+
+
+def codes(report, rank):
+    return sorted(
+        (f["code"], f["layer"], f["message"].split(": ", 1)[1]) for f in report["findings"] if f["rank"] == rank
+    )
+
+
+def test_stray_full_save_skips_the_backward_regather(profiled, capsys):
+    code, report = analyze(profiled("megatron-stray-full-save"), capsys)
+    assert code == 1 and not report["match"]
+    for rank in range(8):
+        # ColwiseParallel keeps the gathered input, so fc1's backward all-gather of its shard is gone
+        assert codes(report, rank) == [("missing-collective", 1, "missing all_gather of 12.00 KiB")]
+
+
+def test_missing_reduce_scatter_is_an_all_reduce(profiled, capsys):
+    code, report = analyze(profiled("megatron-missing-reduce-scatter"), capsys)
+    assert code == 1
+    for rank in (0, 7):
+        found = codes(report, rank)
+        assert ("missing-collective", 1, "missing reduce_scatter of 96.00 KiB") in found
+        assert any(c == "extra-collective" and layer == 1 and "all_reduce of 96.00 KiB" in m for c, layer, m in found)
+    modules = {f["module"] for f in report["findings"] if f["code"] == "extra-collective"}
+    assert "layers.1.mlp.fc2" in modules
+
+
+def test_debug_hook_adds_a_forward_all_gather(profiled, capsys):
+    code, report = analyze(profiled("hybrid-debug-hook"), capsys)
+    assert code == 1
+    for rank in range(8):
+        assert codes(report, rank) == [("extra-collective", 0, "unexpected all_gather of 12.00 KiB from layers.0")]
+
+
+def test_ulysses_gathered_mlp_input(profiled, capsys):
+    code, report = analyze(profiled("ulysses-stray-full-save"), capsys)
+    assert code == 1
+    found = codes(report, 4)
+    assert ("extra-collective", 0, "unexpected all_gather of 12.00 KiB from layers.0.mlp.fc1") in found
+    assert ("extra-collective", 0, "unexpected reduce_scatter of 96.00 KiB from layers.0.mlp.fc1") in found
+
+
+def test_analyze_text_and_usage_errors(profiled, capsys, corpus, tmp_path):
+    assert main(["analyze", str(profiled("megatron"))]) == 0
+    out = capsys.readouterr().out
+    assert "MATCH: the run communicates what its scheme must" in out and "largest arrival skew" in out
+    assert main(["analyze", str(corpus / "param_dlrm_kineto"), "--cache-dir", str(tmp_path)]) == 2
+    assert "no run.json to say which scheme this is; pass --scheme" in capsys.readouterr().err
+    # a foreign run checked against a scheme it does not follow: a mismatch, not a crash
+    code = main(["analyze", str(corpus / "param_dlrm_kineto"), "--scheme", "ulysses", "--layers", "1",
+                 "--seq", "1024", "--hidden", "64", "--heads", "8", "--ffn", "64", "--cache-dir", str(tmp_path)])  # fmt: skip
+    assert code == 1
+    assert "MISMATCH" in capsys.readouterr().out
