@@ -99,10 +99,13 @@ def check_collectives(
                     spec = per_layer_specs[j]
                     sig = (spec.phase, spec.kind, spec.in_bytes)
                     hit = next(
-                        (i for i, r in enumerate(rows)
-                         if not used[i] and _sig(r) == sig and (not strict or str(r.module or "").endswith(spec.module))),
+                        (
+                            i
+                            for i, r in enumerate(rows)
+                            if not used[i] and _sig(r) == sig and (not strict or _from(r.module, spec.module))
+                        ),
                         None,
-                    )  # fmt: skip
+                    )
                     if hit is None:
                         unmet.append(j)
                     else:
@@ -153,6 +156,10 @@ def check_collectives(
         )
         report.notes += matching.notes
     return report
+
+
+def _from(observed_module: object, model_module: str) -> bool:
+    return str(observed_module or "").endswith(model_module)
 
 
 def _take(missing: list[tuple[Sig, int | None]], remaining: Counter) -> list[tuple[Sig, int | None]]:

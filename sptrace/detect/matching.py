@@ -70,8 +70,10 @@ def _best_shift(ref: pd.DataFrame, other: pd.DataFrame) -> int:
 
 
 def match_collectives(frame: pd.DataFrame) -> Matching:
-    cols = ["key", "group", "kind", "n_ranks", "ranks", "in_bytes", "wire_bytes", "phase", "layer", "module",
-            "arrival_skew_us", "straggler", "max_wait_us", "transfer_us", "algbw_gbps", "busbw_gbps", "start_us"]  # fmt: skip
+    cols = [
+        "key", "group", "kind", "n_ranks", "ranks", "in_bytes", "wire_bytes", "phase", "layer", "module",
+        "arrival_skew_us", "straggler", "max_wait_us", "transfer_us", "algbw_gbps", "busbw_gbps", "start_us",
+    ]  # fmt: skip
     if frame.empty:
         return Matching(pd.DataFrame(columns=cols), {}, 0, ["no collectives"])
     f = _keyed(frame)

@@ -86,7 +86,7 @@ def test_analyze_text_and_usage_errors(profiled, capsys, corpus, tmp_path):
     assert main(["analyze", str(corpus / "param_dlrm_kineto"), "--cache-dir", str(tmp_path)]) == 2
     assert "no run.json to say which scheme this is; pass --scheme" in capsys.readouterr().err
     # a foreign run checked against a scheme it does not follow: a mismatch, not a crash
-    code = main(["analyze", str(corpus / "param_dlrm_kineto"), "--scheme", "ulysses", "--layers", "1",
-                 "--seq", "1024", "--hidden", "64", "--heads", "8", "--ffn", "64", "--cache-dir", str(tmp_path)])  # fmt: skip
+    model = ["--scheme", "ulysses", "--layers", "1", "--seq", "1024", "--hidden", "64", "--heads", "8", "--ffn", "64"]
+    code = main(["analyze", str(corpus / "param_dlrm_kineto"), *model, "--cache-dir", str(tmp_path)])
     assert code == 1
     assert "MISMATCH" in capsys.readouterr().out
