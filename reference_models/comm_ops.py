@@ -12,14 +12,23 @@ the trace as ``sptrace.comm::<module>::<role>`` so that backward collectives kee
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from sptrace import markers
-from sptrace.instrumentation import annotate
+from sptrace.instrumentation import annotate as _annotate
 
 Group = dist.ProcessGroup
+
+
+def annotate(name: str) -> contextlib.AbstractContextManager[object]:
+    """The collective's sptrace.comm marker; none when the module has no tag (markers off)."""
+    if name.startswith(markers.COMM + "::"):
+        return contextlib.nullcontext()
+    return _annotate(name)
 
 
 def _size(group: Group) -> int:

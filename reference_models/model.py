@@ -21,9 +21,9 @@ BLOCKS = {"megatron": MegatronBlock, "ulysses": UlyssesBlock, "hybrid": HybridBl
 class SPTransformer(nn.Module):
     """L pre-norm blocks of one scheme; input and output [B, S/P, H] on every rank."""
 
-    def __init__(self, cfg: StepConfig, group: dist.ProcessGroup) -> None:
+    def __init__(self, cfg: StepConfig, group: dist.ProcessGroup, *, comm_markers: bool = True) -> None:
         super().__init__()
-        self.cfg, self.group = cfg, group
+        self.cfg, self.group, self.comm_markers = cfg, group, comm_markers
         self.layers = nn.ModuleList(BLOCKS[cfg.scheme](cfg, group) for _ in range(cfg.layers))
         self.debug_stats: list[Tensor] = []
         self.fault_modules: list[str] = []
@@ -37,11 +37,12 @@ class SPTransformer(nn.Module):
             elif cfg.fault == "missing-reduce-scatter":
                 where = faults.inject_missing_reduce_scatter(block)
             else:
-                where = faults.inject_debug_hook(block, group, self.debug_stats, f"layers.{i}")
+                where = faults.inject_debug_hook(block, group, self.debug_stats, f"layers.{i}" if comm_markers else "")
             self.fault_modules.append(".".join(p for p in (f"layers.{i}", where) if p))
-        for name, module in self.named_modules():
-            if hasattr(module, "tag"):
-                module.tag = name  # collectives carry the module they work for
+        if comm_markers:
+            for name, module in self.named_modules():
+                if hasattr(module, "tag"):
+                    module.tag = name  # collectives carry the module they work for
 
     def forward(self, x: Tensor) -> Tensor:
         for block in self.layers:
@@ -105,7 +106,7 @@ class SPTransformer(nn.Module):
                 size += g.numel()
         for i, bucket in enumerate(buckets):
             flat = torch.cat([g.reshape(-1).to(torch.float32 if fp32 else g.dtype) for g in bucket])
-            comm_ops.all_reduce_(flat, self.group, "grad_sync", f"ar_bucket{i}")
+            comm_ops.all_reduce_(flat, self.group, "grad_sync" if self.comm_markers else "", f"ar_bucket{i}")
             offset = 0
             for g in bucket:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
@@ -115,10 +116,13 @@ class SPTransformer(nn.Module):
         self.debug_stats.clear()
 
 
-def build_model(cfg: StepConfig, group: dist.ProcessGroup, device: torch.device) -> SPTransformer:
+def build_model(
+    cfg: StepConfig, group: dist.ProcessGroup, device: torch.device, *, comm_markers: bool = True
+) -> SPTransformer:
     """The scheme's model on ``device`` with the dense reference weights, FSDP2-wrapped with
-    ``cfg.zero3`` (gradients summed, reduced in fp32)."""
-    model = SPTransformer(cfg, group)
+    ``cfg.zero3`` (gradients summed, reduced in fp32). ``comm_markers=False``: collectives carry
+    no sptrace.comm markers (a trace like a foreign framework's)."""
+    model = SPTransformer(cfg, group, comm_markers=comm_markers)
     model.to(device=device, dtype=torch_dtype(cfg))
     model.load_dense_weights()
     if cfg.zero3 and dist.get_world_size(group) > 1:

@@ -9,6 +9,7 @@ On failure the rank writes ``DIR/logs/rank{r}.error`` (one line) for the launche
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import traceback
@@ -24,27 +25,29 @@ from reference_models.model import build_model
 from sptrace.config import StepConfig
 
 
-def run_rank(cfg: StepConfig, out: Path, warmup: int, device_kind: str) -> None:
+def run_rank(cfg: StepConfig, out: Path, warmup: int, device_kind: str, instrument: bool = True) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     if device_kind == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    model = build_model(cfg, dist.group.WORLD, device)
-    sptrace.instrument(model)  # after fully_shard, so FSDP2's gathers fall inside module ranges
+    model = build_model(cfg, dist.group.WORLD, device, comm_markers=instrument)
+    if instrument:  # after fully_shard, so FSDP2's gathers fall inside module ranges
+        sptrace.instrument(model)
+    phase = sptrace.phase if instrument else (lambda name: contextlib.nullcontext())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x_full, target_full = step_batch(cfg)
     x = seq_shard(x_full, rank, world).to(device=device, dtype=torch_dtype(cfg))  # [B, S/P, H]
     target = seq_shard(target_full, rank, world).to(device=device, dtype=torch_dtype(cfg))
 
     def train_step(step: int) -> None:
-        with sptrace.phase("forward"):
+        with phase("forward"):
             loss = step_loss(model(x), target, cfg)
-        with sptrace.phase("backward"):
+        with phase("backward"):
             loss.backward()
             model.finish_grad_sync()
-        with sptrace.phase("optimizer"):
+        with phase("optimizer"):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             model.end_step()
@@ -54,6 +57,7 @@ def run_rank(cfg: StepConfig, out: Path, warmup: int, device_kind: str) -> None:
         "reference_model": True,
         "fault_modules": model.fault_modules,
         "layout": "batch-first",
+        "instrumented": instrument,
     }
     sptrace.profile_step(train_step, out, warmup=warmup, run_info=run_info)
 
@@ -64,6 +68,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--no-instrument", action="store_true", help="no sptrace markers or saved-tensor records")
     args = parser.parse_args()
     out = Path(args.out)
     logs = out / "logs"
@@ -75,7 +80,7 @@ def main() -> None:
         dist.init_process_group(backend, timeout=timedelta(minutes=5))
         if dist.get_world_size() != cfg.sp_size:
             raise ValueError(f"world size {dist.get_world_size()} != sp_size {cfg.sp_size}")
-        run_rank(cfg, out, args.warmup, args.device)
+        run_rank(cfg, out, args.warmup, args.device, instrument=not args.no_instrument)
         dist.destroy_process_group()
     except BaseException as exc:
         (logs / f"rank{rank}.error").write_text(f"{type(exc).__name__}: {exc}\n")

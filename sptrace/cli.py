@@ -64,7 +64,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     cfg = _config_from(args, args.scheme, args.nproc)  # every flag is checked before launching
     from sptrace.launch import profile_reference
 
-    run = profile_reference(cfg, Path(args.out), warmup=args.warmup, device=args.device, force=args.force, log=_log)
+    run = profile_reference(
+        cfg, Path(args.out), warmup=args.warmup, device=args.device, force=args.force,
+        instrument=not args.no_instrument, log=_log,
+    )  # fmt: skip
     _log(
         f"wrote {run.world_size} traces ({run.trace_bytes / 2**20:.1f} MiB) and run.json to "
         f"{run.out_dir} in {run.seconds:.0f} s"
@@ -358,6 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: CUDA+NCCL when there are enough GPUs, else CPU+gloo",
     )
     p.add_argument("--force", action="store_true", help="replace a run already in --out")
+    p.add_argument(
+        "--no-instrument", action="store_true",
+        help="record without sptrace's markers and saved-tensor records, like a foreign framework's trace",
+    )  # fmt: skip
     _add_model_flags(p)
     p.set_defaults(func=cmd_profile)
 
@@ -422,6 +429,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sptrace: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `sptrace collectives RUN | head`: the reader left, not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

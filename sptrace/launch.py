@@ -51,6 +51,7 @@ def profile_reference(
     warmup: int = 2,
     device: str = "auto",
     force: bool = False,
+    instrument: bool = True,
     log=None,
 ) -> ProfiledRun:
     """Profile one step of the reference model ``cfg`` on ``cfg.sp_size`` local ranks."""
@@ -69,7 +70,7 @@ def profile_reference(
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
         "-m", "reference_models.run", "--config", json.dumps(cfg.to_dict()), "--out", str(staging),
-        "--warmup", str(warmup), "--device", kind,
+        "--warmup", str(warmup), "--device", kind, *([] if instrument else ["--no-instrument"]),
     ]  # fmt: skip
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # N ranks share this machine's cores

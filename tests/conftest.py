@@ -30,6 +30,8 @@ RUNS: dict[str, list[str]] = {
     "ulysses-stray-full-save": ["--scheme", "ulysses", "--fault", "stray-full-save", "--fault-layer", "0"],
     "megatron-missing-reduce-scatter": ["--scheme", "megatron", "--fault", "missing-reduce-scatter"],
     "hybrid-debug-hook": ["--scheme", "hybrid", "--fault", "debug-hook", "--fault-layer", "0"],
+    # no sptrace markers or saved-tensor records: what a foreign framework's trace looks like
+    "megatron-uninstrumented": ["--scheme", "megatron", "--no-instrument"],
 }
 
 

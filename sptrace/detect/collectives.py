@@ -201,7 +201,9 @@ class _RankIndex:
         in_backward = _within(self.backward_nodes, with_seq["ts_ns"].to_numpy(dtype=np.int64, na_value=0))
         self.backward_ops = Intervals(with_seq[in_backward])
         fwd = with_seq[~in_backward]
-        self.forward_by_seq = fwd.drop_duplicates("seq_num", keep="first").set_index("seq_num")
+        # ops that create no autograd node (aten::to ...) record the current number too: the one
+        # that created the node is the last to carry it
+        self.forward_by_seq = fwd.drop_duplicates("seq_num", keep="last").set_index("seq_num")
         first_bwd = {}
         for i in range(len(self.steps) or 1):
             lo, hi = (self.steps.start[i], self.steps.end[i]) if len(self.steps) else (-(2**62), 2**62)
@@ -250,12 +252,16 @@ class _RankIndex:
         if node is not None:
             # the node's own op (XBackward0 inside "evaluate_function: XBackward0") carries the
             # Sequence number of the forward op it differentiates
-            seq = self.backward_nodes.frame.iloc[node]["seq_num"]
+            node_row = self.backward_nodes.frame.iloc[node]
+            seq = node_row["seq_num"]
             if not _present(seq):
-                inner = self.backward_ops.inside(
-                    int(self.backward_nodes.start[node]), int(self.backward_nodes.end[node]), tid
-                )
-                seq = self.backward_ops.frame.iloc[int(inner[0])]["seq_num"] if len(inner) else None
+                lo, hi = int(self.backward_nodes.start[node]), int(self.backward_nodes.end[node])
+                inner = self.backward_ops.inside(lo, hi, tid)
+                if len(inner):
+                    own = str(node_row["name"]).rpartition(": ")[2]
+                    ops = self.backward_ops.frame.iloc[inner].sort_values("ts_ns", kind="stable")
+                    named = ops[ops["name"].astype(str) == own]
+                    seq = (named if len(named) else ops).iloc[0]["seq_num"]
             if _present(seq) and seq in self.forward_by_seq.index:
                 op = self.forward_by_seq.loc[seq]
                 fstart, fend = int(op["ts_ns"]), int(op["ts_ns"] + (op["dur_ns"] if _present(op["dur_ns"]) else 0))

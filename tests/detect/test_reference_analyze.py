@@ -90,3 +90,27 @@ def test_analyze_text_and_usage_errors(profiled, capsys, corpus, tmp_path):
     code = main(["analyze", str(corpus / "param_dlrm_kineto"), *model, "--cache-dir", str(tmp_path)])
     assert code == 1
     assert "MISMATCH" in capsys.readouterr().out
+
+
+def test_uninstrumented_run_is_attributed_from_python_stacks(profiled, capsys, cache_dir):
+    # no sptrace markers at all: phases from autograd's structure, modules from python stacks
+    # and Sequence-number links, as on a Megatron-Core or DeepSpeed trace
+    import sptrace
+    from sptrace.detect import detect_collectives
+
+    path = profiled("megatron-uninstrumented")
+    run = sptrace.load_run(path, cache_dir=cache_dir)
+    names = run.ranks[0].table["name"].cast("string").to_pylist()
+    assert not any(n.startswith("sptrace.") for n in names)
+    frame = detect_collectives(run.ranks[2])
+    layered = frame[frame["layer"].notna()]
+    assert len(layered) == 20 and frame["layer"].isna().sum() == 1  # the norm-gradient all-reduce
+    assert set(frame["phase"]) == {"forward", "backward"} and (frame["phase"] == "forward").sum() == 8
+    backward = layered[layered["phase"] == "backward"]
+    assert backward["source"].str.contains("module: Sequence number").all()
+    assert set(backward[backward["kind"] == "reduce_scatter"]["module"]) == {
+        "layers.0.ColumnParallelLinear_0", "layers.0.ColumnParallelLinear_1",
+        "layers.1.ColumnParallelLinear_2", "layers.1.ColumnParallelLinear_3",
+    }  # fmt: skip
+    code, report = analyze(path, capsys, "--cache-dir", str(cache_dir))
+    assert code == 0 and report["findings"] == []
