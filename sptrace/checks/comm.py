@@ -114,16 +114,30 @@ def check_collectives(
                 ((per_layer_specs[j].phase, per_layer_specs[j].kind, per_layer_specs[j].in_bytes), layer) for j in unmet
             ]
             extra += [(_sig(r), layer, r.module) for i, r in enumerate(rows) if not used[i]]
-        # pool: what no layer explained, against the step-level expectations
-        unattributed = obs[obs["layer"].isna() | (obs["layer"] >= L)]
-        pool_exp = Counter(s for s, _ in missing) + Counter(per_step)
-        pool_obs = Counter(s for s, _, _ in extra) + Counter(_sig(r) for r in unattributed.itertuples())
-        still_missing = pool_exp - pool_obs
-        still_extra = pool_obs - pool_exp
-        miss = _take(missing, still_missing)
-        ext_attr = _take_extra(extra, still_extra)
-        ext_rest = [(s, None, None) for s, n in still_extra.items() for _ in range(n)][len(ext_attr) :]
-        extras = ext_attr + ext_rest
+            if not unmet and all(used):
+                findings += _check_order(rank, layer, rows, per_layer_specs)
+        # what no layer explained: collectives without a layer (FSDP2's post-backward traffic,
+        # gradient syncs) may meet a layer's missing expectation or a step-level one; extras that
+        # do have a layer may only meet step-level ones (never another layer's: that would hide
+        # a misplaced collective behind a missing one)
+        step_left = list(per_step)
+        miss = list(missing)
+        extras: list[tuple[Sig, int | None, str | None]] = []
+        for r in obs[obs["layer"].isna() | (obs["layer"] >= L)].itertuples():
+            sig = _sig(r)
+            hit = next((i for i, (s, _) in enumerate(miss) if s == sig), None)
+            if hit is not None:
+                miss.pop(hit)
+            elif sig in step_left:
+                step_left.remove(sig)
+            else:
+                extras.append((sig, None, r.module))
+        for s, layer, module in extra:
+            if s in step_left:
+                step_left.remove(s)
+            else:
+                extras.append((s, layer, module))
+        miss += [(s, None) for s in step_left]
         findings += _explain(rank, miss, extras)
         # per layer: what the layer was expected to issue, less what is still missing there, plus
         # what is extra there (collectives no marker placed in a layer but that the pool matched
@@ -158,30 +172,27 @@ def check_collectives(
     return report
 
 
+def _check_order(rank: int, layer: int, rows: list, specs: list) -> list[Finding]:
+    """The layer issued every expected collective: did it issue them in the scheme's order?
+    (ZeRO-3 parameter traffic is left out: FSDP prefetches it across layers.)"""
+    ordered = [(c.phase, c.kind, c.in_bytes) for c in specs if not c.what.startswith("ZeRO-3")]
+    wanted = Counter(ordered)
+    seen = [_sig(r) for r in sorted(rows, key=lambda r: r.start_us)]
+    seen = [s for s in seen if wanted[s] > 0]
+    if seen == ordered:
+        return []
+    first = next(i for i, (a, b) in enumerate(zip(seen, ordered)) if a != b)
+    got, want = seen[first], ordered[first]
+    return [Finding(
+        "warning", "collectives", "order",
+        f"rank {rank}, layer {layer}: collective #{first + 1} is a {got[0]} {got[1]} of {_human(got[2])}; "
+        f"the scheme issues a {want[0]} {want[1]} of {_human(want[2])} there",
+        rank, layer,
+    )]  # fmt: skip
+
+
 def _from(observed_module: object, model_module: str) -> bool:
     return str(observed_module or "").endswith(model_module)
-
-
-def _take(missing: list[tuple[Sig, int | None]], remaining: Counter) -> list[tuple[Sig, int | None]]:
-    left = Counter(remaining)
-    out = []
-    for s, layer in missing:
-        if left[s] > 0:
-            out.append((s, layer))
-            left[s] -= 1
-    for s, n in left.items():  # step-level expectations nobody met
-        out += [(s, None)] * n
-    return out
-
-
-def _take_extra(extra: list[tuple[Sig, int | None, str | None]], remaining: Counter) -> list:
-    left = Counter(remaining)
-    out = []
-    for s, layer, module in extra:
-        if left[s] > 0:
-            out.append((s, layer, module))
-            left[s] -= 1
-    return out
 
 
 def _explain(rank: int, missing: list, extra: list) -> list[Finding]:

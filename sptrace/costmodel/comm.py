@@ -247,8 +247,8 @@ def estimate_comm(
     if not attention_only and scheme in ("megatron", "hybrid"):
         megatron_backward("mlp.fc1", "mlp.fc2")
     if scheme == "megatron":
-        megatron_backward("attn.qkv", "attn.proj")
-        if g < P:
+        add("backward", "all_gather", "attn.proj", "all-gather of the output gradient", shard, full)
+        if g < P:  # the gather-last's backward runs before linear_qkv's
             width = (a + 2 * g) * d
             add(
                 "backward",
@@ -258,6 +258,8 @@ def estimate_comm(
                 (width, B, S),
                 (width // P, B, S),
             )
+        add("backward", "all_gather", "attn.qkv", "all-gather of the SAVED input shard (weight gradient)", shard, full)
+        add("backward", "reduce_scatter", "attn.qkv", "reduce-scatter of the input gradient", full, shard)
     else:
         for t, heads in (("context", a), ("v", max(g, P)), ("k", max(g, P)), ("q", a)):
             src, dst = (

@@ -85,6 +85,9 @@ def test_nccl_record_param_comms_args(corpus):
     assert set(frame["step"]) == {4, 5, 6}
     assert set(frame[frame["kind"] == "all_reduce"]["phase"]) == {"backward"}  # DDP's bucketed all-reduce
     assert frame["source"].str.startswith("record_param_comms args").all()
+    # each linked to its kernel (launch correlation): ncclKernel_AllReduce ... 2636.669 us in step 6
+    assert frame["comm_dur_us"].notna().all()
+    assert frame[frame["kind"] == "all_reduce"]["comm_dur_us"].round(3).isin([2636.669]).any()
 
 
 def _write(tmp_path, events, name="rank0.json", **top):
