@@ -29,7 +29,8 @@ def observed(est, ranks=(0, 1)):
             if not c.per_layer:
                 t += 1
                 rows.append({"rank": rank, "kind": c.kind, "phase": c.phase, "layer": None, "module": c.module,
-                             "in_bytes": c.in_bytes, "out_bytes": c.out_bytes, "wire_bytes": c.wire_bytes, "start_us": t})  # fmt: skip
+                             "in_bytes": c.in_bytes, "out_bytes": c.out_bytes, "wire_bytes": c.wire_bytes,
+                             "start_us": t})  # fmt: skip
     return pd.DataFrame(rows).reindex(columns=COLUMNS)
 
 
