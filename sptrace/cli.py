@@ -88,9 +88,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"Profiled one training step of each scheme on {args.nproc} ranks:")
     for run in runs:
         print(f"  {run.out_dir}/  ({run.world_size} x rank*.pt.trace.json.gz, run.json; {run.seconds:.0f} s)")
-    print("Open a trace in https://ui.perfetto.dev or chrome://tracing; sptrace's analyzer and")
+    print("\nCollectives against the cost model (sptrace analyze RUN for the details):")
+    for run in runs:
+        print(f"  {run.out_dir.name:<9} {_verdict(run.out_dir)}")
+    print("\nOpen a trace in https://ui.perfetto.dev or chrome://tracing. The sharding check and the")
     print("dashboard over these runs are being built (see the README's Status section).")
     return 0
+
+
+def _verdict(path: Path) -> str:
+    import warnings
+
+    from sptrace.checks import check_collectives
+    from sptrace.costmodel import estimate_comm
+    from sptrace.detect import detect_run_collectives
+    from sptrace.load import load_run
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = load_run(path)
+    known = StepConfig.__dataclass_fields__
+    cfg = StepConfig.from_dict({k: v for k, v in run.run_info["config"].items() if k in known})
+    report = check_collectives(detect_run_collectives(run), estimate_comm(cfg), sorted(run.ranks))
+    per_rank = report.ranks["observed"].iloc[0]
+    wire = report.ranks["observed_wire_bytes"].iloc[0]
+    if report.ok:
+        return f"MATCH: {per_rank} collectives and {_human_bytes(wire)} on the wire per rank, as the model predicts"
+    return f"MISMATCH: {len(report.findings)} findings"
 
 
 def cmd_info(args: argparse.Namespace) -> int:
