@@ -14,6 +14,8 @@ _LAZY = {
     "phase": "sptrace.instrumentation",
     "annotate": "sptrace.instrumentation",
     "profile_step": "sptrace.profiling",
+    "assert_sequence_sharded": "sptrace.instrumentation",
+    "ShardingViolation": "sptrace.instrumentation",
     "load_trace": "sptrace.load",
     "load_run": "sptrace.load",
     "RankTrace": "sptrace.load",

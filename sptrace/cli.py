@@ -357,6 +357,116 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """Every activation kept for backward is sequence- or head-sharded: exit 0; else 1."""
+    import json
+
+    import pandas as pd
+
+    from sptrace.checks.sharding import ShardingShape, check_sharding, render_junit
+    from sptrace.costmodel import korthikanti_bytes_per_layer
+    from sptrace.detect.allocations import detect_saved_activations
+    from sptrace.errors import TraceError
+    from sptrace.fileio import write_atomic
+
+    run = _load_quietly(args)
+    declared = (run.run_info or {}).get("config") or {}
+    values = {
+        k: getattr(args, k) if getattr(args, k) is not None else declared.get(k)
+        for k in ("batch", "seq", "hidden", "heads")
+    }
+    missing = [k for k in ("batch", "seq", "hidden") if values[k] is None]
+    if missing:
+        flags = " ".join(f"--{k} N" for k in missing)
+        raise UsageError(f"{run.root or args.path}: no run.json gives {', '.join(missing)}; pass {flags}")
+    sp = args.sp or declared.get("sp_size") or run.world_size
+    dtype = args.dtype or declared.get("dtype") or "float32"
+    try:
+        step = ShardingShape(batch=values["batch"], seq=values["seq"], hidden=values["hidden"], sp_size=sp,
+                             element_size=DTYPES[dtype])  # fmt: skip
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    frames, without = [], []
+    for trace in run:
+        saved, ledger = detect_saved_activations(trace, element_size=step.element_size)
+        if ledger.empty and saved.empty:
+            without.append(trace.rank)
+        frames.append(saved)
+    if len(without) == len(run):
+        raise TraceError(
+            run.root or args.path,
+            "the traces have no [memory] events: record them with torch.profiler(profile_memory=True) "
+            "(sptrace profile and sptrace.profile_step do)",
+        )
+    expected = None
+    if values["heads"]:
+        expected = (
+            korthikanti_bytes_per_layer(
+                "tp_sp", seq=step.seq, batch=step.batch, hidden=step.hidden, heads=values["heads"], tp=step.sp_size
+            )
+            * step.element_size
+            / 2
+        )  # Korthikanti counts 2-byte activations
+    report = check_sharding(
+        pd.concat(frames, ignore_index=True), step, allow=tuple(args.allow), expected_per_layer=expected
+    )
+    if without:
+        report.notes.append(f"ranks without [memory] events, not checked: {without}")
+    if args.format == "json":
+        text = json.dumps(report.to_dict(), indent=1, default=str) + "\n"
+    elif args.format == "junit":
+        text = render_junit(report, sorted(run.ranks))
+    else:
+        text = _render_check(report, run)
+    if args.output:
+        write_atomic(Path(args.output), text.encode())
+        _log(f"wrote {args.output}: {'pass' if report.ok else f'{len(report.findings)} violations'}")
+    else:
+        sys.stdout.write(text)
+    return 0 if report.ok else 1
+
+
+def _render_check(report, run) -> str:
+    s = report.step
+    lines = [
+        f"{run.root or ''}: B={s.batch} S={s.seq} H={s.hidden} P={s.sp_size}, {s.element_size}-byte activations; "
+        f"{len(run)} ranks",
+        "",
+        f"{'rank':>4}{'saved':>7}{'seq-sharded':>13}{'head-sharded':>14}{'other':>7}{'full':>6}{'kept':>12}",
+    ]
+    for rank in sorted(run.ranks):
+        mine = report.saved[report.saved["rank"] == rank]
+        count = mine["class"].value_counts()
+        lines.append(
+            f"{rank:>4}{len(mine):>7}{count.get('seq-sharded', 0):>13}{count.get('head-sharded', 0):>14}"
+            f"{count.get('other', 0) + count.get('unknown', 0):>7}{count.get('full', 0):>6}"
+            f"{_human_bytes(mine['storage_bytes'].sum()):>12}"
+        )
+    if not report.layers.empty:
+        layer = report.layers.groupby("layer").agg(
+            measured=("measured_bytes", "mean"), expected=("expected_bytes", "first")
+        )
+        lines.append("")
+        for i, row in layer.iterrows():
+            exp = (
+                ""
+                if row.expected != row.expected or row.expected is None
+                else f" (Korthikanti: {_human_bytes(row.expected)})"
+            )
+            lines.append(f"layer {i}: {_human_bytes(row.measured)} kept per rank{exp}")
+    lines.append("")
+    for f in report.findings:
+        lines.append(f"FAIL {f.message}")
+    for n in report.notes:
+        lines.append(f"note: {n}")
+    lines.append(
+        "PASS: every activation kept for backward is sharded"
+        if report.ok
+        else f"{len(report.findings)} full-size saves"
+    )
+    return "\n".join(lines) + "\n"
+
+
 def _add_load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-cache", action="store_true", help="parse the traces again; do not read or write the table cache"
@@ -434,6 +544,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-findings", type=int, default=30, help="findings shown in text (default 30)")
     _add_load_flags(p)
     p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("check", help="activations kept for backward are sharded (exit 1 on a full-size save)")
+    p.add_argument("path", help="a run directory or one trace file")
+    for name in ("batch", "seq", "hidden", "heads"):
+        p.add_argument(f"--{name}", type=int, help="default: run.json's")
+    p.add_argument("--sp", type=int, help="P (default: run.json's, else the world size)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), help="activation dtype (default: run.json's, else float32)")
+    p.add_argument(
+        "--allow", action="append", default=[], metavar="MODULE_GLOB", help="modules allowed to keep full tensors"
+    )
+    p.add_argument("--format", choices=("text", "json", "junit"), default="text")
+    p.add_argument("--output", help="write the report here (atomically) instead of stdout")
+    _add_load_flags(p)
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("info", help="what a run's traces hold and which analyses they allow")
     p.add_argument("path", help="a run directory (per-rank *.json / *.json.gz traces) or one trace file")

@@ -22,6 +22,7 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 import sptrace
+from sptrace.fileio import write_atomic
 
 RUN_FILE = "run.json"
 RUN_SCHEMA = 1
@@ -29,19 +30,6 @@ RUN_SCHEMA = 1
 
 def trace_name(rank: int) -> str:
     return f"rank{rank}.pt.trace.json.gz"
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write next to the destination, then rename: a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _export_trace(prof: profile, path: Path) -> None:

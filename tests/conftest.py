@@ -32,6 +32,13 @@ RUNS: dict[str, list[str]] = {
     "hybrid-debug-hook": ["--scheme", "hybrid", "--fault", "debug-hook", "--fault-layer", "0"],
     # no sptrace markers or saved-tensor records: what a foreign framework's trace looks like
     "megatron-uninstrumented": ["--scheme", "megatron", "--no-instrument"],
+    "megatron-stray-full-save-uninstrumented": [
+        "--scheme",
+        "megatron",
+        "--fault",
+        "stray-full-save",
+        "--no-instrument",
+    ],
 }
 
 

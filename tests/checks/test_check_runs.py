@@ -1,0 +1,119 @@
+"""GIVEN profiled reference runs (8 gloo ranks), clean and with injected faults
+WHEN sptrace check classifies every activation kept for backward
+THEN clean runs pass on every rank, and each fault fails on every rank, naming its module with
+the exact shape and bytes, from saved-tensor records or, without them, from memory events."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from sptrace.cli import main
+
+pytestmark = pytest.mark.distributed
+
+FULL = 2 * 128 * 96 * 4  # [B, S, H] fp32
+
+
+def check(path, capsys, *flags):
+    code = main(["check", str(path), "--format", "json", *flags])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "megatron",
+        "ulysses",
+        "hybrid",
+        "megatron-gqa-recompute",
+        "ulysses-zero3-gqa",
+        "hybrid-zero3",
+        "megatron-uninstrumented",
+    ],
+)
+def test_clean_runs_pass_on_every_rank(profiled, capsys, cache_dir, name):
+    code, report = check(profiled(name), capsys, "--cache-dir", str(cache_dir))
+    assert code == 0 and report["ok"] and report["findings"] == []
+    ranks = {s["rank"] for s in report["saved"]}
+    assert ranks == set(range(8))
+    per_rank = [sum(1 for s in report["saved"] if s["rank"] == r) for r in range(8)]
+    assert min(per_rank) >= 10  # every rank's saved activations were judged
+    assert not any(s["class"] == "full" for s in report["saved"])
+
+
+def violations(report):
+    return {(f["rank"], f["module"]) for f in report["findings"]}
+
+
+def saved_full(report):
+    return {(s["rank"], s["module"], tuple(s["shape"]) if s["shape"] else None, s["storage_bytes"])
+            for s in report["saved"] if s["class"] == "full"}  # fmt: skip
+
+
+def test_stray_full_save(profiled, capsys):
+    code, report = check(profiled("megatron-stray-full-save"), capsys)
+    assert code == 1
+    assert saved_full(report) == {(r, "layers.1.mlp.fc1", (256, 96), FULL) for r in range(8)}
+    f = report["findings"][0]
+    assert f["code"] == "full-size-save" and f["layer"] == 1
+    assert "96.00 KiB, 84.00 KiB more than a 1/8 shard per layer" in f["message"]
+
+
+def test_stray_full_save_in_ulysses_also_flags_the_view(profiled, capsys):
+    code, report = check(profiled("ulysses-stray-full-save"), capsys)
+    assert code == 1
+    # the gathered input, and fc1's [B, S/P, F] output slice whose storage is the full [B, S, F]
+    expected = {(r, "layers.0.mlp.fc1", (256, 96), FULL) for r in range(8)}
+    expected |= {(r, "layers.0.mlp", (2, 16, 160), 2 * 128 * 160 * 4) for r in range(8)}
+    assert saved_full(report) == expected
+
+
+def test_missing_reduce_scatter_replicates_the_norm_input(profiled, capsys):
+    code, report = check(profiled("megatron-missing-reduce-scatter"), capsys)
+    assert code == 1
+    full = saved_full(report)
+    for r in range(8):
+        assert (r, "layers.1.norm2", (2, 128, 96), FULL) in full
+    assert all(module.startswith("layers.1") for _, module, _, _ in full)
+
+
+def test_debug_hook(profiled, capsys):
+    code, report = check(profiled("hybrid-debug-hook"), capsys)
+    assert code == 1
+    assert saved_full(report) == {(r, "layers.0", (2, 128, 96), FULL) for r in range(8)}
+
+
+def test_without_saved_records_memory_events_still_catch_the_fault(profiled, capsys):
+    code, report = check(profiled("megatron-stray-full-save-uninstrumented"), capsys)
+    assert code == 1
+    assert {r for r, _ in violations(report)} == set(range(8))
+    assert all(m == "layers.1.ColumnParallelLinear_3" for _, m in violations(report))  # fc1 of layer 1
+    assert all(s["source"].startswith("memory events") for s in report["saved"])
+
+
+def test_allow_junit_and_output_file(profiled, capsys, tmp_path):
+    path = profiled("hybrid-debug-hook")
+    assert main(["check", str(path), "--allow", "layers.0"]) == 0
+    assert "PASS: every activation kept for backward is sharded" in capsys.readouterr().out
+    out = tmp_path / "reports" / "sharding.xml"
+    assert main(["check", str(path), "--format", "junit", "--output", str(out)]) == 1
+    suite = ET.parse(out).getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    failed = [c.get("name") for c in cases if c.find("failure") is not None]
+    assert sorted(failed) == sorted(f"rank{r}.layers.0" for r in range(8))
+    assert int(suite.get("tests")) == len(cases) > 8 * 5 and int(suite.get("failures")) == 8
+
+
+def test_unusable_input(corpus, capsys, tmp_path, profiled):
+    # DLRM was profiled without profile_memory
+    assert main(["check", str(corpus / "param_dlrm_kineto"), "--batch", "1", "--seq", "8", "--hidden", "8",
+                 "--cache-dir", str(tmp_path)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no [memory] events: record them with torch.profiler(profile_memory=True)" in err
+    assert main(["check", str(corpus / "param_dlrm_kineto"), "--cache-dir", str(tmp_path)]) == 2
+    assert "no run.json gives batch, seq, hidden; pass --batch N --seq N --hidden N" in capsys.readouterr().err
+    assert main(["check", str(profiled("megatron")), "--seq", "100"]) == 2
+    assert "seq 100 is not divisible by sp_size 8" in capsys.readouterr().err
