@@ -105,7 +105,7 @@ class ShardingReport:
                 "hidden": self.step.hidden,
                 "sp_size": self.step.sp_size,
                 "element_size": self.step.element_size,
-            },  # fmt: skip
+            },
             "findings": [f.to_dict() for f in self.findings],
             "layers": _records(self.layers),
             "saved": _records(saved.drop(columns=["alloc_ns", "free_ns"], errors="ignore")),

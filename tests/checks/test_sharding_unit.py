@@ -77,7 +77,7 @@ def test_assert_sequence_sharded_passes_and_fails():
     assert all(8 in r.shape or 2 * 8 in r.shape for r in saved)
     with pytest.raises(sptrace.ShardingViolation) as err:
         sptrace.assert_sequence_sharded(Gathering(4), x, sp_size=4)
-    (rec, why), *_ = err.value.records
+    (rec, _why), *_ = err.value.records
     assert rec.module == "fc" and rec.shape == (64, 16) and rec.nbytes == 64 * 16 * 4
     assert "fc saves [64, 16] float32" in str(err.value)
     assert sptrace.assert_sequence_sharded(Gathering(4), x, sp_size=4, allow=("fc",))
