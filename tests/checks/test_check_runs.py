@@ -117,3 +117,35 @@ def test_unusable_input(corpus, capsys, tmp_path, profiled):
     assert "no run.json gives batch, seq, hidden; pass --batch N --seq N --hidden N" in capsys.readouterr().err
     assert main(["check", str(profiled("megatron")), "--seq", "100"]) == 2
     assert "seq 100 is not divisible by sp_size 8" in capsys.readouterr().err
+
+
+def test_full_size_buffers_that_are_not_kept_pass(profiled, cache_dir):
+    # the gathered [S, B, H] input between all-gather and matmul, and reduce-scatter inputs,
+    # are full-size allocations in forward; none is kept for backward, so none is flagged
+    import sptrace
+    from sptrace.detect.allocations import backward_start_ns, detect_ledger, detect_saved_activations
+
+    trace = sptrace.load_run(profiled("megatron-uninstrumented"), cache_dir=cache_dir).ranks[3]
+    ledger = detect_ledger(trace)
+    forward_full = ledger[(ledger["bytes"] == FULL) & (ledger["alloc_ns"] < backward_start_ns(trace))]
+    assert len(forward_full) >= 8  # 2 layers x (2 gathered inputs + 2 reduce-scatter inputs)
+    saved, _ = detect_saved_activations(trace)
+    assert len(saved) > 10 and (saved["storage_bytes"] != FULL).all()
+
+
+def test_cuda_memory_ledger_on_a_real_trace(corpus, cache_dir):
+    import gzip
+    import json
+
+    import sptrace
+    from sptrace.detect.allocations import detect_ledger
+
+    path = corpus / "hta_tests_data/df_index_resolver/df_index_resolver.json.gz"
+    ledger = detect_ledger(sptrace.load_trace(path, cache_dir=cache_dir))
+    raw = [e for e in json.load(gzip.open(path))["traceEvents"] if e.get("name") == "[memory]"]
+    allocs = [e for e in raw if e["args"]["Bytes"] > 0]
+    assert len(ledger) == len(allocs)  # one record per allocation, closed or still live
+    assert set(ledger["device_type"]) == {e["args"]["Device Type"] for e in allocs}
+    assert ledger["bytes"].sum() == sum(e["args"]["Bytes"] for e in allocs)
+    freed = ledger["free_ns"].notna()
+    assert (ledger.loc[freed, "free_ns"] >= ledger.loc[freed, "alloc_ns"]).all()
