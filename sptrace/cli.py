@@ -12,6 +12,7 @@ from pathlib import Path
 from sptrace import __version__
 from sptrace.config import DTYPES, FAULTS, RECOMPUTE, SCHEMES, StepConfig
 from sptrace.errors import SptraceError, UsageError
+from sptrace.units import human_bytes
 
 DEMO_DIR = Path("sptrace-demo")
 
@@ -113,7 +114,7 @@ def _verdict(path: Path) -> str:
     per_rank = report.ranks["observed"].iloc[0]
     wire = report.ranks["observed_wire_bytes"].iloc[0]
     if report.ok:
-        return f"MATCH: {per_rank} collectives and {_human_bytes(wire)} on the wire per rank, as the model predicts"
+        return f"MATCH: {per_rank} collectives and {human_bytes(wire)} on the wire per rank, as the model predicts"
     return f"MISMATCH: {len(report.findings)} findings"
 
 
@@ -139,13 +140,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 MODEL_SCHEMES = ("megatron", "ulysses", "ulysses-zero3", "hybrid", "hybrid-zero3")
 _SIZE_FLAGS = ("layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn")
-
-
-def _human_bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 def cmd_model(args: argparse.Namespace) -> int:
@@ -198,28 +192,28 @@ def cmd_model(args: argparse.Namespace) -> int:
         n = cfg.layers if c.per_layer else 1
         shapes = f"{list(c.in_shape)} -> {list(c.out_shape)}"
         print(
-            f"{c.phase:<9}{c.kind:<15}{c.module:<11}{n:>7}  {shapes:<34}{_human_bytes(c.in_bytes):>12}"
-            f"{_human_bytes(c.wire_bytes * n):>12}  {c.what}"
+            f"{c.phase:<9}{c.kind:<15}{c.module:<11}{n:>7}  {shapes:<34}{human_bytes(c.in_bytes):>12}"
+            f"{human_bytes(c.wire_bytes * n):>12}  {c.what}"
         )
     print("\nwire bytes sent per rank, one direction:")
     for kind in ("all_gather", "reduce_scatter", "all_to_all", "all_reduce"):
         if est.count(kind):
-            print(f"  {kind:<15}{est.count(kind):>5} collectives  {_human_bytes(est.wire_per_step(kind)):>12}")
-    print(f"  {'per layer':<15}{'':>18}{_human_bytes(est.wire_per_layer()):>12}  (layer-level collectives)")
+            print(f"  {kind:<15}{est.count(kind):>5} collectives  {human_bytes(est.wire_per_step(kind)):>12}")
+    print(f"  {'per layer':<15}{'':>18}{human_bytes(est.wire_per_layer()):>12}  (layer-level collectives)")
     step = est.wire_per_step()
-    print(f"  {'per step':<15}{est.count():>5} collectives  {_human_bytes(step):>12}  ({step / 2**20:.2f} MiB)")
+    print(f"  {'per step':<15}{est.count():>5} collectives  {human_bytes(step):>12}  ({step / 2**20:.2f} MiB)")
     for note in est.notes:
         print(f"  note: {note}")
     print("\nactivations kept per layer and rank (Korthikanti et al. Table 2, fp16 with dropout):")
     print(
         f"  this scheme ({'selective recompute' if cfg.recompute == 'selective' else 'no recompute'}): "
-        f"{_human_bytes(act)}"
+        f"{human_bytes(act)}"
     )
     if cfg.recompute != "selective":
         sel = korthikanti_bytes_per_layer(
             "tp_sp_selective", seq=cfg.seq, batch=cfg.batch, hidden=cfg.hidden, heads=cfg.heads, tp=cfg.sp_size
         )
-        print(f"  with selective recompute of core attention: {_human_bytes(sel)}")
+        print(f"  with selective recompute of core attention: {human_bytes(sel)}")
     return 0
 
 
@@ -266,7 +260,7 @@ def cmd_collectives(args: argparse.Namespace) -> int:
     t0 = frame["start_us"].min()
     for r in frame.itertuples():
         layer = "" if r.layer is None or (isinstance(r.layer, float) and math.isnan(r.layer)) else int(r.layer)
-        size = lambda v: "?" if v is None or (isinstance(v, float) and math.isnan(v)) else _human_bytes(v)  # noqa: E731
+        size = lambda v: "?" if v is None or (isinstance(v, float) and math.isnan(v)) else human_bytes(v)  # noqa: E731
         print(
             f"{r.rank:>4} {r.kind:<15}{r.group!s:<6}{r.group_size:>3} {r.dtype!s:<9}{size(r.in_bytes):>11}"
             f"{size(r.out_bytes):>11}{size(r.wire_bytes):>11}{(r.start_us - t0) / 1e3:>10.2f}{r.dur_us / 1e3:>9.2f} "
@@ -276,7 +270,7 @@ def cmd_collectives(args: argparse.Namespace) -> int:
     counts = frame.groupby(["kind"]).agg(n=("rank", "size"), wire=("wire_bytes", "sum"))
     ranks = frame["rank"].nunique()
     for kind, row in counts.iterrows():
-        print(f"  {kind:<15}{row.n / ranks:>7.1f} per rank  {_human_bytes(row.wire / ranks):>12} wire per rank")
+        print(f"  {kind:<15}{row.n / ranks:>7.1f} per rank  {human_bytes(row.wire / ranks):>12} wire per rank")
     return 0
 
 
@@ -333,8 +327,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     print(f"\n{'rank':>4}{'collectives':>13}{'expected':>10}{'wire/step':>13}{'model':>13}{'missing':>9}{'extra':>7}")
     for r in report.ranks.itertuples():
         print(
-            f"{r.rank:>4}{r.observed:>13}{r.expected:>10}{_human_bytes(r.observed_wire_bytes):>13}"
-            f"{_human_bytes(r.expected_wire_bytes):>13}{r.missing:>9}{r.extra:>7}"
+            f"{r.rank:>4}{r.observed:>13}{r.expected:>10}{human_bytes(r.observed_wire_bytes):>13}"
+            f"{human_bytes(r.expected_wire_bytes):>13}{r.missing:>9}{r.extra:>7}"
         )
     if not report.layers.empty:
         off = report.layers[report.layers["observed"] != report.layers["expected"]]
@@ -440,7 +434,7 @@ def _render_check(report, run) -> str:
         lines.append(
             f"{rank:>4}{len(mine):>7}{count.get('seq-sharded', 0):>13}{count.get('head-sharded', 0):>14}"
             f"{count.get('other', 0) + count.get('unknown', 0):>7}{count.get('full', 0):>6}"
-            f"{_human_bytes(mine['storage_bytes'].sum()):>12}"
+            f"{human_bytes(mine['storage_bytes'].sum()):>12}"
         )
     if not report.layers.empty:
         layer = report.layers.groupby("layer").agg(
@@ -451,9 +445,9 @@ def _render_check(report, run) -> str:
             exp = (
                 ""
                 if row.expected != row.expected or row.expected is None
-                else f" (Korthikanti: {_human_bytes(row.expected)})"
+                else f" (Korthikanti: {human_bytes(row.expected)})"
             )
-            lines.append(f"layer {i}: {_human_bytes(row.measured)} kept per rank{exp}")
+            lines.append(f"layer {i}: {human_bytes(row.measured)} kept per rank{exp}")
     lines.append("")
     for f in report.findings:
         lines.append(f"FAIL {f.message}")

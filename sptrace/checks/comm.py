@@ -14,15 +14,9 @@ import pandas as pd
 from sptrace.checks.findings import Finding
 from sptrace.costmodel.comm import CommEstimate
 from sptrace.detect.matching import Matching
+from sptrace.units import human_bytes
 
 Sig = tuple[str, str, int]  # (phase, kind, in_bytes)
-
-
-def _human(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 @dataclass
@@ -185,8 +179,8 @@ def _check_order(rank: int, layer: int, rows: list, specs: list) -> list[Finding
     got, want = seen[first], ordered[first]
     return [Finding(
         "warning", "collectives", "order",
-        f"rank {rank}, layer {layer}: collective #{first + 1} is a {got[0]} {got[1]} of {_human(got[2])}; "
-        f"the scheme issues a {want[0]} {want[1]} of {_human(want[2])} there",
+        f"rank {rank}, layer {layer}: collective #{first + 1} is a {got[0]} {got[1]} of {human_bytes(got[2])}; "
+        f"the scheme issues a {want[0]} {want[1]} of {human_bytes(want[2])} there",
         rank, layer,
     )]  # fmt: skip
 
@@ -211,26 +205,27 @@ def _explain(rank: int, missing: list, extra: list) -> list[Finding]:
             extra.remove(same_place)
             findings.append(Finding(
                 "error", "collectives", "wrong-size",
-                f"rank {rank}, {where}: a {kind} of {_human(same_place[0][2])} where the scheme sends {_human(size)}",
+                f"rank {rank}, {where}: a {kind} of {human_bytes(same_place[0][2])} "
+                f"where the scheme sends {human_bytes(size)}",
                 rank, layer, same_place[2],
             ))  # fmt: skip
         elif same_size is not None:
             extra.remove(same_size)
             findings.append(Finding(
                 "error", "collectives", "wrong-phase",
-                f"rank {rank}, {where}: the {kind} of {_human(size)} ran in {same_size[0][0]} instead",
+                f"rank {rank}, {where}: the {kind} of {human_bytes(size)} ran in {same_size[0][0]} instead",
                 rank, layer, same_size[2],
             ))  # fmt: skip
         else:
             findings.append(Finding(
                 "error", "collectives", "missing-collective",
-                f"rank {rank}, {where}: missing {kind} of {_human(size)}", rank, layer,
+                f"rank {rank}, {where}: missing {kind} of {human_bytes(size)}", rank, layer,
             ))  # fmt: skip
     for (phase, kind, size), layer, module in extra:
         where = f"layer {layer} {phase}" if layer is not None else f"{phase}"
         findings.append(Finding(
             "error", "collectives", "extra-collective",
-            f"rank {rank}, {where}: unexpected {kind} of {_human(size)}" + (f" from {module}" if module else ""),
+            f"rank {rank}, {where}: unexpected {kind} of {human_bytes(size)}" + (f" from {module}" if module else ""),
             rank, layer, module,
         ))  # fmt: skip
     return findings

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from sptrace.checks.findings import Finding
+from sptrace.units import human_bytes
 
 CLASSES = ("full", "head-sharded", "seq-sharded", "other", "unknown")
 
@@ -120,13 +121,6 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-def _human(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
 def check_sharding(
     saved: pd.DataFrame, step: ShardingShape, *, allow: tuple[str, ...] = (), expected_per_layer: float | None = None
 ) -> ShardingReport:
@@ -154,7 +148,7 @@ def check_sharding(
         findings.append(Finding(
             "error", "sharding", "full-size-save",
             f"rank {rec['rank']}: {module} keeps a full-sequence [{shape}] {rec['dtype'] or ''} tensor for backward "
-            f"({_human(rec['storage_bytes'])}, {_human(excess)} more than a 1/{step.sp_size} shard per layer"
+            f"({human_bytes(rec['storage_bytes'])}, {human_bytes(excess)} more than a 1/{step.sp_size} shard per layer"
             + (f"; {', '.join(origin)}" if origin else "") + f"): {rec['why']}",
             rec["rank"], rec["layer"] if rec["layer"] == rec["layer"] else None, module,
         ))  # fmt: skip
