@@ -143,11 +143,14 @@ def check_sharding(
         origin = []
         if rec.get("alloc_op"):
             origin.append(f"allocated by {rec['alloc_op']}")
+        if rec.get("saved_by") and rec.get("saved_by") != rec.get("freed_in"):
+            origin.append(f"saved by {rec['saved_by']}")
         if rec.get("freed_in"):
-            origin.append(f"saved for {rec['freed_in']}")
+            origin.append(f"for {rec['freed_in']}")
         findings.append(Finding(
             "error", "sharding", "full-size-save",
-            f"rank {rec['rank']}: {module} keeps a full-sequence [{shape}] {rec['dtype'] or ''} tensor for backward "
+            f"rank {rec['rank']}: {module} keeps a full-sequence [{shape}] {rec['dtype'] + ' ' if rec['dtype'] else ''}"
+            f"tensor for backward "
             f"({human_bytes(rec['storage_bytes'])}, {human_bytes(excess)} more than a 1/{step.sp_size} shard per layer"
             + (f"; {', '.join(origin)}" if origin else "") + f"): {rec['why']}",
             rec["rank"], rec["layer"] if rec["layer"] == rec["layer"] else None, module,

@@ -98,10 +98,12 @@ def detect_saved_activations(trace: RankTrace, *, element_size: int = 4) -> tupl
     fwd = forward_start_ns(trace)
     nodes = Intervals(ev[names.str.startswith("autograd::engine::evaluate_function")])
     records = ev[names.str.startswith(markers.SAVED)]
+    cpu_ops = ev[(ev["cat"].astype(str) == "cpu_op") & (ev["ph"].astype(str) == "X")]
+    op_iv = Intervals(cpu_ops[~cpu_ops["name"].astype(str).str.startswith("sptrace.")])
     rows: list[dict[str, Any]] = []
     if len(records):
         seen: set[int] = set()
-        for name, ts in zip(records["name"].astype(str), records["ts_ns"]):
+        for name, ts, tid in zip(records["name"].astype(str), records["ts_ns"], records["tid"]):
             rec = markers.SavedTensor.from_marker(name)
             # weights are not activations; data without autograd history ("input") still costs memory
             if rec is None or rec.kind == "param" or rec.storage_ptr in seen:
@@ -110,11 +112,14 @@ def detect_saved_activations(trace: RankTrace, *, element_size: int = 4) -> tupl
                 continue  # recomputation in backward saves again: not kept across the step
             seen.add(rec.storage_ptr)
             alloc = _allocation_at(ledger, rec.storage_ptr, int(ts))
+            # the op that allocated the storage, and the op saving it (the marker sits inside it)
+            made_by = _op_at(op_iv, int(alloc["alloc_ns"]), alloc["tid"]) if alloc is not None else None
+            saving = _op_at(op_iv, int(ts), tid)
             rows.append({
                 "rank": trace.rank, "module": rec.module, "layer": _layer(rec.module), "shape": rec.shape,
                 "dtype": rec.dtype, "nbytes": rec.nbytes, "storage_bytes": rec.storage_nbytes,
                 "storage_ptr": rec.storage_ptr, "source": "sptrace.saved record",
-                "alloc_op": None, "saved_by": None,
+                "alloc_op": made_by, "saved_by": saving,
                 "alloc_ns": None if alloc is None else alloc["alloc_ns"],
                 "free_ns": None if alloc is None else alloc["free_ns"],
                 "freed_in": None if alloc is None else _freed_in(nodes, alloc), "kind": rec.kind,
@@ -125,8 +130,7 @@ def detect_saved_activations(trace: RankTrace, *, element_size: int = 4) -> tupl
     from sptrace.detect.collectives import _RankIndex
 
     index = _RankIndex(trace)
-    ops = index.cpu_ops[index.cpu_ops["cat"].astype(str) == "cpu_op"]
-    op_iv = Intervals(ops)
+    tolerance = _CUDA_SLACK if (ledger["device_type"] == 1).any() else 0
     kept = ledger[(ledger["alloc_ns"] >= fwd) & (ledger["alloc_ns"] < bwd)]
     kept = kept[kept["free_ns"].isna() | (kept["free_ns"] >= bwd)]
     for rec in kept.to_dict(orient="records"):
@@ -138,7 +142,7 @@ def detect_saved_activations(trace: RankTrace, *, element_size: int = 4) -> tupl
         tid = int(rec["tid"]) if pd.notna(rec["tid"]) else None
         i = op_iv.innermost(int(rec["alloc_ns"]), int(rec["alloc_ns"]), tid)
         op = op_iv.frame.iloc[i] if i is not None else None
-        shape = _infer_shape(op, int(rec["bytes"]), element_size) if op is not None else None
+        shape = _infer_shape(op, int(rec["bytes"]), element_size, tolerance) if op is not None else None
         module, _, _ = index.module_of(int(rec["alloc_ns"]), int(rec["alloc_ns"]), tid if tid is not None else -1)
         rows.append({
             "rank": trace.rank, "module": module, "layer": _layer(module), "shape": shape,
@@ -148,6 +152,15 @@ def detect_saved_activations(trace: RankTrace, *, element_size: int = 4) -> tupl
             "alloc_ns": rec["alloc_ns"], "free_ns": rec["free_ns"], "freed_in": freed_in, "kind": "activation",
         })  # fmt: skip
     return pd.DataFrame(rows, columns=SAVED_COLUMNS), ledger
+
+
+_CUDA_SLACK = 2**20
+"""The CUDA caching allocator's block can exceed the request by up to ~1 MiB (SPEC.md §4)."""
+
+
+def _op_at(ops: Intervals, ts: int, tid: Any) -> str | None:
+    i = ops.innermost(ts, ts, int(tid) if tid is not None and not pd.isna(tid) else None)
+    return None if i is None else str(ops.frame.iloc[i]["name"])
 
 
 def _allocation_at(ledger: pd.DataFrame, addr: int, ts: int) -> dict[str, Any] | None:
@@ -165,9 +178,10 @@ def _freed_in(nodes: Intervals, rec: dict[str, Any]) -> str | None:
     return None if i is None else str(nodes.frame.iloc[i]["name"]).rpartition(": ")[2]
 
 
-def _infer_shape(op: Any, nbytes: int, element_size: int) -> tuple[int, ...] | None:
-    """A shape among the allocating op's inputs whose size is exactly ``nbytes`` (the output of
-    elementwise ops, copies and norms has an input's shape); None when none fits."""
+def _infer_shape(op: Any, nbytes: int, element_size: int, tolerance: int = 0) -> tuple[int, ...] | None:
+    """A shape among the allocating op's inputs whose size is ``nbytes`` (the output of
+    elementwise ops, copies and norms has an input's shape), or, on CUDA, fits the allocator's
+    block with at most ``tolerance`` to spare (the closest wins); None when none fits."""
     text = op.get("input_dims")
     if text is None or pd.isna(text):
         return None
@@ -175,8 +189,10 @@ def _infer_shape(op: Any, nbytes: int, element_size: int) -> tuple[int, ...] | N
         dims = json.loads(text)
     except ValueError:
         return None
+    best: tuple[int, tuple[int, ...]] | None = None
     for shape in dims:
         if isinstance(shape, list) and shape and all(isinstance(x, int) for x in shape):
-            if int(np.prod(shape)) * element_size == nbytes:
-                return tuple(shape)
-    return None
+            spare = nbytes - int(np.prod(shape)) * element_size
+            if 0 <= spare <= tolerance and (best is None or spare < best[0]):
+                best = (spare, tuple(shape))
+    return None if best is None else best[1]
