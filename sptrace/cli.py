@@ -461,6 +461,21 @@ def _render_check(report, run) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """A self-contained HTML report (plotly.js inlined once) over one or several runs."""
+    from sptrace.fileio import write_atomic
+    from sptrace.report.html import render_html
+
+    paths = [Path(p) for p in args.paths]
+    for p in paths:
+        if not p.exists():
+            raise UsageError(f"{p}: no such file or directory")
+    text = render_html(paths)
+    write_atomic(Path(args.html), text.encode())
+    _log(f"wrote {args.html} ({len(text) / 2**20:.1f} MiB, {len(paths)} runs)")
+    return 0
+
+
 def _add_load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-cache", action="store_true", help="parse the traces again; do not read or write the table cache"
@@ -552,6 +567,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="write the report here (atomically) instead of stdout")
     _add_load_flags(p)
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("report", help="a self-contained HTML report over one or several runs")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="run directories or trace files")
+    p.add_argument("--html", required=True, help="the HTML file to write (atomically)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("info", help="what a run's traces hold and which analyses they allow")
     p.add_argument("path", help="a run directory (per-rank *.json / *.json.gz traces) or one trace file")

@@ -1,0 +1,98 @@
+"""Figures over sptrace's analyses, built from its public API's outputs (pandas frames and
+reports). One module for the HTML report and the Dash app alike; plotly only, no Dash."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from sptrace.config import StepConfig
+from sptrace.costmodel import estimate_comm
+
+KIND_COLORS = {
+    "all_gather": "#1f77b4", "reduce_scatter": "#ff7f0e", "all_to_all": "#2ca02c", "all_reduce": "#d62728",
+    "broadcast": "#9467bd", "send_recv": "#8c564b", "barrier": "#7f7f7f", "other": "#bcbd22",
+}  # fmt: skip
+CLASS_COLORS = {
+    "seq-sharded": "#2ca02c",
+    "head-sharded": "#1f77b4",
+    "full": "#d62728",
+    "other": "#c7c7c7",
+    "unknown": "#7f7f7f",
+}
+MiB = 2**20
+
+
+def collective_timeline(
+    frame: pd.DataFrame, offsets_us: dict[int, float] | None = None, *, max_bars: int = 5000
+) -> go.Figure:
+    """Ranks as rows, each collective a bar on a clock aligned across ranks (offsets from the
+    matching); the first ``max_bars`` collectives in time, so the page stays light."""
+    fig = go.Figure()
+    if frame.empty:
+        return fig.update_layout(title="no collectives")
+    f = frame.copy()
+    offsets = offsets_us or {}
+    f["t0"] = f["start_us"] - f["rank"].map(lambda r: offsets.get(int(r), 0.0))
+    t_min = f["t0"].min()
+    f = f.sort_values("t0").head(max_bars)
+    for kind, g in f.groupby("kind"):
+        fig.add_trace(go.Bar(
+            y=[f"rank {int(r)}" for r in g["rank"]], x=g["dur_us"].clip(lower=1) / 1e3, base=(g["t0"] - t_min) / 1e3,
+            orientation="h", name=kind, marker_color=KIND_COLORS.get(kind, "#333"),
+            customdata=g[["module", "phase", "in_bytes"]].astype(str).values,
+            hovertemplate="%{y}<br>%{customdata[0]} (%{customdata[1]})<br>%{customdata[2]} B"
+            + f"<extra>{kind}</extra>",
+        ))  # fmt: skip
+    return fig.update_layout(
+        barmode="overlay",
+        title="collectives per rank (aligned clocks)",
+        xaxis_title="ms",
+        height=120 + 28 * f["rank"].nunique(),
+    )
+
+
+def wire_by_kind(frame: pd.DataFrame, cfg: StepConfig | None) -> go.Figure:
+    """Wire bytes per rank and step by collective kind: measured (mean over ranks) and the model."""
+    ranks = max(frame["rank"].nunique(), 1) if not frame.empty else 1
+    measured = frame.groupby("kind")["wire_bytes"].sum() / ranks if not frame.empty else pd.Series(dtype=float)
+    fig = go.Figure(go.Bar(x=list(measured.index), y=list(measured.values / MiB), name="measured"))
+    if cfg is not None:
+        est = estimate_comm(cfg)
+        kinds = sorted({c.kind for c in est.collectives} | set(measured.index))
+        fig.add_trace(go.Bar(x=kinds, y=[est.wire_per_step(k) / MiB for k in kinds], name="model"))
+    return fig.update_layout(barmode="group", title="wire bytes per rank and step", yaxis_title="MiB")
+
+
+def saved_by_layer(saved: pd.DataFrame) -> go.Figure:
+    """Bytes kept for backward per layer (mean over ranks), stacked by sharding class."""
+    fig = go.Figure()
+    if saved.empty:
+        return fig.update_layout(title="no saved activations")
+    s = saved.assign(layer=saved["layer"].fillna(-1).astype(int))
+    ranks = max(s["rank"].nunique(), 1)
+    for cls in CLASS_COLORS:
+        part = s[s["class"] == cls]
+        if part.empty:
+            continue
+        per_layer = part.groupby("layer")["storage_bytes"].sum() / ranks
+        labels = ["outside layers" if i < 0 else f"layer {i}" for i in per_layer.index]
+        fig.add_trace(go.Bar(x=labels, y=per_layer.values / 2**10, name=cls, marker_color=CLASS_COLORS[cls]))
+    return fig.update_layout(barmode="stack", title="activations kept for backward, per rank", yaxis_title="KiB")
+
+
+def model_sweep(
+    base: StepConfig, seqs: list[int], schemes: tuple[str, ...] = ("megatron", "ulysses", "hybrid")
+) -> go.Figure:
+    """The cost model's wire GiB per rank and step against sequence length (the first article's
+    table), for each scheme at ``base``'s other settings."""
+    fig = go.Figure()
+    for scheme in schemes:
+        ys = []
+        for s in seqs:
+            cfg = base.replace(scheme=scheme, seq=s, zero3=base.zero3 and scheme != "megatron")
+            ys.append(estimate_comm(cfg).wire_per_step() / 2**30)
+        fig.add_trace(go.Scatter(x=seqs, y=ys, mode="lines+markers", name=scheme))
+    return fig.update_layout(
+        title="model: wire bytes per rank and step", xaxis_title="sequence length", yaxis_title="GiB", xaxis_type="log"
+    )

@@ -1,0 +1,1 @@
+"""Findings -> text, JSON, JUnit and HTML (the last stage)."""
