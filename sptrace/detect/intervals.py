@@ -5,8 +5,6 @@ neither pandas nor pyarrow answer directly; the sets involved are small (markers
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
@@ -50,6 +48,3 @@ class Intervals:
         if tid is not None:
             mask &= self.tid == tid
         return np.flatnonzero(mask)
-
-    def row(self, i: int) -> Any:
-        return self.frame.iloc[i]

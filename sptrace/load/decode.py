@@ -335,19 +335,6 @@ def _sentinel_ints(objects: Sequence[Any], attr: str, n: int) -> pa.Array:
     return pa.array(arr, mask=absent) if absent.any() else pa.array(arr)
 
 
-def _strings(values: Sequence[str | None]) -> pa.Array:
-    """Dictionary-encode repeated strings (names, categories) in one pass over a Python dict:
-    cheaper than converting every string to UTF-8 first."""
-    codes: dict[str | None, int] = {}
-    idx = np.fromiter((codes.setdefault(v, len(codes)) for v in values), dtype=np.int32, count=len(values))
-    keys = list(codes)
-    if None in codes:
-        null_code = codes[None]
-        keys[null_code] = ""
-        return pa.DictionaryArray.from_arrays(pa.array(idx, mask=idx == null_code), pa.array(keys, pa.string()))
-    return pa.DictionaryArray.from_arrays(pa.array(idx), pa.array(keys, pa.string()))
-
-
 def _texts(values: Sequence[Any], n: int) -> pa.Array:
     if not any(values):
         return pa.nulls(n, type=pa.string())
