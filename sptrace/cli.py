@@ -92,9 +92,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("\nCollectives against the cost model (sptrace analyze RUN for the details):")
     for run in runs:
         print(f"  {run.out_dir.name:<9} {_verdict(run.out_dir)}")
-    print("\nOpen a trace in https://ui.perfetto.dev or chrome://tracing. The sharding check and the")
-    print("dashboard over these runs are being built (see the README's Status section).")
+    print("\nSharding of the activations kept for backward (sptrace check RUN for the details):")
+    for run in runs:
+        print(f"  {run.out_dir.name:<9} {_sharding_verdict(run.out_dir)}")
+    if args.no_serve:
+        print(f"\nsptrace dash {' '.join(str(r.out_dir) for r in runs)}   # to browse them")
+        return 0
+    from dashboards.app import serve
+
+    print(f"\ndashboard: http://127.0.0.1:{args.port}/  (Ctrl-C stops it)", flush=True)
+    serve([r.out_dir for r in runs], port=args.port)
     return 0
+
+
+def _sharding_verdict(path: Path) -> str:
+    from sptrace.pipeline import analyse_run
+
+    report = analyse_run(path)["sharding"]
+    kept = report.saved.groupby("rank")["storage_bytes"].sum().max()
+    if report.ok:
+        per_rank = len(report.saved) // max(report.saved["rank"].nunique(), 1)
+        return f"PASS: {per_rank} tensors, {human_bytes(kept)} kept per rank, all sharded"
+    return f"FAIL: {len(report.findings)} full-size saves"
 
 
 def _verdict(path: Path) -> str:
@@ -476,6 +495,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dash(args: argparse.Namespace) -> int:
+    """Serve the Dash dashboard over the runs named here (and only those)."""
+    from dashboards.app import serve
+
+    paths = [Path(p) for p in args.paths]
+    for p in paths:
+        if not p.exists():
+            raise UsageError(f"{p}: no such file or directory")
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port {args.port} is not a TCP port")
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        _log(f"warning: serving on {args.host}: anyone who reaches this machine can read these runs")
+    _log(f"dashboard on http://{args.host}:{args.port}/ over {len(paths)} runs (Ctrl-C stops it)")
+    serve(paths, host=args.host, port=args.port, debug=args.debug)
+    return 0
+
+
 def _add_load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-cache", action="store_true", help="parse the traces again; do not read or write the table cache"
@@ -516,6 +552,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--port", type=int, default=8050, help="dashboard port (on 127.0.0.1)")
+    p.add_argument("--no-serve", action="store_true", help="profile and analyse, do not serve the dashboard")
     _add_model_flags(p)
     p.set_defaults(func=cmd_demo)
 
@@ -567,6 +605,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="write the report here (atomically) instead of stdout")
     _add_load_flags(p)
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("dash", help="serve the dashboard over one or several runs (127.0.0.1 by default)")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="run directories or trace files")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8050)
+    p.add_argument("--debug", action="store_true", help="Dash debug mode (never on unless asked)")
+    p.set_defaults(func=cmd_dash)
 
     p = sub.add_parser("report", help="a self-contained HTML report over one or several runs")
     p.add_argument("paths", nargs="+", metavar="PATH", help="run directories or trace files")

@@ -57,7 +57,7 @@ class RunFactory:
     def demo(self) -> subprocess.CompletedProcess[str]:
         if self.demo_output is None:
             out = self.root / "demo"
-            cmd = [sys.executable, "-m", "sptrace", "demo", "--out", str(out), "--warmup", "1"]
+            cmd = [sys.executable, "-m", "sptrace", "demo", "--out", str(out), "--warmup", "1", "--no-serve"]
             self.demo_output = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
             assert self.demo_output.returncode == 0, self.demo_output.stderr[-3000:]
             for scheme in DEMO_SCHEMES:

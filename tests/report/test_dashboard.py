@@ -1,0 +1,86 @@
+"""The Dash app, server side: pages, callbacks over real runs, a broken run's error, and only
+the runs named on the command line. (Real-browser tests come with the rest of issue 6.)"""
+
+from __future__ import annotations
+
+import json
+
+import dash
+import pytest
+
+from dashboards.app import create_app
+from dashboards.pages import compare, memory, overview, timeline
+from sptrace.cli import build_parser
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def app(profiled, tmp_path_factory):
+    broken = tmp_path_factory.mktemp("broken")
+    (broken / "rank0.json").write_text('{"traceEvents": [')
+    return create_app([profiled("megatron"), profiled("megatron-stray-full-save"), broken])
+
+
+def callback(app, output, inputs):
+    client = app.server.test_client()
+    body = {
+        "output": output, "outputs": {"id": output.split(".")[0], "property": output.split(".")[1]},
+        "inputs": [{"id": i, "property": "value", "value": v} for i, v in inputs],
+        "changedPropIds": [f"{inputs[0][0]}.value"],
+    }  # fmt: skip
+    response = client.post("/_dash-update-component", json=body)
+    assert response.status_code == 200, response.data[:500]
+    return json.loads(response.data)
+
+
+def test_pages_and_layout(app):
+    client = app.server.test_client()
+    assert client.get("/").status_code == 200
+    layout = json.loads(client.get("/_dash-layout").data)
+    text = json.dumps(layout)
+    for title in ("Overview", "Timeline", "Collectives", "Memory", "Compare"):
+        assert f'"children": "{title}"' in text
+    assert {p["path"] for p in dash.page_registry.values()} >= {"/", "/timeline", "/collectives", "/memory", "/compare"}
+
+
+def test_overview_rows_and_the_broken_run(app):
+    table = overview.summary(app.sptrace_store)
+    rows = table.to_dict(orient="records")
+    assert rows[0]["collectives"] == "MATCH" and rows[0]["sharding"] == "PASS" and rows[0]["ranks"] == "8 / 8"
+    assert rows[1]["collectives"] == "MISMATCH (8)" and rows[1]["sharding"] == "FAIL (8)"
+    assert "invalid JSON: truncated" in rows[2]["error"]
+    rendered = json.dumps(overview.layout(app.sptrace_store).to_plotly_json(), default=str)
+    assert "run-error" in rendered and "invalid JSON" in rendered
+
+
+def test_collectives_callback(app):
+    out = json.dumps(callback(app, "collectives-body.children", [("collectives-run", 1)]))
+    assert "collectives-grid" in out and "matched-grid" in out and "missing all_gather of 12.00 KiB" in out
+    broken = json.dumps(callback(app, "collectives-body.children", [("collectives-run", 2)]))
+    assert "invalid JSON" in broken
+    assert "no such run" in json.dumps(callback(app, "collectives-body.children", [("collectives-run", 99)]))
+
+
+def test_timeline_zooms_to_a_layer(app):
+    options = timeline.layer_options(app.sptrace_store, 0)
+    assert [o["value"] for o in options] == ["all", 0, 1]
+    whole = timeline.view(app.sptrace_store, 0).figure
+    one = timeline.view(app.sptrace_store, 0, 1).figure
+    bars = lambda fig: sum(len(t.x) for t in fig.data)  # noqa: E731
+    assert bars(whole) == 21 * 8 and bars(one) == 10 * 8
+    out = callback(app, "timeline-body.children", [("timeline-run", 0), ("timeline-layer", 1)])
+    assert "timeline-graph" in json.dumps(out)
+
+
+def test_memory_and_compare(app):
+    parts = memory.view(app.sptrace_store, 1)
+    text = json.dumps([p.to_plotly_json() for p in parts], default=str)
+    assert "FAIL: 8 full-size saves" in text and "layers.1.mlp.fc1" in text
+    sweep = compare.layout(app.sptrace_store).children[-1].figure
+    assert [t.name for t in sweep.data] == ["megatron", "ulysses", "hybrid"]
+
+
+def test_dash_binds_localhost_by_default():
+    args = build_parser().parse_args(["dash", "run"])
+    assert args.host == "127.0.0.1" and args.port == 8050 and not args.debug
