@@ -21,8 +21,9 @@ PAGES = (
 )
 
 
-def create_app(paths: list[Path]) -> Dash:
-    store = RunStore(paths)
+def create_app(paths: list[Path], sweeps: list[Path] | None = None) -> Dash:
+    """``paths``: the runs; ``sweeps``: sptrace sweep folders, shown on the Compare page."""
+    store = RunStore(paths, sweeps or [])
     app = Dash(__name__, use_pages=True, pages_folder="", suppress_callback_exceptions=True, title="sptrace")
     for name, path, title, module in PAGES:
         dash.register_page(f"sptrace.{name}", path=path, name=title, layout=partial(module.layout, store))
@@ -36,6 +37,8 @@ def create_app(paths: list[Path]) -> Dash:
     return app
 
 
-def serve(paths: list[Path], host: str = "127.0.0.1", port: int = 8050, debug: bool = False) -> Any:
-    app = create_app(paths)
+def serve(
+    paths: list[Path], host: str = "127.0.0.1", port: int = 8050, debug: bool = False, sweeps: list[Path] | None = None
+) -> Any:
+    app = create_app(paths, sweeps)
     return app.run(host=host, port=port, debug=debug)

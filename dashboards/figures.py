@@ -96,3 +96,17 @@ def model_sweep(
     return fig.update_layout(
         title="model: wire bytes per rank and step", xaxis_title="sequence length", yaxis_title="GiB", xaxis_type="log"
     )
+
+
+def sweep_fit(table: pd.DataFrame, coefficients: dict[str, float]) -> go.Figure:
+    """Measured step time per run against the fitted regression's prediction."""
+    s_k = table["seq"] / 1024
+    pred = (
+        coefficients["intercept"] + coefficients["peak_GiB"] * table["peak_GiB"]
+        + coefficients["comm_GiB"] * table["comm_GiB"] + coefficients["S_K"] * s_k + coefficients["S_K^2"] * s_k**2
+    )  # fmt: skip
+    fig = go.Figure()
+    for scheme, g in table.assign(pred=pred).groupby("scheme"):
+        fig.add_trace(go.Scatter(x=g["seq"], y=g["step_ms"], mode="markers", name=f"{scheme} measured"))
+        fig.add_trace(go.Scatter(x=g["seq"], y=g["pred"], mode="lines", name=f"{scheme} fit"))
+    return fig.update_layout(title="step time: measured and fitted", xaxis_title="sequence length", yaxis_title="ms")

@@ -13,8 +13,9 @@ from sptrace.pipeline import analyse_run
 
 
 class RunStore:
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[Path], sweeps: list[Path] | None = None) -> None:
         self.paths = [Path(p) for p in paths]
+        self.sweeps = [Path(p) for p in sweeps or []]
         self._cache: dict[int, dict[str, Any]] = {}
         self._lock = threading.Lock()
 

@@ -28,12 +28,13 @@ def _log(msg: str) -> None:
     print(f"sptrace: {msg}", file=sys.stderr, flush=True)
 
 
-def _add_model_flags(p: argparse.ArgumentParser) -> None:
+def _add_model_flags(p: argparse.ArgumentParser, *, with_seq: bool = True) -> None:
     d = StepConfig()
     g = p.add_argument_group("model (defaults are sized for a 2-core machine)")
     g.add_argument("--layers", type=int, default=d.layers, help=f"L blocks (default {d.layers})")
     g.add_argument("--batch", type=int, default=d.batch, help=f"B micro-batch (default {d.batch})")
-    g.add_argument("--seq", type=int, default=d.seq, help=f"S sequence length (default {d.seq})")
+    if with_seq:
+        g.add_argument("--seq", type=int, default=d.seq, help=f"S sequence length (default {d.seq})")
     g.add_argument("--hidden", type=int, default=d.hidden, help=f"H width (default {d.hidden})")
     g.add_argument("--heads", type=int, default=d.heads, help=f"a query heads (default {d.heads})")
     g.add_argument("--kv-heads", type=int, default=d.kv_heads, help=f"g kv heads, GQA (default {d.kv_heads})")
@@ -495,20 +496,66 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values:
+        raise UsageError(f"{flag} is empty")
+    return values
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Profile every scheme x sequence length, then the comparison table and the regression."""
+    from sptrace.sweep import FIT, TABLE, run_sweep
+
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    for s in schemes:
+        if s not in MODEL_SCHEMES:
+            raise UsageError(f"--schemes: unknown scheme {s!r}; choose from {', '.join(MODEL_SCHEMES)}")
+    seqs = _int_list(args.seqs, "--seq")
+    args.seq = seqs[0]
+    base = _config_from(args, "megatron", args.nproc)
+    for s in schemes:  # every combination is checked before anything is launched
+        for n in seqs:
+            base.replace(scheme=s.removesuffix("-zero3"), zero3=s.endswith("-zero3"), seq=n)
+    out = Path(args.out)
+    table, fit = run_sweep(base, schemes, seqs, out, warmup=args.warmup, device=args.device, force=args.force, log=_log)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if fit:
+        c = fit["coefficients"]
+        terms = " + ".join(f"{v:.4g}*{k}" for k, v in c.items() if k != "intercept")
+        r2 = "n/a" if fit["r2"] is None else f"{fit['r2']:.4f}"
+        print(f"\nfit over {fit['runs']} runs: time_ms = {c['intercept']:.4g} + {terms}  (R^2 {r2})")
+        if fit["underdetermined"]:
+            print("note: fewer runs than the 5 coefficients; the fit is not determined")
+    print(f"\nwrote {out / TABLE} and {out / FIT}; sptrace dash {out} opens the Compare page")
+    return 0
+
+
 def cmd_dash(args: argparse.Namespace) -> int:
     """Serve the Dash dashboard over the runs named here (and only those)."""
     from dashboards.app import serve
+    from sptrace.sweep import TABLE, sweep_runs
 
-    paths = [Path(p) for p in args.paths]
-    for p in paths:
+    paths: list[Path] = []
+    sweeps: list[Path] = []
+    for p in map(Path, args.paths):
         if not p.exists():
             raise UsageError(f"{p}: no such file or directory")
+        # a sweep folder holds runs, not traces: serve its runs (the Compare page shows the sweep)
+        if (p / TABLE).is_file():
+            sweeps.append(p)
+            paths.extend(sweep_runs(p))
+        else:
+            paths.append(p)
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port} is not a TCP port")
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         _log(f"warning: serving on {args.host}: anyone who reaches this machine can read these runs")
     _log(f"dashboard on http://{args.host}:{args.port}/ over {len(paths)} runs (Ctrl-C stops it)")
-    serve(paths, host=args.host, port=args.port, debug=args.debug)
+    serve(paths, host=args.host, port=args.port, debug=args.debug, sweeps=sweeps)
     return 0
 
 
@@ -605,6 +652,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="write the report here (atomically) instead of stdout")
     _add_load_flags(p)
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("sweep", help="profile schemes x sequence lengths, tabulate them and fit the regression")
+    p.add_argument("--schemes", default="megatron,ulysses,hybrid", help="comma-separated (default: all three)")
+    p.add_argument("--seq", dest="seqs", required=True, help="comma-separated sequence lengths, e.g. 128,256,512")
+    p.add_argument("--out", required=True)
+    p.add_argument("--nproc", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--force", action="store_true", help="profile again runs that already exist")
+    _add_model_flags(p, with_seq=False)
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("dash", help="serve the dashboard over one or several runs (127.0.0.1 by default)")
     p.add_argument("paths", nargs="+", metavar="PATH", help="run directories or trace files")

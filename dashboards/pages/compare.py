@@ -13,12 +13,41 @@ from dashboards.store import RunStore
 from sptrace.config import StepConfig
 
 
+def sweep_section(root: Any) -> list[Any]:
+    from sptrace.sweep import load_sweep
+
+    loaded = load_sweep(root)
+    if loaded is None:
+        return []
+    table, fit = loaded
+    parts: list[Any] = [html.H3(f"sweep: {root}"), grid(table, f"sweep-grid-{root.name}")]
+    if fit:
+        c = fit["coefficients"]
+        r2 = "n/a" if fit.get("r2") is None else f"{fit['r2']:.4f}"
+        text = f"time_ms = {c['intercept']:.4g} + " + " + ".join(
+            f"{v:.4g}*{k}" for k, v in c.items() if k != "intercept"
+        )
+        a = fit["article"]
+        parts += [
+            html.P(
+                f"fit over {fit['runs']} runs: {text} (R² {r2}, mean abs error {fit['mae_ms']:.1f} ms)", className="fit"
+            ),
+            html.P(
+                f"the article (36 runs, 8xH100): time_ms = {a['intercept']} + {a['peak_GiB']}*peak_GiB + "
+                f"{a['comm_GiB']}*comm_GiB + {a['S_K']}*S_K + {a['S_K^2']}*S_K^2 (R² {a['r2']})"
+            ),
+            dcc.Graph(figure=figures.sweep_fit(table, c)),
+        ]
+    return parts
+
+
 def layout(store: RunStore) -> Any:
     base = next((store.get(i)["config"] for i in range(len(store.paths)) if store.get(i).get("config")), None)
     base = base or StepConfig()
     seqs = sorted({base.seq * 2**k for k in range(-2, 6) if base.seq * 2**k >= base.sp_size})
     seqs = [s for s in seqs if s % base.sp_size == 0]
+    sweeps = [part for root in store.sweeps for part in sweep_section(root)]
     return html.Div([
-        html.H2("Compare"), grid(summary(store), "compare-grid"),
+        html.H2("Compare"), grid(summary(store), "compare-grid"), *sweeps,
         dcc.Graph(id="compare-sweep", figure=figures.model_sweep(base, seqs)),
     ])  # fmt: skip

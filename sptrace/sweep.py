@@ -1,0 +1,128 @@
+"""``sptrace sweep``: profile every scheme x sequence length with the reference models, then
+tabulate step time, peak memory and communication per run and fit the first article's
+regression, time_ms = c0 + c1 * peak_GiB + c2 * comm_GiB + c3 * S_K + c4 * S_K^2 (S_K = S / 1024)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sptrace.config import StepConfig
+from sptrace.costmodel import estimate_comm
+from sptrace.fileio import write_atomic
+
+TABLE = "comparison.csv"
+FIT = "regression.json"
+TERMS = ("intercept", "peak_GiB", "comm_GiB", "S_K", "S_K^2")
+
+
+def run_name(scheme: str, seq: int) -> str:
+    return f"{scheme}-S{seq}"
+
+
+def load_sweep(root: Path) -> tuple[pd.DataFrame, dict[str, Any]] | None:
+    """A sweep folder's table and fit, as ``summarize`` wrote them; None elsewhere."""
+    if not (root / TABLE).is_file():
+        return None
+    fit = json.loads((root / FIT).read_text()) if (root / FIT).is_file() else {}
+    return pd.read_csv(root / TABLE), fit
+
+
+def sweep_runs(root: Path) -> list[Path]:
+    """The run folders of a sweep directory (those with a run.json), in name order."""
+    return sorted(p for p in root.iterdir() if p.is_dir() and (p / "run.json").is_file())
+
+
+def measure_run(path: Path) -> dict[str, Any]:
+    """One row of the comparison: the run's config, its slowest rank's step time, the largest
+    peak of allocated memory over ranks, and wire bytes per rank (measured and modelled)."""
+    from sptrace.detect import detect_run_collectives
+    from sptrace.load import load_run
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = load_run(path)
+    names = {f.name for f in dataclasses.fields(StepConfig)}
+    cfg = StepConfig.from_dict({k: v for k, v in run.run_info["config"].items() if k in names})
+    step_ms, peak = 0.0, 0
+    for trace in run:
+        ev = trace.events
+        names_ = ev["name"].astype(str)
+        steps = ev[names_.str.startswith("ProfilerStep#")]
+        if len(steps):
+            step_ms = max(step_ms, float(steps["dur_ns"].max()) / 1e6)
+        total = ev["mem_total_allocated"].dropna()
+        if len(total):
+            peak = max(peak, int(total.max()))
+    frame = detect_run_collectives(run)
+    ranks = max(frame["rank"].nunique(), 1) if not frame.empty else 1
+    return {
+        "run": path.name, "scheme": cfg.scheme + ("-zero3" if cfg.zero3 else ""), "seq": cfg.seq,
+        "step_ms": step_ms, "peak_GiB": peak / 2**30,
+        "comm_GiB": float(frame["wire_bytes"].fillna(0).sum()) / ranks / 2**30,
+        "model_comm_GiB": estimate_comm(cfg).wire_per_step() / 2**30,
+    }  # fmt: skip
+
+
+def fit_regression(table: pd.DataFrame) -> dict[str, Any]:
+    """Least squares of the article's form over the runs; R^2 and mean absolute error too."""
+    s_k = table["seq"].to_numpy(dtype=float) / 1024
+    x = np.column_stack([np.ones(len(table)), table["peak_GiB"], table["comm_GiB"], s_k, s_k**2])
+    y = table["step_ms"].to_numpy(dtype=float)
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    pred = x @ coef
+    ss_res = float(np.sum((y - pred) ** 2))
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    return {
+        "form": "time_ms = c0 + c1*peak_GiB + c2*comm_GiB + c3*S_K + c4*S_K^2, S_K = S/1024",
+        "coefficients": dict(zip(TERMS, (float(c) for c in coef))),
+        "r2": 1 - ss_res / ss_tot if ss_tot > 0 else None,
+        "mae_ms": float(np.mean(np.abs(y - pred))),
+        "runs": len(table),
+        "underdetermined": len(table) < len(TERMS),
+        "article": {"intercept": 5.40, "peak_GiB": 2.80, "comm_GiB": 1.49, "S_K": 4.94, "S_K^2": 0.14157, "r2": 0.9998},
+    }  # fmt: skip
+
+
+def summarize(root: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    table = pd.DataFrame([measure_run(p) for p in sweep_runs(root)])
+    if len(table):
+        table = table.sort_values(["scheme", "seq"], kind="stable").reset_index(drop=True)
+    fit = fit_regression(table) if len(table) else {}
+    write_atomic(root / TABLE, table.to_csv(index=False).encode())
+    write_atomic(root / FIT, (json.dumps(fit, indent=2) + "\n").encode())
+    return table, fit
+
+
+def run_sweep(
+    base: StepConfig, schemes: list[str], seqs: list[int], out: Path, *, warmup: int, device: str, force: bool, log: Any
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Profile each combination (skipping runs already complete unless ``force``), then summarize."""
+    from sptrace.launch import holds_run, profile_reference
+
+    combos = [
+        base.replace(scheme=s.removesuffix("-zero3"), zero3=s.endswith("-zero3"), seq=n) for s in schemes for n in seqs
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    bar = _bar(len(combos))
+    for cfg in combos:
+        target = out / run_name(cfg.scheme + ("-zero3" if cfg.zero3 else ""), cfg.seq)
+        if force or not (target.is_dir() and holds_run(target) and (target / "run.json").is_file()):
+            profile_reference(cfg, target, warmup=warmup, device=device, force=True, log=None)
+        bar.update(1)
+        log(f"{target.name}: done")
+    bar.close()
+    return summarize(out)
+
+
+def _bar(total: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="run", desc="sweep", file=sys.stderr, disable=not sys.stderr.isatty())
