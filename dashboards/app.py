@@ -9,7 +9,7 @@ from typing import Any
 import dash
 from dash import Dash, dcc, html
 
-from dashboards.pages import collectives, compare, memory, overview, timeline
+from dashboards.pages import collectives, compare, gpu, memory, overview, timeline
 from dashboards.store import RunStore
 
 PAGES = (
@@ -18,6 +18,7 @@ PAGES = (
     ("collectives", "/collectives", "Collectives", collectives),
     ("memory", "/memory", "Memory", memory),
     ("compare", "/compare", "Compare", compare),
+    ("gpu", "/gpu", "GPU (HTA)", gpu),
 )
 
 

@@ -110,3 +110,17 @@ def sweep_fit(table: pd.DataFrame, coefficients: dict[str, float]) -> go.Figure:
         fig.add_trace(go.Scatter(x=g["seq"], y=g["step_ms"], mode="markers", name=f"{scheme} measured"))
         fig.add_trace(go.Scatter(x=g["seq"], y=g["pred"], mode="lines", name=f"{scheme} fit"))
     return fig.update_layout(title="step time: measured and fitted", xaxis_title="sequence length", yaxis_title="ms")
+
+
+def temporal_breakdown(frame: pd.DataFrame) -> go.Figure:
+    """HTA's temporal breakdown: idle, compute and non-compute share of each rank's GPU time."""
+    fig = go.Figure()
+    for column, color in (
+        ("idle_time_pctg", "#c7c7c7"),
+        ("compute_time_pctg", "#2ca02c"),
+        ("non_compute_time_pctg", "#ff7f0e"),
+    ):
+        if column in frame:
+            ranks = [f"rank {r}" for r in frame["rank"]]
+            fig.add_trace(go.Bar(x=ranks, y=frame[column], name=column.removesuffix("_pctg"), marker_color=color))
+    return fig.update_layout(barmode="stack", title="GPU time per rank (HTA temporal breakdown)", yaxis_title="%")

@@ -22,6 +22,14 @@ class RunStore:
     def options(self) -> list[dict[str, Any]]:
         return [{"label": p.name or str(p), "value": i} for i, p in enumerate(self.paths)]
 
+    def cached(self, index: int, key: str, compute: Any) -> Any:
+        """A further analysis of one run (HTA's), computed once."""
+        entry = self.get(index)
+        with self._lock:
+            if key not in entry:
+                entry[key] = compute()
+            return entry[key]
+
     def get(self, index: int | None) -> dict[str, Any]:
         """The run's analyses, or {"error": one line} when it cannot be loaded."""
         if index is None or not 0 <= int(index) < len(self.paths):

@@ -84,3 +84,22 @@ def test_memory_and_compare(app):
 def test_dash_binds_localhost_by_default():
     args = build_parser().parse_args(["dash", "run"])
     assert args.host == "127.0.0.1" and args.port == 8050 and not args.debug
+
+
+def test_gpu_page_runs_hta_only_where_there_are_kernels(corpus, app):
+    from dashboards.app import create_app
+    from dashboards.pages import gpu
+
+    gpu_app = create_app([corpus / "param_dlrm_kineto"])
+    parts = gpu.view(gpu_app.sptrace_store, 0)
+    temporal = parts[0].figure
+    assert [t.name for t in temporal.data] == ["idle_time", "compute_time", "non_compute_time"]
+    assert list(temporal.data[0].x) == [f"rank {r}" for r in range(8)]
+    total = [sum(t.y[i] for t in temporal.data) for i in range(8)]
+    assert all(abs(s - 100) < 1 for s in total)  # shares of each rank's GPU time
+    first = gpu_app.sptrace_store.get(0)["hta"]
+    gpu.view(gpu_app.sptrace_store, 0)
+    assert gpu_app.sptrace_store.get(0)["hta"] is first  # HTA ran once, then cached
+    assert not any(p.name.endswith("_with_counters.json") for p in (corpus / "param_dlrm_kineto").iterdir())
+    message = json.dumps(gpu.view(app.sptrace_store, 0)[0].to_plotly_json())
+    assert "no GPU kernels in this run" in message
