@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean browser
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit("sptrace needs Python >= 3.10" if sys.version_info < (3, 10) else 0)'
@@ -21,7 +21,14 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints/cpu.txt
 demo: $(VENV)/.installed
 	$(BIN)/sptrace demo
 
-test: $(VENV)/.installed
+# The browser tests drive Debian's chromium (never a downloaded browser); installed when missing.
+APT := $(if $(shell command -v sudo 2>/dev/null),sudo ,)apt-get
+
+browser:
+	@command -v chromium >/dev/null 2>&1 || { $(APT) update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(APT) install -y -qq chromium chromium-driver; }
+
+test: $(VENV)/.installed browser
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed

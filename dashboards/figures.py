@@ -44,11 +44,13 @@ def collective_timeline(
             hovertemplate="%{y}<br>%{customdata[0]} (%{customdata[1]})<br>%{customdata[2]} B"
             + f"<extra>{kind}</extra>",
         ))  # fmt: skip
+    ranks = [f"rank {int(r)}" for r in sorted(f["rank"].unique(), reverse=True)]  # rank 0 on top
     return fig.update_layout(
         barmode="overlay",
         title="collectives per rank (aligned clocks)",
         xaxis_title="ms",
-        height=120 + 28 * f["rank"].nunique(),
+        height=120 + 28 * len(ranks),
+        yaxis={"categoryorder": "array", "categoryarray": ranks},
     )
 
 

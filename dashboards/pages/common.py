@@ -29,5 +29,6 @@ def grid(frame: pd.DataFrame, grid_id: str, max_rows: int = 5000) -> Any:
         rowData=shown.to_dict(orient="records"),
         columnDefs=[{"field": c, "filter": True, "sortable": True, "resizable": True} for c in shown.columns],
         dashGridOptions={"pagination": True, "paginationPageSize": 50},
+        columnSize="responsiveSizeToFit",  # every column in view
         style={"height": "420px"},
     )

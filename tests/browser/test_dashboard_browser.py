@@ -1,0 +1,108 @@
+"""The dashboard in a real headless Chromium (Debian's /usr/bin/chromium, driven by Playwright):
+every page renders without console errors, the run selector and the layer zoom work, and a
+broken run shows its error. Screenshots are not kept."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+
+import pytest
+from werkzeug.serving import make_server
+
+from dashboards.app import create_app
+
+pytestmark = pytest.mark.distributed
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]  # fmt: skip
+TIMEOUT_MS = 30_000  # the first plotly render can take 3-12 s on 2 cores (BROWSER-TESTS.md)
+
+
+@pytest.fixture(scope="module")
+def server(profiled, corpus, tmp_path_factory) -> Iterator[str]:
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI"):
+            pytest.fail("CI must install Debian's chromium (apt-get install chromium chromium-driver)")
+        pytest.skip("no /usr/bin/chromium here: `make test` installs it with apt-get")
+    broken = tmp_path_factory.mktemp("broken")
+    (broken / "rank0.json").write_text('{"traceEvents": [')
+    app = create_app([profiled("megatron"), profiled("megatron-stray-full-save"), corpus / "param_dlrm_kineto", broken])
+    httpd = make_server("127.0.0.1", 0, app.server, threaded=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_port}"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        yield b
+        b.close()
+
+
+def open_page(browser, url):
+    page = browser.new_page(viewport={"width": 1800, "height": 1000})
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(url, timeout=TIMEOUT_MS)
+    return page, errors
+
+
+@pytest.mark.parametrize(
+    "path, marker",
+    [
+        ("/", "#overview-grid"),
+        ("/timeline", "#timeline-graph .main-svg"),
+        ("/collectives", "#collectives-wire .main-svg"),
+        ("/memory", "#memory-graph .main-svg"),
+        ("/compare", "#compare-sweep .main-svg"),
+        ("/gpu", "#gpu-body"),
+    ],
+)
+def test_every_page_renders_without_console_errors(browser, server, path, marker):
+    page, errors = open_page(browser, server + path)
+    page.wait_for_selector(marker, timeout=TIMEOUT_MS)
+    page.wait_for_load_state("networkidle", timeout=TIMEOUT_MS)
+    assert errors == []
+    page.close()
+
+
+def test_broken_run_shows_its_error_and_the_others_work(browser, server):
+    page, errors = open_page(browser, server + "/")
+    page.wait_for_selector(".run-error", timeout=TIMEOUT_MS)
+    assert "invalid JSON" in page.inner_text(".run-error")
+    page.wait_for_selector("#overview-grid .ag-row", timeout=TIMEOUT_MS)
+    text = page.inner_text("#overview-grid")
+    assert "MATCH" in text and "FAIL (8)" in text
+    assert errors == []
+
+
+def _choose(page, dropdown_id, label):
+    page.click(f"#{dropdown_id}")
+    page.locator(".dash-dropdown-option", has_text=label).first.click()
+
+
+def test_run_selector_and_layer_zoom(browser, server):
+    page, errors = open_page(browser, server + "/timeline")
+    page.wait_for_selector("#timeline-graph .main-svg", timeout=TIMEOUT_MS)
+    # _fullData: plotly.py ships arrays base64-encoded; the decoded ones are here
+    bars = (
+        "() => document.querySelector('#timeline-graph .js-plotly-plot')._fullData.reduce((n, t) => n + t.x.length, 0)"
+    )
+    page.wait_for_function(f"({bars})() === 168", timeout=TIMEOUT_MS)  # 21 collectives x 8 ranks
+    _choose(page, "timeline-layer", "layer 1")
+    page.wait_for_function(f"({bars})() === 80", timeout=TIMEOUT_MS)  # layer 1: 10 x 8
+    page.goto(server + "/collectives", timeout=TIMEOUT_MS)
+    page.wait_for_selector("#collectives-wire .main-svg", timeout=TIMEOUT_MS)
+    _choose(page, "collectives-run", "megatron-stray-full-save")
+    page.wait_for_selector("text=missing all_gather of 12.00 KiB", timeout=TIMEOUT_MS)
+    assert errors == []
