@@ -23,8 +23,15 @@ CLASS_COLORS = {
 MiB = 2**20
 
 
+PHASE_COLORS = {"forward": "#dbe9f6", "backward": "#fde2c8", "optimizer": "#e5e5e5", "step": "#eeeeee"}
+
+
 def collective_timeline(
-    frame: pd.DataFrame, offsets_us: dict[int, float] | None = None, *, max_bars: int = 5000
+    frame: pd.DataFrame,
+    offsets_us: dict[int, float] | None = None,
+    *,
+    phases: pd.DataFrame | None = None,
+    max_bars: int = 5000,
 ) -> go.Figure:
     """Ranks as rows, each collective a bar on a clock aligned across ranks (offsets from the
     matching); the first ``max_bars`` collectives in time, so the page stays light."""
@@ -35,6 +42,8 @@ def collective_timeline(
     offsets = offsets_us or {}
     f["t0"] = f["start_us"] - f["rank"].map(lambda r: offsets.get(int(r), 0.0))
     t_min = f["t0"].min()
+    if phases is not None and not phases.empty:  # the axis starts with the first phase
+        t_min = min(t_min, (phases["start_us"] - phases["rank"].map(lambda r: offsets.get(int(r), 0.0))).min())
     f = f.sort_values("t0").head(max_bars)
     for kind, g in f.groupby("kind"):
         fig.add_trace(go.Bar(
@@ -44,7 +53,20 @@ def collective_timeline(
             hovertemplate="%{y}<br>%{customdata[0]} (%{customdata[1]})<br>%{customdata[2]} B"
             + f"<extra>{kind}</extra>",
         ))  # fmt: skip
-    ranks = [f"rank {int(r)}" for r in sorted(f["rank"].unique(), reverse=True)]  # rank 0 on top
+    if phases is not None and not phases.empty:
+        # a compute lane under each rank's collectives: its phases, on the same aligned clock
+        p = phases.assign(t0=phases["start_us"] - phases["rank"].map(lambda r: offsets.get(int(r), 0.0)))
+        for phase, g in p.groupby("phase"):
+            fig.add_trace(go.Bar(
+                y=[f"rank {int(r)} phases" for r in g["rank"]], x=g["dur_us"] / 1e3, base=(g["t0"] - t_min) / 1e3,
+                orientation="h", name=f"{phase} (phase)", marker_color=PHASE_COLORS.get(phase, "#eee"),
+                hovertemplate="%{y}<br>" + phase + ": %{x:.1f} ms<extra></extra>",
+            ))  # fmt: skip
+    ranks = []
+    for r in sorted(f["rank"].unique(), reverse=True):  # rank 0 on top
+        if phases is not None and not phases.empty:
+            ranks.append(f"rank {int(r)} phases")
+        ranks.append(f"rank {int(r)}")
     return fig.update_layout(
         barmode="overlay",
         title="collectives per rank (aligned clocks)",
@@ -126,3 +148,29 @@ def temporal_breakdown(frame: pd.DataFrame) -> go.Figure:
             ranks = [f"rank {r}" for r in frame["rank"]]
             fig.add_trace(go.Bar(x=ranks, y=frame[column], name=column.removesuffix("_pctg"), marker_color=color))
     return fig.update_layout(barmode="stack", title="GPU time per rank (HTA temporal breakdown)", yaxis_title="%")
+
+
+def wire_by_layer(frame: pd.DataFrame) -> go.Figure:
+    """Wire bytes per layer and phase, per rank (mean over ranks); collectives outside layers
+    (gradient syncs) in their own bar."""
+    fig = go.Figure()
+    if frame.empty:
+        return fig.update_layout(title="no collectives")
+    ranks = max(frame["rank"].nunique(), 1)
+    f = frame.assign(where=frame["layer"].map(lambda v: "outside layers" if pd.isna(v) else f"layer {int(v)}"))
+    for phase, g in f.groupby("phase"):
+        per = g.groupby("where")["wire_bytes"].sum() / ranks / 2**10
+        fig.add_trace(go.Bar(x=list(per.index), y=list(per.values), name=phase))
+    return fig.update_layout(barmode="stack", title="wire bytes per layer and phase, per rank", yaxis_title="KiB")
+
+
+def memory_over_step(series: pd.DataFrame) -> go.Figure:
+    """Allocated memory over the step, one line per rank (from [memory] events)."""
+    fig = go.Figure()
+    if series.empty:
+        return fig.update_layout(title="no [memory] events")
+    t0 = series["ts_us"].min()
+    for rank, g in series.groupby("rank"):
+        x, y = (g["ts_us"] - t0) / 1e3, g["allocated_bytes"] / 2**20
+        fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", name=f"rank {rank}"))
+    return fig.update_layout(title="allocated memory over the step", xaxis_title="ms", yaxis_title="MiB")

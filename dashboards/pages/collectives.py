@@ -17,7 +17,10 @@ def view(store: RunStore, index: int) -> list[Any]:
     if "error" in a:
         return [error_box(a["error"])]
     frame = a["collectives"]
-    parts: list[Any] = [dcc.Graph(id="collectives-wire", figure=figures.wire_by_kind(frame, a["config"]))]
+    parts: list[Any] = [
+        dcc.Graph(id="collectives-wire", figure=figures.wire_by_kind(frame, a["config"])),
+        dcc.Graph(id="collectives-layers", figure=figures.wire_by_layer(frame)),
+    ]
     if "comm" in a:
         findings = [html.Li(f.message) for f in a["comm"].findings[:100]]
         parts.append(html.Div([html.H4(f"findings ({len(a['comm'].findings)})"), html.Ul(findings)]))

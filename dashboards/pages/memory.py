@@ -27,6 +27,7 @@ def view(store: RunStore, index: int) -> list[Any]:
             else f"FAIL: {len(report.findings)} full-size saves"
         ),
         dcc.Graph(id="memory-graph", figure=figures.saved_by_layer(report.saved)),
+        dcc.Graph(id="memory-over-step", figure=figures.memory_over_step(a["memory"])),
         html.Ul([html.Li(f.message) for f in report.findings[:100]]),
         grid(
             saved[["rank", "module", "layer", "shape", "dtype", "nbytes", "storage_bytes", "class", "why", "source"]],

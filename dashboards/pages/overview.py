@@ -24,9 +24,11 @@ def summary(store: RunStore) -> pd.DataFrame:
         if cfg is not None:
             row["scheme"] = cfg.scheme + (" ZeRO-3" if cfg.zero3 else "")
             row["S"] = cfg.seq
-        steps = a["step_ms"]
-        if steps:
-            row["step ms (max rank)"] = round(max(steps.values()), 1)
+        times = a["time_ms"]
+        if times:
+            row["step ms (max rank)"] = round(max(t["step"] for t in times.values()), 1)
+            row["comm ms (mean)"] = round(sum(t["comm"] for t in times.values()) / len(times), 1)
+            row["compute ms (mean)"] = round(sum(t["compute"] for t in times.values()) / len(times), 1)
         frame = a["collectives"]
         ranks = max(frame["rank"].nunique(), 1) if not frame.empty else 1
         row["collectives / rank"] = round(len(frame) / ranks, 1)

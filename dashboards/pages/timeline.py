@@ -28,7 +28,9 @@ def view(store: RunStore, index: int, layer: Any = "all") -> Any:
     frame = a["collectives"]
     if layer not in (None, "all"):
         frame = frame[frame["layer"] == int(layer)]
-    return dcc.Graph(id="timeline-graph", figure=figures.collective_timeline(frame, a["matching"].offsets_us))
+    phases = a["phases"] if layer in (None, "all") else None
+    figure = figures.collective_timeline(frame, a["matching"].offsets_us, phases=phases)
+    return dcc.Graph(id="timeline-graph", figure=figure)
 
 
 def layout(store: RunStore) -> Any:

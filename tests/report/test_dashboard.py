@@ -48,6 +48,8 @@ def test_overview_rows_and_the_broken_run(app):
     table = overview.summary(app.sptrace_store)
     rows = table.to_dict(orient="records")
     assert rows[0]["collectives"] == "MATCH" and rows[0]["sharding"] == "PASS" and rows[0]["ranks"] == "8 / 8"
+    assert rows[0]["comm ms (mean)"] > 0 and rows[0]["compute ms (mean)"] > 0
+    assert rows[0]["comm ms (mean)"] + rows[0]["compute ms (mean)"] <= rows[0]["step ms (max rank)"] + 0.2
     assert rows[1]["collectives"] == "MISMATCH (8)" and rows[1]["sharding"] == "FAIL (8)"
     assert "invalid JSON: truncated" in rows[2]["error"]
     rendered = json.dumps(overview.layout(app.sptrace_store).to_plotly_json(), default=str)
@@ -67,8 +69,12 @@ def test_timeline_zooms_to_a_layer(app):
     assert [o["value"] for o in options] == ["all", 0, 1]
     whole = timeline.view(app.sptrace_store, 0).figure
     one = timeline.view(app.sptrace_store, 0, 1).figure
-    bars = lambda fig: sum(len(t.x) for t in fig.data)  # noqa: E731
+    bars = lambda fig: sum(len(t.x) for t in fig.data if not t.name.endswith("(phase)"))  # noqa: E731
     assert bars(whole) == 21 * 8 and bars(one) == 10 * 8
+    # a compute lane per rank: its forward, backward and optimizer phases
+    phases = [t for t in whole.data if t.name.endswith("(phase)")]
+    assert sorted(t.name for t in phases) == ["backward (phase)", "forward (phase)", "optimizer (phase)"]
+    assert all(len(t.x) == 8 for t in phases) and not any(t.name.endswith("(phase)") for t in one.data)
     out = callback(app, "timeline-body.children", [("timeline-run", 0), ("timeline-layer", 1)])
     assert "timeline-graph" in json.dumps(out)
 
@@ -77,6 +83,8 @@ def test_memory_and_compare(app):
     parts = memory.view(app.sptrace_store, 1)
     text = json.dumps([p.to_plotly_json() for p in parts], default=str)
     assert "FAIL: 8 full-size saves" in text and "layers.1.mlp.fc1" in text
+    over_step = next(p for p in parts if getattr(p, "id", None) == "memory-over-step").figure
+    assert [t.name for t in over_step.data] == [f"rank {r}" for r in range(8)]
     sweep = compare.layout(app.sptrace_store).children[-1].figure
     assert [t.name for t in sweep.data] == ["megatron", "ulysses", "hybrid"]
 

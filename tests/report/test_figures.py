@@ -53,3 +53,25 @@ def test_model_sweep_is_the_cost_model():
     fig = figures.model_sweep(base, [128, 256])
     mega = next(t for t in fig.data if t.name == "megatron")
     assert list(mega.y) == [estimate_comm(base.replace(seq=s)).wire_per_step() / 2**30 for s in (128, 256)]
+
+
+def test_timeline_phase_lanes(frame):
+    phases = pd.DataFrame(
+        {"rank": [0, 1], "phase": ["forward", "forward"], "start_us": [90.0, 140.0], "dur_us": [50.0, 50.0]}
+    )
+    fig = figures.collective_timeline(frame, {0: 0.0, 1: 50.0}, phases=phases)
+    lane = next(t for t in fig.data if t.name == "forward (phase)")
+    assert list(lane.y) == ["rank 0 phases", "rank 1 phases"] and list(lane.base) == [0.0, 0.0]
+    assert list(fig.layout.yaxis.categoryarray) == ["rank 1 phases", "rank 1", "rank 0 phases", "rank 0"]
+
+
+def test_wire_by_layer_and_memory_over_step(frame):
+    fig = figures.wire_by_layer(frame.assign(layer=[0, None, 0, None]))
+    by = {t.name: dict(zip(t.x, t.y)) for t in fig.data}
+    assert by == {"forward": {"layer 0": 7 * 1024.0}, "backward": {"outside layers": 28 * 1024.0}}
+    series = pd.DataFrame(
+        {"rank": [0, 0, 1], "ts_us": [1000.0, 3000.0, 2000.0], "allocated_bytes": [2**20, 3 * 2**20, 2**21]}
+    )
+    mem = figures.memory_over_step(series)
+    assert [t.name for t in mem.data] == ["rank 0", "rank 1"]
+    assert list(mem.data[0].x) == [0.0, 2.0] and list(mem.data[0].y) == [1.0, 3.0]
