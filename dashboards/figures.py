@@ -31,7 +31,9 @@ def collective_timeline(
     offsets_us: dict[int, float] | None = None,
     *,
     phases: pd.DataFrame | None = None,
+    links: pd.DataFrame | None = None,
     max_bars: int = 5000,
+    max_links: int = 500,
 ) -> go.Figure:
     """Ranks as rows, each collective a bar on a clock aligned across ranks (offsets from the
     matching); the first ``max_bars`` collectives in time, so the page stays light."""
@@ -62,6 +64,18 @@ def collective_timeline(
                 orientation="h", name=f"{phase} (phase)", marker_color=PHASE_COLORS.get(phase, "#eee"),
                 hovertemplate="%{y}<br>" + phase + ": %{x:.1f} ms<extra></extra>",
             ))  # fmt: skip
+    if links is not None and not links.empty:
+        # the same collective on every rank: a thin line through its bars' starts
+        lk = links[links["start_us"].isin(f["start_us"])]
+        xs: list[float | None] = []
+        ys: list[str | None] = []
+        for _, m in list(lk.groupby(["group", "key"], sort=False))[:max_links]:
+            m = m.sort_values("rank")
+            t0 = m["start_us"] - m["rank"].map(lambda r: offsets.get(int(r), 0.0))
+            xs += [*((t0 - t_min) / 1e3), None]
+            ys += [*(f"rank {int(r)}" for r in m["rank"]), None]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="same collective", hoverinfo="skip",
+                                 line={"color": "rgba(80,80,80,0.35)", "width": 1}))  # fmt: skip
     ranks = []
     for r in sorted(f["rank"].unique(), reverse=True):  # rank 0 on top
         if phases is not None and not phases.empty:

@@ -29,7 +29,8 @@ def view(store: RunStore, index: int, layer: Any = "all") -> Any:
     if layer not in (None, "all"):
         frame = frame[frame["layer"] == int(layer)]
     phases = a["phases"] if layer in (None, "all") else None
-    figure = figures.collective_timeline(frame, a["matching"].offsets_us, phases=phases)
+    m = a["matching"]
+    figure = figures.collective_timeline(frame, m.offsets_us, phases=phases, links=m.members)
     return dcc.Graph(id="timeline-graph", figure=figure)
 
 

@@ -36,6 +36,8 @@ class Matching:
     """key, group, kind, ranks, bytes, arrival skew, straggler, wait and transfer times, bandwidth."""
     offsets_us: dict[int, float]
     """Per rank: its clock minus the reference rank's (subtract to align)."""
+    members: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["rank", "group", "key", "start_us"]))
+    """Which rank's collective (by its issue time) belongs to which matched one."""
     unmatched: int = 0
     """Collectives that found no partner with the same kind and size."""
     notes: list[str] = field(default_factory=list)
@@ -75,7 +77,7 @@ def match_collectives(frame: pd.DataFrame) -> Matching:
         "arrival_skew_us", "straggler", "max_wait_us", "transfer_us", "algbw_gbps", "busbw_gbps", "start_us",
     ]  # fmt: skip
     if frame.empty:
-        return Matching(pd.DataFrame(columns=cols), {}, 0, ["no collectives"])
+        return Matching(pd.DataFrame(columns=cols), {}, unmatched=0, notes=["no collectives"])
     f = _keyed(frame)
     notes: list[str] = []
     pieces = []
@@ -140,4 +142,5 @@ def match_collectives(frame: pd.DataFrame) -> Matching:
             "algbw_gbps": algbw, "busbw_gbps": busbw, "start_us": float(arrive.min()),
         })  # fmt: skip
     matched = pd.DataFrame(rows, columns=cols).sort_values("start_us", kind="stable").reset_index(drop=True)
-    return Matching(matched, offsets, unmatched, notes)
+    members = f[["rank", "group", "key", "start_us"]].reset_index(drop=True)
+    return Matching(matched, offsets, unmatched=unmatched, notes=notes, members=members)

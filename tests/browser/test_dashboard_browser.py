@@ -95,9 +95,8 @@ def test_run_selector_and_layer_zoom(browser, server):
     page, errors = open_page(browser, server + "/timeline")
     page.wait_for_selector("#timeline-graph .main-svg", timeout=TIMEOUT_MS)
     # _fullData: plotly.py ships arrays base64-encoded; the decoded ones are here
-    lanes = (
-        "document.querySelector('#timeline-graph .js-plotly-plot')._fullData.filter(t => !t.name.endsWith('(phase)'))"
-    )
+    plot = "document.querySelector('#timeline-graph .js-plotly-plot')"
+    lanes = f"{plot}._fullData.filter(t => t.type === 'bar' && !t.name.endsWith('(phase)'))"
     bars = f"() => {lanes}.reduce((n, t) => n + t.x.length, 0)"  # collectives, not the phase lanes
     page.wait_for_function(f"({bars})() === 168", timeout=TIMEOUT_MS)  # 21 collectives x 8 ranks
     _choose(page, "timeline-layer", "layer 1")

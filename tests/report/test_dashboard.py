@@ -69,12 +69,16 @@ def test_timeline_zooms_to_a_layer(app):
     assert [o["value"] for o in options] == ["all", 0, 1]
     whole = timeline.view(app.sptrace_store, 0).figure
     one = timeline.view(app.sptrace_store, 0, 1).figure
-    bars = lambda fig: sum(len(t.x) for t in fig.data if not t.name.endswith("(phase)"))  # noqa: E731
+    lanes = lambda fig: [t for t in fig.data if t.type == "bar" and not t.name.endswith("(phase)")]  # noqa: E731
+    bars = lambda fig: sum(len(t.x) for t in lanes(fig))  # noqa: E731
     assert bars(whole) == 21 * 8 and bars(one) == 10 * 8
     # a compute lane per rank: its forward, backward and optimizer phases
     phases = [t for t in whole.data if t.name.endswith("(phase)")]
     assert sorted(t.name for t in phases) == ["backward (phase)", "forward (phase)", "optimizer (phase)"]
     assert all(len(t.x) == 8 for t in phases) and not any(t.name.endswith("(phase)") for t in one.data)
+    (links,) = [t for t in whole.data if t.name == "same collective"]
+    assert list(links.x).count(None) == 21  # one line per matched collective, through its 8 ranks
+    assert len(links.x) == 21 * 9
     out = callback(app, "timeline-body.children", [("timeline-run", 0), ("timeline-layer", 1)])
     assert "timeline-graph" in json.dumps(out)
 
