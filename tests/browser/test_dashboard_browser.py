@@ -106,3 +106,17 @@ def test_run_selector_and_layer_zoom(browser, server):
     _choose(page, "collectives-run", "megatron-stray-full-save")
     page.wait_for_selector("text=missing all_gather of 12.00 KiB", timeout=TIMEOUT_MS)
     assert errors == []
+
+
+def test_gpu_page_on_a_corpus_gpu_trace(browser, server):
+    page, errors = open_page(browser, server + "/gpu")
+    page.wait_for_selector(".no-gpu", timeout=TIMEOUT_MS)  # the default run is a gloo CPU run
+    _choose(page, "gpu-run", "param_dlrm_kineto")
+    page.wait_for_selector("#gpu-temporal .main-svg", timeout=90_000)  # HTA parses 8 ranks first
+    page.wait_for_selector("#gpu-kernels .ag-row", timeout=TIMEOUT_MS)
+    assert "COMMUNICATION" in page.inner_text("#gpu-kernels")
+    page.goto(server + "/memory", timeout=TIMEOUT_MS)
+    page.wait_for_selector("#memory-graph .main-svg", timeout=TIMEOUT_MS)
+    _choose(page, "memory-run", "param_dlrm_kineto")  # a trace without a run.json: explained, no crash
+    page.wait_for_selector("text=no run.json", timeout=TIMEOUT_MS)
+    assert errors == []
