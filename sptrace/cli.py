@@ -90,12 +90,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"Profiled one training step of each scheme on {args.nproc} ranks:")
     for run in runs:
         print(f"  {run.out_dir}/  ({run.world_size} x rank*.pt.trace.json.gz, run.json; {run.seconds:.0f} s)")
+    from sptrace.pipeline import analyse_run
+
+    analyses = [analyse_run(run.out_dir) for run in runs]  # once per run, for both verdicts
     print("\nCollectives against the cost model (sptrace analyze RUN for the details):")
-    for run in runs:
-        print(f"  {run.out_dir.name:<9} {_verdict(run.out_dir)}")
+    for run, a in zip(runs, analyses):
+        print(f"  {run.out_dir.name:<9} {_comm_verdict(a['comm'])}")
     print("\nSharding of the activations kept for backward (sptrace check RUN for the details):")
-    for run in runs:
-        print(f"  {run.out_dir.name:<9} {_sharding_verdict(run.out_dir)}")
+    for run, a in zip(runs, analyses):
+        print(f"  {run.out_dir.name:<9} {_sharding_verdict(a['sharding'])}")
     if args.no_serve:
         print(f"\nsptrace dash {' '.join(str(r.out_dir) for r in runs)}   # to browse them")
         return 0
@@ -106,10 +109,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sharding_verdict(path: Path) -> str:
-    from sptrace.pipeline import analyse_run
-
-    report = analyse_run(path)["sharding"]
+def _sharding_verdict(report) -> str:
     kept = report.saved.groupby("rank")["storage_bytes"].sum().max()
     if report.ok:
         per_rank = len(report.saved) // max(report.saved["rank"].nunique(), 1)
@@ -117,20 +117,7 @@ def _sharding_verdict(path: Path) -> str:
     return f"FAIL: {len(report.findings)} full-size saves"
 
 
-def _verdict(path: Path) -> str:
-    import warnings
-
-    from sptrace.checks import check_collectives
-    from sptrace.costmodel import estimate_comm
-    from sptrace.detect import detect_run_collectives
-    from sptrace.load import load_run
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run = load_run(path)
-    known = StepConfig.__dataclass_fields__
-    cfg = StepConfig.from_dict({k: v for k, v in run.run_info["config"].items() if k in known})
-    report = check_collectives(detect_run_collectives(run), estimate_comm(cfg), sorted(run.ranks))
+def _comm_verdict(report) -> str:
     per_rank = report.ranks["observed"].iloc[0]
     wire = report.ranks["observed_wire_bytes"].iloc[0]
     if report.ok:
@@ -294,14 +281,11 @@ def cmd_collectives(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config_for(args: argparse.Namespace, run, what: str) -> tuple[StepConfig, bool]:
-    """The step config of a run: run.json's, with flags overriding; (config, attention_only)."""
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(StepConfig)}
-    values: dict = {}
+def _config_for(args: argparse.Namespace, run, what: str) -> StepConfig:
+    """The step config of a run: run.json's, with flags overriding."""
+    names = set(StepConfig.__dataclass_fields__)
     declared = (run.run_info or {}).get("config") or {}
-    values.update({k: v for k, v in declared.items() if k in names})
+    values: dict = {k: v for k, v in declared.items() if k in names}
     if args.scheme:
         scheme, _, zero = args.scheme.partition("-")
         values["scheme"], values["zero3"] = scheme, bool(zero)
@@ -315,7 +299,7 @@ def _config_for(args: argparse.Namespace, run, what: str) -> tuple[StepConfig, b
     values["sp_size"] = args.sp if getattr(args, "sp", None) else values.get("sp_size", run.world_size)
     if "kv_heads" not in values and "heads" in values:
         values["kv_heads"] = values["heads"]
-    return StepConfig(**values), False
+    return StepConfig(**values)
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -328,10 +312,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from sptrace.detect.matching import match_collectives
 
     run = _load_quietly(args)
-    cfg, attention_only = _config_for(args, run, "the model to compare with")
+    cfg = _config_for(args, run, "the model to compare with")
     if args.k not in (1, 2):
         raise UsageError("--k must be 1 or 2")
-    est = estimate_comm(cfg, k=args.k, attention_only=attention_only)
+    est = estimate_comm(cfg, k=args.k)
     frame = detect_run_collectives(run)
     matching = match_collectives(frame)
     report = check_collectives(frame, est, sorted(run.ranks), matching)

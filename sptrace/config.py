@@ -137,5 +137,12 @@ class StepConfig:
             raise ConfigError(f"unknown step config keys: {', '.join(unknown)}")
         return cls(**data)
 
+    @classmethod
+    def from_run_config(cls, data: dict[str, Any]) -> StepConfig:
+        """From run.json's "config", which also holds what the run declared beyond the step
+        (fault_modules, instrumented ...): those keys are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
     def replace(self, **changes: Any) -> StepConfig:
         return dataclasses.replace(self, **changes)

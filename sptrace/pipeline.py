@@ -3,7 +3,6 @@ load -> collectives -> matching -> checks against the cost model -> saved activa
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,10 +31,9 @@ def analyse_run(path: Path) -> dict[str, Any]:
     out["collectives"] = frame
     out["matching"] = match_collectives(frame)
     declared = (run.run_info or {}).get("config") or {}
-    names = {f.name for f in dataclasses.fields(StepConfig)}
     cfg = None
     if "scheme" in declared:
-        cfg = StepConfig.from_dict({k: v for k, v in declared.items() if k in names})
+        cfg = StepConfig.from_run_config(declared)
         out["comm"] = check_collectives(frame, estimate_comm(cfg), sorted(run.ranks), out["matching"])
         step = ShardingShape(batch=cfg.batch, seq=cfg.seq, hidden=cfg.hidden, sp_size=cfg.sp_size,
                              element_size=DTYPES[cfg.dtype])  # fmt: skip

@@ -4,7 +4,6 @@ regression, time_ms = c0 + c1 * peak_GiB + c2 * comm_GiB + c3 * S_K + c4 * S_K^2
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import warnings
@@ -49,8 +48,7 @@ def measure_run(path: Path) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run = load_run(path)
-    names = {f.name for f in dataclasses.fields(StepConfig)}
-    cfg = StepConfig.from_dict({k: v for k, v in run.run_info["config"].items() if k in names})
+    cfg = StepConfig.from_run_config(run.run_info["config"])
     step_ms, peak = 0.0, 0
     for trace in run:
         ev = trace.events
