@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import sptrace
 from reference_models.layers import DenseTransformer
-from sptrace.config import StepConfig
+from reference_models.config import StepConfig
 
 
 def main() -> None:

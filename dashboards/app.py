@@ -22,9 +22,10 @@ PAGES = (
 )
 
 
-def create_app(paths: list[Path], sweeps: list[Path] | None = None) -> Dash:
-    """``paths``: the runs; ``sweeps``: sptrace sweep folders, shown on the Compare page."""
-    store = RunStore(paths, sweeps or [])
+def create_app(paths: list[Path], sweeps: list[Path] | None = None, analyses: list | None = None) -> Dash:
+    """``paths``: the runs; ``sweeps``: sptrace sweep folders, shown on the Compare page;
+    ``analyses``: the runs' analyses when the caller already has them (sptrace demo)."""
+    store = RunStore(paths, sweeps or [], analyses)
     app = Dash(__name__, use_pages=True, pages_folder="", suppress_callback_exceptions=True, title="sptrace")
     for name, path, title, module in PAGES:
         dash.register_page(f"sptrace.{name}", path=path, name=title, layout=partial(module.layout, store))
@@ -39,7 +40,8 @@ def create_app(paths: list[Path], sweeps: list[Path] | None = None) -> Dash:
 
 
 def serve(
-    paths: list[Path], host: str = "127.0.0.1", port: int = 8050, debug: bool = False, sweeps: list[Path] | None = None
-) -> Any:
-    app = create_app(paths, sweeps)
+    paths: list[Path], host: str = "127.0.0.1", port: int = 8050, debug: bool = False,
+    sweeps: list[Path] | None = None, analyses: list | None = None,
+) -> Any:  # fmt: skip
+    app = create_app(paths, sweeps, analyses)
     return app.run(host=host, port=port, debug=debug)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from reference_models.config import StepConfig
 from reference_models.megatron_sp import MegatronBlock
 from reference_models.ulysses import UlyssesAttention
-from sptrace.config import StepConfig
 
 
 class HybridBlock(MegatronBlock):

@@ -9,11 +9,11 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from reference_models import comm_ops, faults
+from reference_models.config import StepConfig
 from reference_models.hybrid import HybridBlock
 from reference_models.layers import dense_layer_weights, torch_dtype
 from reference_models.megatron_sp import MegatronBlock
 from reference_models.ulysses import UlyssesBlock
-from sptrace.config import StepConfig
 
 BLOCKS = {"megatron": MegatronBlock, "ulysses": UlyssesBlock, "hybrid": HybridBlock}
 

@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 
 import sptrace
+from reference_models.config import StepConfig
 from reference_models.layers import seq_shard, step_batch, step_loss, torch_dtype
 from reference_models.model import build_model
-from sptrace.config import StepConfig
 
 
 def run_rank(cfg: StepConfig, out: Path, warmup: int, device_kind: str, instrument: bool = True) -> None:

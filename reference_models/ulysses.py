@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from reference_models import comm_ops
+from reference_models.config import StepConfig
 from reference_models.layers import CoreAttention, apply_rope, split_grouped_qkv
-from sptrace.config import StepConfig
 
 
 class UlyssesAttention(nn.Module):

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from reference_models.config import StepConfig
 from reference_models.layers import DenseTransformer, seq_shard, step_batch, step_loss
 from reference_models.model import build_model
-from sptrace.config import StepConfig
 
 BASE = StepConfig(layers=2, batch=2, seq=32, hidden=64, heads=8, kv_heads=8, ffn=96)
 

@@ -35,10 +35,18 @@ def phase(name: str) -> contextlib.AbstractContextManager[Any]:
     return annotate(markers.phase_name(name))
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (what this rank holds), else the tensor itself."""
+    local = getattr(tensor, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else tensor
+
+
 def describe_saved(tensor: torch.Tensor, module: str) -> SavedTensor:
-    """What a pack hook records about one saved tensor."""
+    """What a pack hook records about one saved tensor. A DTensor is described by its local
+    shard: that is what this rank keeps (its global shape says nothing about the rank)."""
+    local = _local(tensor)
     try:
-        storage = tensor.untyped_storage()
+        storage = local.untyped_storage()
         ptr, storage_nbytes = storage.data_ptr(), storage.nbytes()
     except (RuntimeError, NotImplementedError):  # subclasses without storage (fake, sparse)
         ptr, storage_nbytes = 0, 0
@@ -51,9 +59,9 @@ def describe_saved(tensor: torch.Tensor, module: str) -> SavedTensor:
         kind = "param" if tensor.requires_grad else "input"
     return SavedTensor(
         module=module,
-        shape=tuple(int(d) for d in tensor.shape),
-        dtype=str(tensor.dtype).removeprefix("torch."),
-        nbytes=tensor.numel() * tensor.element_size(),
+        shape=tuple(int(d) for d in local.shape),
+        dtype=str(local.dtype).removeprefix("torch."),
+        nbytes=local.numel() * local.element_size(),
         storage_ptr=ptr,
         storage_nbytes=storage_nbytes,
         kind=kind,
@@ -155,6 +163,8 @@ def assert_sequence_sharded(
     sp_size: int,
     seq_dim: int = 1,
     hidden: int | None = None,
+    heads: int | None = None,
+    ffn: int | None = None,
     allow: tuple[str, ...] = (),
 ) -> list[SavedTensor]:
     """Run one forward of ``model`` on this rank's sequence shard ``inputs`` and check that every
@@ -163,20 +173,25 @@ def assert_sequence_sharded(
     ``inputs``: a tensor, or a tuple of positional arguments whose first is the [B, S/P, H]
     (``seq_dim`` = 1) or [S/P, B, H] (``seq_dim`` = 0) activation. Raises ShardingViolation naming
     each module that keeps a full-sequence tensor (unless it matches an ``allow`` glob); returns
-    the saved activations otherwise. Works inside a unit test, e.g. under a 1-process group or
+    the saved activations otherwise. ``heads`` and ``ffn`` (when a tensor-parallel shard width can
+    equal H, as with a 4H MLP at P=4) let widths be judged that shapes alone cannot; tensors that
+    stay ambiguous are not counted as violations. Works inside a unit test, e.g. under a 1-process group or
     torchrun.
     """
     import fnmatch
 
-    from sptrace.checks.sharding import ShardingShape, classify
+    from sptrace.checks.sharding import Judge
+    from sptrace.shape import ModelShape
 
     args = inputs if isinstance(inputs, tuple) else (inputs,)
-    x = args[0]
+    x = _local(args[0])
     local = x.shape[seq_dim]
     batch = x.shape[1 - seq_dim] if x.dim() >= 3 else 1
-    step = ShardingShape(
-        batch=batch, seq=local * sp_size, hidden=hidden or x.shape[-1], sp_size=sp_size, element_size=x.element_size()
-    )
+    dtype = str(x.dtype).removeprefix("torch.")
+    judge = Judge(ModelShape(
+        batch=batch, seq=local * sp_size, hidden=hidden or x.shape[-1], sp_size=sp_size, heads=heads, ffn=ffn,
+        dtype=dtype if dtype in ("float32", "bfloat16", "float16") else None,
+    ))  # fmt: skip
     saved: list[SavedTensor] = []
     stack: list[str] = []
     handles = []
@@ -210,13 +225,13 @@ def assert_sequence_sharded(
     for rec in saved:
         if rec.kind == "param" or any(fnmatch.fnmatchcase(rec.module, p) for p in allow):
             continue
-        cls, why = classify(rec.shape, rec.nbytes, rec.storage_nbytes, step)
+        cls, why = judge.classify(rec.shape, rec.nbytes, rec.storage_nbytes, rec.module)
         if cls == "full":
             bad.append((rec, why))
     if bad:
         lines = [f"{r.module} saves {list(r.shape)} {r.dtype} ({r.storage_nbytes} bytes): {why}" for r, why in bad]
         raise ShardingViolation(
-            f"{len(bad)} full-sequence activations kept for backward (P={sp_size}, S={step.seq}):\n  "
+            f"{len(bad)} full-sequence activations kept for backward (P={sp_size}, S={local * sp_size}):\n  "
             + "\n  ".join(lines),
             bad,
         )

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sptrace.config import StepConfig
+from reference_models.config import StepConfig
 from sptrace.errors import LaunchError, UsageError
 from sptrace.profiling import RUN_FILE, trace_name
 

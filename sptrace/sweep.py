@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from sptrace.config import StepConfig
-from sptrace.costmodel import estimate_comm
+from reference_models.config import StepConfig
 from sptrace.fileio import write_atomic
 
 TABLE = "comparison.csv"
@@ -40,32 +38,26 @@ def sweep_runs(root: Path) -> list[Path]:
 
 
 def measure_run(path: Path) -> dict[str, Any]:
-    """One row of the comparison: the run's config, its slowest rank's step time, the largest
-    peak of allocated memory over ranks, and wire bytes per rank (measured and modelled)."""
-    from sptrace.detect import detect_run_collectives
-    from sptrace.load import load_run
+    """One row of the comparison, from the run's analysis (sptrace.analysis): its scheme and S,
+    its slowest rank's step time, communication (transfer) time and exposed communication, the
+    largest peak of allocated memory over ranks, and wire bytes per rank (measured and modelled)."""
+    from sptrace.analysis import analyse_run
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run = load_run(path)
-    cfg = StepConfig.from_run_config(run.run_info["config"])
-    step_ms, peak = 0.0, 0
-    for trace in run:
-        ev = trace.events
-        names_ = ev["name"].astype(str)
-        steps = ev[names_.str.startswith("ProfilerStep#")]
-        if len(steps):
-            step_ms = max(step_ms, float(steps["dur_ns"].max()) / 1e6)
-        total = ev["mem_total_allocated"].dropna()
+    a = analyse_run(path, parts=("collectives",))
+    peak = 0
+    for trace in a.run:
+        total = trace.events["mem_total_allocated"].dropna()
         if len(total):
             peak = max(peak, int(total.max()))
-    frame = detect_run_collectives(run)
+    frame = a.collectives
     ranks = max(frame["rank"].nunique(), 1) if not frame.empty else 1
+    t = a.time_summary()
     return {
-        "run": path.name, "scheme": cfg.scheme + ("-zero3" if cfg.zero3 else ""), "seq": cfg.seq,
-        "step_ms": step_ms, "peak_GiB": peak / 2**30,
-        "comm_GiB": float(frame["wire_bytes"].fillna(0).sum()) / ranks / 2**30,
-        "model_comm_GiB": estimate_comm(cfg).wire_per_step() / 2**30,
+        "run": path.name, "scheme": a.model.label, "seq": a.model.seq,
+        "step_ms": t["step_ms"] or 0.0, "comm_ms": t["comm_ms"] or 0.0, "exposed_ms": t["exposed_ms"],
+        "peak_GiB": peak / 2**30,
+        "comm_GiB": float(frame["wire_bytes"].dropna().sum()) / ranks / 2**30,
+        "model_comm_GiB": a.estimate.wire_per_step() / 2**30 if a.estimate is not None else None,
     }  # fmt: skip
 
 

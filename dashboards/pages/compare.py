@@ -6,11 +6,13 @@ from typing import Any
 
 from dash import dcc, html
 
-from dashboards import figures
 from dashboards.pages.common import grid
 from dashboards.pages.overview import summary
 from dashboards.store import RunStore
-from sptrace.config import StepConfig
+from reference_models.config import StepConfig
+from sptrace.analysis import RunAnalysis
+from sptrace.costmodel.comm import NEEDS
+from sptrace.report import figures
 
 
 def sweep_section(root: Any) -> list[Any]:
@@ -42,8 +44,10 @@ def sweep_section(root: Any) -> list[Any]:
 
 
 def layout(store: RunStore) -> Any:
-    base = next((store.get(i)["config"] for i in range(len(store.paths)) if store.get(i).get("config")), None)
-    base = base or StepConfig()
+    # the first run whose model is fully declared, else the reference models' defaults (labelled)
+    runs = [store.get(i) for i in range(len(store.paths))]
+    declared = [a.model for a in runs if isinstance(a, RunAnalysis) and not a.model.missing(NEEDS)]
+    base = declared[0] if declared else StepConfig().shape()
     seqs = sorted({base.seq * 2**k for k in range(-2, 6) if base.seq * 2**k >= base.sp_size})
     seqs = [s for s in seqs if s % base.sp_size == 0]
     sweeps = [part for root in store.sweeps for part in sweep_section(root)]

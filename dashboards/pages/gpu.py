@@ -10,9 +10,10 @@ from typing import Any
 
 from dash import Input, Output, dcc, html
 
-from dashboards import figures
 from dashboards.pages.common import error_box, grid, run_selector
 from dashboards.store import RunStore
+from sptrace.errors import SptraceError
+from sptrace.report import figures
 
 
 def hta_analyses(run: Any) -> dict[str, Any]:
@@ -34,9 +35,9 @@ def hta_analyses(run: Any) -> dict[str, Any]:
 
 def view(store: RunStore, index: int) -> list[Any]:
     a = store.get(index)
-    if "error" in a:
-        return [error_box(a["error"])]
-    run = a["run"]
+    if isinstance(a, SptraceError):
+        return [error_box(str(a))]
+    run = a.run
     if not any(t.category_counts().get("kernel", 0) for t in run):
         return [html.P("no GPU kernels in this run (a CPU / gloo trace): HTA's analyses need them", className="no-gpu")]
     try:

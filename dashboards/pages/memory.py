@@ -6,33 +6,42 @@ from typing import Any
 
 from dash import Input, Output, dcc, html
 
-from dashboards import figures
 from dashboards.pages.common import error_box, grid, run_selector
 from dashboards.store import RunStore
+from sptrace.errors import SptraceError
+from sptrace.report import figures
 
 
 def view(store: RunStore, index: int) -> list[Any]:
     a = store.get(index)
-    if "error" in a:
-        return [error_box(a["error"])]
-    if "sharding" not in a:
-        return [error_box("no run.json: run `sptrace check RUN --batch B --seq S --hidden H` for this run")]
-    report = a["sharding"]
+    if isinstance(a, SptraceError):
+        return [error_box(str(a))]
+    memory = dcc.Graph(id="memory-over-step", figure=figures.memory_over_step(a.memory))
+    if a.sharding is None:
+        return [error_box(f"sharding not checked: {a.sharding_unavailable}"), memory]
+    report = a.sharding
     saved = report.saved.copy()
-    saved["shape"] = saved["shape"].map(lambda s: "x".join(map(str, s)) if s else "")
+    saved["shape"] = saved["shape"].map(lambda s: "x".join(map(str, s)) if isinstance(s, (tuple, list)) else "")
+    columns = [
+        "rank",
+        "module",
+        "layer",
+        "shape",
+        "dtype",
+        "nbytes",
+        "storage_bytes",
+        "class",
+        "why",
+        "holder",
+        "source",
+    ]
     parts: list[Any] = [
-        html.P(
-            "PASS: every activation kept for backward is sharded"
-            if report.ok
-            else f"FAIL: {len(report.findings)} full-size saves"
-        ),
+        html.P(report.verdict.line(), className="verdict"),
+        *[html.P(f"note: {n}") for n in report.notes],
         dcc.Graph(id="memory-graph", figure=figures.saved_by_layer(report.saved)),
-        dcc.Graph(id="memory-over-step", figure=figures.memory_over_step(a["memory"])),
-        html.Ul([html.Li(f.message) for f in report.findings[:100]]),
-        grid(
-            saved[["rank", "module", "layer", "shape", "dtype", "nbytes", "storage_bytes", "class", "why", "source"]],
-            "memory-grid",
-        ),
+        memory,
+        html.Ul([html.Li(f.text()) for f in report.findings[:100]]),
+        grid(saved[columns], "memory-grid"),
     ]
     return parts
 

@@ -9,6 +9,7 @@ from dash import html
 
 from dashboards.pages.common import error_box, grid
 from dashboards.store import RunStore
+from sptrace.errors import SptraceError
 from sptrace.units import human_bytes
 
 
@@ -16,28 +17,31 @@ def summary(store: RunStore) -> pd.DataFrame:
     rows = []
     for i, path in enumerate(store.paths):
         a = store.get(i)
-        if "error" in a:
-            rows.append({"run": str(path), "error": a["error"]})
+        if isinstance(a, SptraceError):
+            rows.append({"run": str(path), "error": str(a)})
             continue
-        run, cfg = a["run"], a["config"]
+        run, model = a.run, a.model
         row: dict[str, Any] = {"run": str(path), "ranks": f"{len(run)} / {run.world_size}", "backend": run.backend}
-        if cfg is not None:
-            row["scheme"] = cfg.scheme + (" ZeRO-3" if cfg.zero3 else "")
-            row["S"] = cfg.seq
-        times = a["time_ms"]
-        if times:
-            row["step ms (max rank)"] = round(max(t["step"] for t in times.values()), 1)
-            row["comm ms (mean)"] = round(sum(t["comm"] for t in times.values()) / len(times), 1)
-            row["compute ms (mean)"] = round(sum(t["compute"] for t in times.values()) / len(times), 1)
-        frame = a["collectives"]
+        row["scheme"] = model.label
+        row["S"] = model.seq
+        times = a.time_summary()
+        if times["step_ms"] is not None:
+            row["step ms (max rank)"] = round(times["step_ms"], 1)
+        if times["comm_ms"] is not None:
+            row["comm ms (transfer, mean)"] = round(times["comm_ms"], 1)
+        if times["comm_share"] is not None:
+            row["comm %"] = round(100 * times["comm_share"], 1)
+        row["exposed comm ms"] = "n/a" if times["exposed_ms"] is None else round(times["exposed_ms"], 1)
+        frame = a.collectives
         ranks = max(frame["rank"].nunique(), 1) if not frame.empty else 1
         row["collectives / rank"] = round(len(frame) / ranks, 1)
-        row["wire / rank"] = human_bytes(float(frame["wire_bytes"].fillna(0).sum()) / ranks)
-        if "comm" in a:
-            row["model wire / rank"] = human_bytes(a["comm"].ranks["expected_wire_bytes"].iloc[0])
-            row["collectives"] = "MATCH" if a["comm"].ok else f"MISMATCH ({len(a['comm'].findings)})"
-        if "sharding" in a:
-            row["sharding"] = "PASS" if a["sharding"].ok else f"FAIL ({len(a['sharding'].findings)})"
+        row["wire / rank"] = human_bytes(float(frame["wire_bytes"].dropna().sum()) / ranks)
+        if a.comm is not None:
+            row["model wire / rank"] = human_bytes(a.comm.ranks["expected_wire_bytes"].iloc[0])
+            row["collectives"] = a.comm.verdict.label
+        else:
+            row["collectives"] = "not checked"
+        row["sharding"] = a.sharding.verdict.label if a.sharding is not None else "not checked"
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -8,29 +8,32 @@ from typing import Any
 
 from dash import Input, Output, dcc, html
 
-from dashboards import figures
 from dashboards.pages.common import error_box, run_selector
 from dashboards.store import RunStore
+from sptrace.errors import SptraceError
+from sptrace.report import figures
 
 
 def layer_options(store: RunStore, index: int) -> list[dict[str, Any]]:
     a = store.get(index)
-    if "error" in a or a["collectives"].empty:
+    if isinstance(a, SptraceError) or a.collectives.empty:
         return [{"label": "all layers", "value": "all"}]
-    layers = sorted(int(x) for x in a["collectives"]["layer"].dropna().unique())
+    layers = sorted(int(x) for x in a.collectives["layer"].dropna().unique())
     return [{"label": "all layers", "value": "all"}] + [{"label": f"layer {i}", "value": i} for i in layers]
 
 
 def view(store: RunStore, index: int, layer: Any = "all") -> Any:
     a = store.get(index)
-    if "error" in a:
-        return error_box(a["error"])
-    frame = a["collectives"]
+    if isinstance(a, SptraceError):
+        return error_box(str(a))
+    frame = a.collectives
     if layer not in (None, "all"):
         frame = frame[frame["layer"] == int(layer)]
-    phases = a["phases"] if layer in (None, "all") else None
-    m = a["matching"]
-    figure = figures.collective_timeline(frame, m.offsets_us, phases=phases, links=m.members)
+    phases = a.phases if layer in (None, "all") else None
+    m = a.matching
+    figure = figures.collective_timeline(
+        frame, m.offsets_us if m else {}, phases=phases, links=m.members if m else None
+    )
     return dcc.Graph(id="timeline-graph", figure=figure)
 
 

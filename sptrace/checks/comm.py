@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sptrace.checks.findings import Finding
+from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.costmodel.comm import CommEstimate
 from sptrace.detect.matching import Matching
 from sptrace.units import human_bytes
 
-Sig = tuple[str, str, int]  # (phase, kind, in_bytes)
+Sig = tuple[str, str, int | None]  # (phase, kind, in_bytes); None: the trace did not say
 
 
 @dataclass
@@ -34,6 +34,28 @@ class CommReport:
     def ok(self) -> bool:
         return not any(f.severity == "error" for f in self.findings)
 
+    @property
+    def verdict(self) -> Verdict:
+        errors = [f for f in self.findings if f.severity == "error"]
+        unknown = [f for f in self.findings if f.code == "size-unknown"]
+        per_rank = int(self.ranks["observed"].max()) if len(self.ranks) else 0
+        wire = float(self.ranks["observed_wire_bytes"].max()) if len(self.ranks) else 0.0
+        if errors:
+            return Verdict("fail", "MISMATCH", f"{len(errors)} findings against the {self.scheme} model")
+        if unknown:
+            n = sum(len(f.ranks) for f in unknown)
+            return Verdict(
+                "undecided", "CANNOT DECIDE",
+                f"{per_rank} collectives per rank, as the {self.scheme} model counts them, but the trace does not "
+                f"record the size of {n}",
+                tuple(f.text() for f in unknown),
+            )  # fmt: skip
+        return Verdict(
+            "pass",
+            "MATCH",
+            f"{per_rank} collectives and {human_bytes(wire)} on the wire per rank, as the {self.scheme} model predicts",
+        )
+
     def to_dict(self) -> dict[str, Any]:
         def clean(frame: pd.DataFrame) -> list[dict[str, Any]]:
             return [
@@ -44,6 +66,7 @@ class CommReport:
         out: dict[str, Any] = {
             "scheme": self.scheme,
             "match": self.ok,
+            "verdict": self.verdict.to_dict(),
             "ranks": clean(self.ranks),
             "layers": clean(self.layers),
             "findings": [f.to_dict() for f in self.findings],
@@ -57,22 +80,39 @@ class CommReport:
 
 def _expected_by_layer(est: CommEstimate) -> tuple[list[Sig], list[Sig]]:
     per_layer = [(c.phase, c.kind, c.in_bytes) for c in est.collectives if c.per_layer]
-    per_step = [(c.phase, c.kind, c.in_bytes) for c in est.collectives if not c.per_layer]
+    per_step = [(c.phase, c.kind, c.in_bytes) for c in est.collectives if not c.per_layer and not c.total_only]
     return per_layer, per_step
 
 
 def _sig(row: Any) -> Sig:
     phase = "backward" if row.phase == "optimizer" else str(row.phase)
-    size = int(row.in_bytes) if row.in_bytes is not None and not pd.isna(row.in_bytes) else -1
+    size = int(row.in_bytes) if row.in_bytes is not None and not pd.isna(row.in_bytes) else None
     return (phase, str(row.kind), size)
+
+
+def _fits(observed: Sig, expected: Sig) -> bool:
+    """Same phase and kind, and the same size unless the trace does not know it."""
+    return observed[:2] == expected[:2] and (observed[2] is None or observed[2] == expected[2])
+
+
+def _take(pool: list, sig: Sig, exact_only: bool) -> int | None:
+    """Index of the first entry of ``pool`` (sigs, or (sig, ...) tuples) that fits ``sig``."""
+    for i, item in enumerate(pool):
+        got = item if isinstance(item[0], str) else item[0]
+        if got == sig or (not exact_only and _fits(got, sig)) or (not exact_only and _fits(sig, got)):
+            return i
+    return None
 
 
 def check_collectives(
     frame: pd.DataFrame, est: CommEstimate, ranks: list[int], matching: Matching | None = None
 ) -> CommReport:
-    """Compare every rank's collectives with ``est``. ``ranks``: the ranks that have traces."""
+    """Compare every rank's collectives with ``est``. ``ranks``: the ranks that have traces.
+    A collective whose size the trace does not record meets an expectation of its phase and
+    kind, and leaves a size-unknown finding: the run cannot be called a match on its bytes."""
     per_layer, per_step = _expected_by_layer(est)
     per_layer_specs = [c for c in est.collectives if c.per_layer]
+    totals = [c for c in est.collectives if c.total_only]
     L = est.layers
     findings: list[Finding] = []
     rank_rows, layer_rows = [], []
@@ -80,15 +120,16 @@ def check_collectives(
         obs = frame[frame["rank"] == rank]
         missing: list[tuple[Sig, int | None]] = []
         extra: list[tuple[Sig, int | None, str | None]] = []
+        unsized: list[tuple[Sig, int | None, str | None]] = []
         for layer in range(L):
             rows = list(obs[obs["layer"] == layer].itertuples())
             used = [False] * len(rows)
-            unmet: list[int] = []
-            # two passes: first the observed collective from the module the model names, then any
-            # of the same phase, kind and size; what is left over is extra, with its own module
-            for strict in (True, False):
-                todo = range(len(per_layer_specs)) if strict else list(unmet)
-                unmet = []
+            unmet: list[int] = list(range(len(per_layer_specs)))
+            # passes, strictest first: the observed collective from the module the model names
+            # with the model's size; from any module with that size; then one of the same phase
+            # and kind whose size the trace does not know. What is left over is extra.
+            for strict, exact in ((True, True), (False, True), (False, False)):
+                todo, unmet = unmet, []
                 for j in todo:
                     spec = per_layer_specs[j]
                     sig = (spec.phase, spec.kind, spec.in_bytes)
@@ -96,7 +137,9 @@ def check_collectives(
                         (
                             i
                             for i, r in enumerate(rows)
-                            if not used[i] and _sig(r) == sig and (not strict or _from(r.module, spec.module))
+                            if not used[i]
+                            and (_sig(r) == sig if exact else _fits(_sig(r), sig))
+                            and (not strict or _from(r.module, spec.module))
                         ),
                         None,
                     )
@@ -104,6 +147,8 @@ def check_collectives(
                         unmet.append(j)
                     else:
                         used[hit] = True
+                        if _sig(rows[hit])[2] is None:
+                            unsized.append((sig, layer, rows[hit].module))
             missing += [
                 ((per_layer_specs[j].phase, per_layer_specs[j].kind, per_layer_specs[j].in_bytes), layer) for j in unmet
             ]
@@ -117,22 +162,54 @@ def check_collectives(
         step_left = list(per_step)
         miss = list(missing)
         extras: list[tuple[Sig, int | None, str | None]] = []
-        for r in obs[obs["layer"].isna() | (obs["layer"] >= L)].itertuples():
-            sig = _sig(r)
-            hit = next((i for i, (s, _) in enumerate(miss) if s == sig), None)
+        leftovers = [(_sig(r), None, r.module) for r in obs[obs["layer"].isna() | (obs["layer"] >= L)].itertuples()]
+        for exact in (True, False):
+            pending, leftovers = leftovers, []
+            for sig, layer, module in pending:
+                hit = _take(miss, sig, exact)
+                if hit is not None:
+                    if sig[2] is None:
+                        unsized.append((miss[hit][0], miss[hit][1], module))
+                    miss.pop(hit)
+                    continue
+                hit = _take(step_left, sig, exact)
+                if hit is not None:
+                    if sig[2] is None:
+                        unsized.append((step_left[hit], None, module))
+                    step_left.pop(hit)
+                    continue
+                leftovers.append((sig, layer, module))
+        for sig, layer, module in extra:
+            hit = _take(step_left, sig, exact_only=False)
             if hit is not None:
-                miss.pop(hit)
-            elif sig in step_left:
-                step_left.remove(sig)
+                if sig[2] is None:
+                    unsized.append((step_left[hit], None, module))
+                step_left.pop(hit)
             else:
-                extras.append((sig, None, r.module))
-        for s, layer, module in extra:
-            if s in step_left:
-                step_left.remove(s)
-            else:
-                extras.append((s, layer, module))
+                leftovers.append((sig, layer, module))
+        # gradient buckets the model cannot count: what is left of their kind, compared in total
+        for spec in totals:
+            mine = [e for e in leftovers if e[0][:2] == (spec.phase, spec.kind) and e[1] is None]
+            leftovers = [e for e in leftovers if e not in mine]
+            if any(e[0][2] is None for e in mine):
+                unsized.append(((spec.phase, spec.kind, spec.in_bytes), None, "grad_sync"))
+            elif sum(int(e[0][2] or 0) for e in mine) != spec.in_bytes:
+                got = sum(int(e[0][2] or 0) for e in mine)
+                findings.append(Finding(
+                    "error", "collectives", "wrong-size",
+                    f"{spec.phase} (step level): {len(mine)} {spec.kind}s of {human_bytes(got)} in all, where the "
+                    f"scheme sends {human_bytes(spec.in_bytes)} of gradients", (rank,), page="collectives",
+                ))  # fmt: skip
+        extras = leftovers
         miss += [(s, None) for s in step_left]
         findings += _explain(rank, miss, extras)
+        for sig, layer, module in unsized:
+            where = f"layer {layer} {sig[0]}" if layer is not None else f"{sig[0]} (step level)"
+            findings.append(Finding(
+                "warning", "collectives", "size-unknown",
+                f"{where}: a {sig[1]} where the scheme sends {human_bytes(sig[2])}; the trace does not record its "
+                "size", (rank,), layer, module, page="collectives",
+            ))  # fmt: skip
         # per layer: what the layer was expected to issue, less what is still missing there, plus
         # what is extra there (collectives no marker placed in a layer but that the pool matched
         # to a layer's expectation, e.g. FSDP2's post-backward reduce-scatter, count as present)
@@ -145,14 +222,20 @@ def check_collectives(
                     "rank": rank, "layer": layer, "phase": phase, "observed": expected - gone + more,
                     "expected": expected,
                 })  # fmt: skip
-        observed_wire = float(obs["wire_bytes"].fillna(0).sum())
+        observed_wire = float(obs["wire_bytes"].dropna().sum())
         rank_rows.append({
             "rank": rank, "observed": len(obs), "expected": est.count(),
             "observed_wire_bytes": observed_wire, "expected_wire_bytes": est.wire_per_step(),
-            "missing": len(miss), "extra": len(extras),
+            "unknown_wire": int(obs["wire_bytes"].isna().sum()), "missing": len(miss), "extra": len(extras),
         })  # fmt: skip
     ranks_frame = pd.DataFrame(rank_rows)
-    report = CommReport(est.scheme, ranks_frame, pd.DataFrame(layer_rows), findings, matching)
+    report = CommReport(est.scheme, ranks_frame, pd.DataFrame(layer_rows), merge_ranks(findings), matching)
+    unknown_wire = int(ranks_frame["unknown_wire"].max()) if len(ranks_frame) else 0
+    if unknown_wire:
+        report.notes.append(
+            f"wire bytes leave out up to {unknown_wire} collectives per rank whose size or group the trace does "
+            "not record"
+        )
     if matching is not None and not matching.matched.empty:
         m = matching.matched
         worst = m.loc[m["arrival_skew_us"].idxmax()]
@@ -172,6 +255,8 @@ def _check_order(rank: int, layer: int, rows: list, specs: list) -> list[Finding
     ordered = [(c.phase, c.kind, c.in_bytes) for c in specs if not c.what.startswith("ZeRO-3")]
     wanted = Counter(ordered)
     seen = [_sig(r) for r in sorted(rows, key=lambda r: r.start_us)]
+    if any(s[2] is None for s in seen):
+        return []  # sizes unknown: the order of same-kind collectives cannot be told apart
     seen = [s for s in seen if wanted[s] > 0]
     if seen == ordered:
         return []
@@ -179,9 +264,9 @@ def _check_order(rank: int, layer: int, rows: list, specs: list) -> list[Finding
     got, want = seen[first], ordered[first]
     return [Finding(
         "warning", "collectives", "order",
-        f"rank {rank}, layer {layer}: collective #{first + 1} is a {got[0]} {got[1]} of {human_bytes(got[2])}; "
-        f"the scheme issues a {want[0]} {want[1]} of {human_bytes(want[2])} there",
-        rank, layer,
+        f"layer {layer}: collective #{first + 1} is a {got[0]} {got[1]} of {human_bytes(got[2] or 0)}; "
+        f"the scheme issues a {want[0]} {want[1]} of {human_bytes(want[2] or 0)} there",
+        (rank,), layer, page="timeline",
     )]  # fmt: skip
 
 
@@ -198,34 +283,34 @@ def _explain(rank: int, missing: list, extra: list) -> list[Finding]:
         where = f"layer {layer} {phase}" if layer is not None else f"{phase} (step level)"
         same_size = next((e for e in extra if e[0][1] == kind and e[0][2] == size), None)
         # the nearest in size among the same phase and kind, in the same layer first
-        place = [e for e in extra if e[0][0] == phase and e[0][1] == kind]
+        place = [e for e in extra if e[0][0] == phase and e[0][1] == kind and e[0][2] is not None]
         place.sort(key=lambda e: (e[1] != layer, abs(np.log(max(e[0][2], 1) / max(size, 1)))))
         same_place = place[0] if place else None
         if same_place is not None:
             extra.remove(same_place)
             findings.append(Finding(
                 "error", "collectives", "wrong-size",
-                f"rank {rank}, {where}: a {kind} of {human_bytes(same_place[0][2])} "
-                f"where the scheme sends {human_bytes(size)}",
-                rank, layer, same_place[2],
+                f"{where}: a {kind} of {human_bytes(same_place[0][2])} where the scheme sends {human_bytes(size)}",
+                (rank,), layer, same_place[2], page="collectives",
             ))  # fmt: skip
         elif same_size is not None:
             extra.remove(same_size)
             findings.append(Finding(
                 "error", "collectives", "wrong-phase",
-                f"rank {rank}, {where}: the {kind} of {human_bytes(size)} ran in {same_size[0][0]} instead",
-                rank, layer, same_size[2],
+                f"{where}: the {kind} of {human_bytes(size)} ran in {same_size[0][0]} instead",
+                (rank,), layer, same_size[2], page="timeline",
             ))  # fmt: skip
         else:
             findings.append(Finding(
                 "error", "collectives", "missing-collective",
-                f"rank {rank}, {where}: missing {kind} of {human_bytes(size)}", rank, layer,
+                f"{where}: missing {kind} of {human_bytes(size)}", (rank,), layer, page="collectives",
             ))  # fmt: skip
     for (phase, kind, size), layer, module in extra:
         where = f"layer {layer} {phase}" if layer is not None else f"{phase}"
+        size_text = "unknown size" if size is None else human_bytes(size)
         findings.append(Finding(
             "error", "collectives", "extra-collective",
-            f"rank {rank}, {where}: unexpected {kind} of {human_bytes(size)}" + (f" from {module}" if module else ""),
-            rank, layer, module,
+            f"{where}: unexpected {kind} of {size_text}" + (f" from {module}" if module else ""),
+            (rank,), layer, module, page="collectives",
         ))  # fmt: skip
     return findings

@@ -1,8 +1,14 @@
-"""What a check found, in one shape for every check and every output format."""
+"""What a check found, and what it concluded, in one shape for every check and output format.
+
+A Finding is one fact about a run; the same fact on several ranks is one Finding with its
+rank set (``merge_ranks``). A Verdict is a check's conclusion: pass, fail, or cannot decide,
+with the reason, and the exit code the CLI returns for it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 SEVERITIES = ("error", "warning", "info")
@@ -15,15 +21,91 @@ class Finding:
     check: str
     """Which check: "collectives", "sharding" ..."""
     code: str
-    """Stable identifier: missing-collective, extra-collective, wrong-size, wrong-phase ..."""
+    """Stable identifier: missing-collective, extra-collective, wrong-size, full-size-save ..."""
     message: str
-    rank: int | None = None
+    """What was found, without the rank (``ranks`` says where)."""
+    ranks: tuple[int, ...] = ()
     layer: int | None = None
     module: str | None = None
+    page: str | None = None
+    """The dashboard page that shows it (timeline, collectives, memory)."""
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
             raise ValueError(f"unknown severity {self.severity!r}")
 
+    @property
+    def where(self) -> str:
+        """'ranks 0-7' / 'rank 3' / '' ."""
+        if not self.ranks:
+            return ""
+        return ("rank " if len(self.ranks) == 1 else "ranks ") + rank_ranges(self.ranks)
+
+    def text(self) -> str:
+        return f"{self.where}: {self.message}" if self.ranks else self.message
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "severity": self.severity, "check": self.check, "code": self.code, "message": self.message,
+            "ranks": list(self.ranks), "layer": self.layer, "module": self.module, "page": self.page,
+        }  # fmt: skip
+
+
+def merge_ranks(findings: Iterable[Finding]) -> list[Finding]:
+    """One finding per distinct fact: identical findings of several ranks become one with their
+    rank set, in first-seen order."""
+    merged: dict[tuple, Finding] = {}
+    for f in findings:
+        key = (f.severity, f.check, f.code, f.message, f.layer, f.module, f.page)
+        if key in merged:
+            ranks = tuple(sorted(set(merged[key].ranks) | set(f.ranks)))
+            merged[key] = replace(merged[key], ranks=ranks)
+        else:
+            merged[key] = replace(f, ranks=tuple(sorted(set(f.ranks))))
+    return list(merged.values())
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    items = sorted(set(int(r) for r in ranks))
+    out: list[str] = []
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+STATUSES = ("pass", "fail", "undecided")
+EXIT_CODES = {"pass": 0, "fail": 1, "undecided": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A check's conclusion. ``undecided`` means the trace did not show enough to decide; the
+    reason says what was missing and how to get it."""
+
+    status: str
+    label: str
+    """MATCH / MISMATCH / PASS / FAIL / CANNOT DECIDE."""
+    summary: str
+    """One line: what was checked and found."""
+    reasons: tuple[str, ...] = field(default=())
+    """Why it could not decide (undecided), or the caveats of a pass."""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown verdict status {self.status!r}")
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.status]
+
+    def line(self) -> str:
+        return f"{self.label}: {self.summary}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "label": self.label, "summary": self.summary, "reasons": list(self.reasons)}

@@ -1,112 +1,276 @@
-"""Are the activations kept for backward sequence-sharded? Classify each saved tensor by shape
-(and module), never by bytes alone when a shape is known, against the run's B, S, H and P.
+"""Are the activations kept across the forward -> backward boundary sequence-sharded? Classify
+each retained tensor by shape (and module, and the op that produced it), never by bytes alone
+when a shape is known, against the run's declared B, S, H, P (and a, g, F when declared).
 
-  full            a full-sequence tensor at least H wide per token ([B, S, H], [S, B, H], [B*S, H],
-                  [B, S, F]), or a view keeping such a storage alive: the contract is broken
-  head-sharded    full sequence, a 1/P share of the width ([B, S, H/P], [B, a/P, S, d], [B, S, F/P])
-  seq-sharded     a [B, S/P, ...] token shard
-  other           no token dimension (weights, scalars)
-  unknown         no shape, and a size that matches neither a full nor a sharded activation
+  full          a full-sequence tensor at least H wide per token ([B, S, H], [S, B, H], [B*S, H],
+                [B, S, F]), all heads of a full-sequence attention tensor, or a view keeping such a
+                storage alive: the contract is broken
+  head-sharded  full sequence, a 1/P share of the width ([B, S, H/P], [B, a/P, S, d], [B, S, F/P],
+                attention scores of a/P heads)
+  seq-sharded   a [B, S/P, ...] token shard
+  ambiguous     a shape that is a full tensor or a tensor-parallel shard alike (F/P = H, a 4H MLP
+                at P=4) and nothing in the trace or the flags tells which: counted, shown, not judged
+  other         no token dimension (weights, scalars, statistics)
+  unknown       no shape, and a size that matches nothing
+
+The verdict: FAIL on a full tensor (outside ``allow``); CANNOT DECIDE when the trace does not
+show enough (no backward in the window, no retained tensor judged, a layer with none judged, a
+declared shape no tensor has); else PASS. ``strict`` fails ambiguous and unknown tensors too.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
-from sptrace.checks.findings import Finding
+from sptrace.checks.findings import Finding, Verdict, merge_ranks, rank_ranges
+from sptrace.detect.allocations import Retention
+from sptrace.shape import ModelShape
 from sptrace.units import human_bytes
 
-CLASSES = ("full", "head-sharded", "seq-sharded", "other", "unknown")
+CLASSES = ("full", "head-sharded", "seq-sharded", "ambiguous", "other", "unknown")
+JUDGED = ("full", "head-sharded", "seq-sharded")
+NEEDS = ("batch", "seq", "hidden", "sp_size")
+_MLP = re.compile(
+    r"(mlp|ffn|feed_?forward|\bfc\d|\.fc\d|\bw[123]\b|up_proj|down_proj|gate_proj|dense_h_to_4h|dense_4h_to_h|"
+    r"linear_fc\d|c_fc|experts?)",
+    re.I,
+)
+_ATTN = re.compile(
+    r"(attn|attention|q_proj|k_proj|v_proj|o_proj|qkv|query|key|value|\bwq\b|\bwk\b|\bwv\b|\bwo\b|out_proj)", re.I
+)
+_GATHER = re.compile(r"all_?gather|allgather", re.I)
 
 
-@dataclass(frozen=True, slots=True)
-class ShardingShape:
-    """What classification needs to know about the step."""
+@dataclass(frozen=True)
+class Judge:
+    """Classifies retained tensors against a declared ModelShape (B, S, H, P known)."""
 
-    batch: int
-    seq: int
-    hidden: int
-    sp_size: int
-    element_size: int = 4
+    model: ModelShape
 
     def __post_init__(self) -> None:
-        if min(self.batch, self.seq, self.hidden, self.sp_size, self.element_size) < 1:
-            raise ValueError("batch, seq, hidden, sp_size and element size must be >= 1")
-        if self.seq % self.sp_size:
-            raise ValueError(f"seq {self.seq} is not divisible by sp_size {self.sp_size}")
+        self.model.require(NEEDS, "the sharding check")
+        if self.model.seq % self.model.sp_size:
+            raise ValueError(
+                f"seq {self.model.seq} is not divisible by the sequence-parallel size {self.model.sp_size}"
+            )
 
     @property
-    def full_bytes(self) -> int:
-        return self.batch * self.seq * self.hidden * self.element_size
+    def full_bytes(self) -> int | None:
+        """Bytes of a full [B, S, H] activation (None when the dtype is not declared)."""
+        m = self.model
+        return None if m.dtype_bytes is None else m.batch * m.seq * m.hidden * m.dtype_bytes
 
     @property
-    def shard_bytes(self) -> int:
-        return self.full_bytes // self.sp_size
+    def shard_bytes(self) -> int | None:
+        return None if self.full_bytes is None else self.full_bytes // self.model.sp_size
 
+    def widths(self) -> tuple[dict[int, str], dict[int, str]]:
+        """Per-token widths of whole tensors, and of 1/P tensor-parallel shards, that the declared
+        dims allow: {width: what}."""
+        m = self.model
+        H, P = m.hidden, m.sp_size
+        whole: dict[int, str] = {H: "H"}
+        shard: dict[int, str] = {}
+        if H % P == 0:
+            shard[H // P] = "H/P"
+        d = m.head_dim
+        if m.heads and d:
+            whole.setdefault(m.heads * d, "a*d")
+            if m.heads % P == 0:
+                shard.setdefault(m.heads // P * d, "a*d/P")
+            if m.kv_heads:
+                g = m.kv_heads
+                whole.setdefault(g * d, "g*d")
+                whole.setdefault((m.heads + 2 * g) * d, "(a+2g)*d")
+                if g % P == 0:
+                    shard.setdefault(g // P * d, "g*d/P")
+                if (m.heads + 2 * g) % P == 0:
+                    shard.setdefault((m.heads + 2 * g) // P * d, "(a+2g)*d/P")
+        if m.ffn:
+            whole.setdefault(m.ffn, "F")
+            whole.setdefault(2 * m.ffn, "2F")  # gated MLPs (SwiGLU) fuse gate and up
+            if m.ffn % P == 0:
+                shard.setdefault(m.ffn // P, "F/P")
+                shard.setdefault(2 * m.ffn // P, "2F/P")
+        return whole, shard
 
-def classify(shape: tuple[int, ...] | None, nbytes: int, storage_bytes: int, step: ShardingShape) -> tuple[str, str]:
-    """(class, why) of one saved tensor."""
-    B, S, H, P = step.batch, step.seq, step.hidden, step.sp_size
-    s_local = S // P
-    if shape:
-        numel = math.prod(shape)
-        full_tokens = [d for d in shape if d in (S, B * S)] if P > 1 else []
-        n_full_seq = sum(1 for d in shape if d == S)
-        if n_full_seq >= 2:  # attention scores [B, heads, S, S]
-            return "head-sharded", "attention scores (full sequence twice, a share of the heads)"
-        if full_tokens:
-            tokens = B * S if (B * S in shape or (S in shape and B in shape)) else S
-            width = numel / tokens
-            if width >= H:
-                cls, why = "full", f"full sequence, {width:.0f} wide per token (H = {H})"
-            else:
-                cls, why = "head-sharded", f"full sequence, {width:.0f} wide per token: a 1/{round(H / width)} share"
-        elif any(d in (s_local, B * s_local) for d in shape):
-            cls, why = "seq-sharded", f"a sequence shard ({s_local} of {S} tokens)"
+    def classify(
+        self,
+        shape: tuple[int, ...] | None,
+        nbytes: int,
+        storage_bytes: int | None = None,
+        module: str | None = None,
+        producer: str | None = None,
+    ) -> tuple[str, str]:
+        """(class, why) of one retained tensor."""
+        storage_bytes = storage_bytes or nbytes
+        token_bytes = self.model.hidden * (self.model.dtype_bytes or 1)
+        if shape:
+            cls, why = self._by_shape(tuple(int(d) for d in shape), module or "", producer or "")
+        elif nbytes < token_bytes:
+            return "other", "no shape; smaller than one token's activation"
+        elif self.full_bytes is None:
+            return "unknown", "no shape, and no declared dtype to read its size with"
+        elif nbytes == self.full_bytes:
+            if self._collision_possible(self.model.hidden, module or ""):
+                return "ambiguous", "no shape; the size of a full [B, S, H] activation, and of a [B, S, F/P] shard"
+            return "full", "no shape; exactly the size of a full [B, S, H] activation"
+        elif nbytes == self.shard_bytes:
+            return "seq-sharded", "no shape; exactly the size of a [B, S/P, H] shard"
         else:
-            cls, why = "other", "no token dimension"
-    elif nbytes == step.full_bytes:
-        return "full", "no shape; exactly the size of a full [B, S, H] activation"
-    elif nbytes == step.shard_bytes:
-        return "seq-sharded", "no shape; exactly the size of a [B, S/P, H] shard"
-    else:
-        return "unknown", "no shape, and a size that identifies nothing"
-    if cls != "full" and storage_bytes >= step.full_bytes and storage_bytes > nbytes:
-        return "full", f"a view of {nbytes} bytes keeping a {storage_bytes}-byte storage alive"
-    return cls, why
+            return "unknown", "no shape, and a size that identifies nothing"
+        full = self.full_bytes
+        if (
+            cls in ("head-sharded", "seq-sharded", "other")
+            and full
+            and storage_bytes >= full
+            and storage_bytes > nbytes
+        ):
+            return "full", f"a view of {nbytes} bytes keeping a {storage_bytes}-byte storage alive"
+        return cls, why
+
+    def _by_shape(self, shape: tuple[int, ...], module: str, producer: str) -> tuple[str, str]:
+        m = self.model
+        B, S, H, P = m.batch, m.seq, m.hidden, m.sp_size
+        s_local = S // P
+        numel = math.prod(shape)
+        full_seq = shape.count(S) if P > 1 else 0
+        flat_full = B > 1 and B * S in shape and P > 1
+        local = s_local in shape or (B > 1 and B * s_local in shape)
+        # attention scores / probabilities: the sequence twice ([B, h, S, S], [B*h, S, S]); or a
+        # query shard against the whole sequence ([B, h, S/P, S]), as ring attention keeps
+        if full_seq >= 2 or (full_seq == 1 and local and len(shape) >= 3 and s_local != S and shape[-1] == S):
+            rows = s_local if full_seq < 2 else S
+            heads = numel // (rows * S)
+            heads = heads // B if heads % B == 0 else heads
+            if full_seq < 2:
+                return "seq-sharded", f"attention scores of a query shard ({s_local} of {S} tokens)"
+            if m.heads is None:
+                return "ambiguous", f"attention scores of {heads} heads over the full sequence; pass --heads to judge"
+            if heads * P <= m.heads:
+                return "head-sharded", f"attention scores of {heads} heads (a/P = {m.heads // P})"
+            return (
+                "full",
+                f"attention scores of {heads} heads over the full sequence (a = {m.heads}; a/P = {m.heads // P})",
+            )
+        if not (full_seq or flat_full):
+            if local:
+                return "seq-sharded", f"a sequence shard ({s_local} of {S} tokens)"
+            return "other", "no token dimension"
+        tokens = B * S if (flat_full or (S in shape and B in shape and B > 1) or B == 1) else S
+        if numel % tokens:
+            return "other", "no token dimension"
+        width = numel // tokens
+        if _GATHER.search(producer):
+            if width >= H or self._heads_of(shape, tokens) == "all":
+                return "full", f"a gathered full sequence ({producer}), {width} wide per token"
+        heads = self._heads_of(shape, tokens)
+        if heads == "all":
+            return "full", f"full sequence, every head ({width} wide per token)"
+        if heads == "share":
+            return "head-sharded", f"full sequence, a 1/P share of the heads ({width} wide per token)"
+        whole, shard = self.widths()
+        in_whole, in_shard = width in whole, width in shard
+        if in_shard and not in_whole:
+            return "head-sharded", f"full sequence, {width} wide per token ({shard[width]})"
+        if in_whole and in_shard:  # e.g. F/P = H: a 4H MLP at P = 4
+            resolved = self._resolve_collision(width, module, whole[width], shard[width])
+            if resolved is not None:
+                return resolved
+            return "ambiguous", (
+                f"full sequence, {width} wide per token: {whole[width]} (full) and {shard[width]} (a tensor-parallel "
+                "shard) alike; the module does not tell which"
+            )
+        if width >= H:
+            if self._collision_possible(width, module):
+                return "ambiguous", (
+                    f"full sequence, {width} wide per token in an MLP module: a full tensor, or a [B, S, F/P] shard if "
+                    "F/P = " + str(width) + "; pass --ffn to judge"
+                )
+            return "full", f"full sequence, {width} wide per token (H = {H})"
+        return "head-sharded", f"full sequence, {width} wide per token: a 1/{H / width:.3g} share of H"
+
+    def _heads_of(self, shape: tuple[int, ...], tokens: int) -> str | None:
+        """For layouts with a head axis ([B, S, h, d], [B, h, S, d], [S, B, h, d]) and the head
+        counts declared: 'all' heads (a, or g kv heads), a 1/P 'share', or None (either, or neither)."""
+        m = self.model
+        d, P = m.head_dim, m.sp_size
+        if len(shape) < 3 or not (m.heads and d) or d not in shape:
+            return None
+        rest = math.prod(shape) // tokens
+        if rest % d:
+            return None
+        h = rest // d
+        whole = {m.heads} | ({m.kv_heads} if m.kv_heads else set())
+        share = {m.heads // P} if m.heads % P == 0 else set()
+        if m.kv_heads:
+            share |= {m.kv_heads // P} if m.kv_heads % P == 0 else {max(m.kv_heads, P) // P}  # kv replicated up to P
+        if h in share and h not in whole:
+            return "share"
+        if h in whole and h not in share:
+            return "all"
+        return None
+
+    def _resolve_collision(self, width: int, module: str, whole: str, shard: str) -> tuple[str, str] | None:
+        """A width both whole and a shard: the module says which kind of shard it would be."""
+        if shard.startswith(("F", "2F")) and _MLP.search(module) and not _ATTN.search(module):
+            return "head-sharded", f"full sequence, {width} wide per token: {shard} in MLP module {module}"
+        if not shard.startswith(("F", "2F")) and _ATTN.search(module):
+            return "head-sharded", f"full sequence, {width} wide per token: a head shard in attention module {module}"
+        return None
+
+    def _collision_possible(self, width: int, module: str) -> bool:
+        """Could a tensor this wide be a 1/P MLP shard the flags did not declare?"""
+        m = self.model
+        if m.ffn is not None:
+            return width in (m.ffn // m.sp_size, 2 * m.ffn // m.sp_size) and m.ffn % m.sp_size == 0
+        return bool(_MLP.search(module))
+
+
+def classify(
+    shape: tuple[int, ...] | None,
+    nbytes: int,
+    storage_bytes: int | None,
+    model: ModelShape,
+    module: str | None = None,
+    producer: str | None = None,
+) -> tuple[str, str]:
+    """(class, why) of one retained tensor against a declared ModelShape."""
+    return Judge(model).classify(shape, nbytes, storage_bytes, module, producer)
 
 
 @dataclass
 class ShardingReport:
-    step: ShardingShape
+    model: ModelShape
     saved: pd.DataFrame
-    """Every saved activation with its class."""
+    """Every retained tensor of every rank, with its class (``class``, ``why``)."""
     findings: list[Finding]
     layers: pd.DataFrame
-    """Per rank and layer: measured bytes kept, and Korthikanti's expectation."""
+    """Per rank and layer: retained bytes, full bytes, and Korthikanti's expectation."""
+    verdict: Verdict
     notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not any(f.severity == "error" for f in self.findings)
+        return self.verdict.status == "pass"
+
+    def counts(self) -> dict[str, int]:
+        return {c: int((self.saved["class"] == c).sum()) for c in CLASSES}
 
     def to_dict(self) -> dict[str, Any]:
         saved = self.saved.copy()
-        saved["shape"] = saved["shape"].map(lambda s: list(s) if s else None)
+        saved["shape"] = saved["shape"].map(lambda s: list(s) if isinstance(s, (tuple, list)) else None)
         return {
             "ok": self.ok,
-            "step": {
-                "batch": self.step.batch,
-                "seq": self.step.seq,
-                "hidden": self.step.hidden,
-                "sp_size": self.step.sp_size,
-                "element_size": self.step.element_size,
-            },
+            "verdict": self.verdict.to_dict(),
+            "model": self.model.to_dict(),
+            "counts": self.counts(),
             "findings": [f.to_dict() for f in self.findings],
             "layers": _records(self.layers),
             "saved": _records(saved.drop(columns=["alloc_ns", "free_ns"], errors="ignore")),
@@ -122,75 +286,194 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def check_sharding(
-    saved: pd.DataFrame, step: ShardingShape, *, allow: tuple[str, ...] = (), expected_per_layer: float | None = None
+    retained: list[Retention],
+    model: ModelShape,
+    *,
+    allow: tuple[str, ...] = (),
+    strict: bool = False,
+    expected_per_layer: float | None = None,
 ) -> ShardingReport:
-    """Classify every saved activation of every rank; a full one is an error unless its module
-    matches an ``allow`` glob."""
-    saved = saved.copy()
+    """Classify every retained tensor of every rank and conclude. ``allow``: module globs that
+    may keep full tensors; ``strict``: ambiguous and unknown tensors fail too."""
+    judge = Judge(model)
+    frames = [r.tensors for r in retained if not r.tensors.empty]
+    saved = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=retained[0].tensors.columns)
     classes = [
-        classify(tuple(s) if s else None, int(n), int(sb) if sb == sb else int(n), step)
-        for s, n, sb in zip(saved["shape"], saved["nbytes"], saved["storage_bytes"])
-    ]
+        judge.classify(
+            tuple(s) if isinstance(s, (tuple, list)) else None, int(n),
+            int(sb) if sb is not None and sb == sb else None, mod, prod,
+        )
+        for s, n, sb, mod, prod in zip(saved["shape"], saved["nbytes"], saved["storage_bytes"], saved["module"],
+                                       saved["producer"])
+    ]  # fmt: skip
     saved["class"] = [c for c, _ in classes]
     saved["why"] = [w for _, w in classes]
     findings: list[Finding] = []
-    for rec in saved[saved["class"] == "full"].to_dict(orient="records"):
+    for rec in saved.to_dict(orient="records"):
+        cls = rec["class"]
+        if cls not in ("full", "ambiguous", "unknown") or (cls != "full" and not strict):
+            continue
         module = rec["module"] or "<unknown module>"
         if any(fnmatch.fnmatchcase(module, pattern) for pattern in allow):
             continue
-        shape = "x".join(map(str, rec["shape"])) if rec["shape"] else f"{rec['nbytes']} bytes"
-        excess = rec["storage_bytes"] - rec["storage_bytes"] / step.sp_size
-        origin = []
-        if rec.get("alloc_op"):
-            origin.append(f"allocated by {rec['alloc_op']}")
-        if rec.get("saved_by") and rec.get("saved_by") != rec.get("freed_in"):
-            origin.append(f"saved by {rec['saved_by']}")
-        if rec.get("freed_in"):
-            origin.append(f"for {rec['freed_in']}")
-        findings.append(Finding(
-            "error", "sharding", "full-size-save",
-            f"rank {rec['rank']}: {module} keeps a full-sequence [{shape}] {rec['dtype'] + ' ' if rec['dtype'] else ''}"
-            f"tensor for backward "
-            f"({human_bytes(rec['storage_bytes'])}, {human_bytes(excess)} more than a 1/{step.sp_size} shard per layer"
-            + (f"; {', '.join(origin)}" if origin else "") + f"): {rec['why']}",
-            rec["rank"], rec["layer"] if rec["layer"] == rec["layer"] else None, module,
-        ))  # fmt: skip
+        findings.append(_finding(rec, judge, strict))
+    findings = merge_ranks(findings)
     layer_rows = []
     for (rank, layer), g in saved[saved["layer"].notna()].groupby(["rank", "layer"]):
         layer_rows.append({
             "rank": int(rank), "layer": int(layer), "saved_tensors": len(g),
-            "measured_bytes": int(g["storage_bytes"].sum()),
-            "full_bytes": int(g[g["class"] == "full"]["storage_bytes"].sum()),
-            "expected_bytes": expected_per_layer,
+            "judged": int(g["class"].isin(JUDGED).sum()), "measured_bytes": int(g["storage_bytes"].sum()),
+            "full_bytes": int(g[g["class"] == "full"]["storage_bytes"].sum()), "expected_bytes": expected_per_layer,
         })  # fmt: skip
-    notes = []
-    unknown = int((saved["class"] == "unknown").sum())
-    if unknown:
-        notes.append(f"{unknown} saved tensors have no shape and a size that identifies nothing; not judged")
-    return ShardingReport(step, saved, findings, pd.DataFrame(layer_rows), notes)
+    layers = pd.DataFrame(
+        layer_rows,
+        columns=["rank", "layer", "saved_tensors", "judged", "measured_bytes", "full_bytes", "expected_bytes"],
+    )
+    notes = [n for r in retained for n in r.notes]
+    notes = list(dict.fromkeys(notes))
+    unseen = sum(r.unseen_frees for r in retained)
+    if unseen:
+        notes.append(
+            f"{unseen} allocations alive at the boundary were not judged: their free is not in the trace (gloo and "
+            "NCCL release a collective's tensors on threads the profiler does not record)"
+        )
+    counts = {c: int((saved["class"] == c).sum()) for c in CLASSES}
+    if counts["ambiguous"]:
+        notes.append(f"{counts['ambiguous']} tensors are ambiguous: {_first_why(saved, 'ambiguous')}")
+    if counts["unknown"]:
+        notes.append(f"{counts['unknown']} tensors have no shape and a size that identifies nothing; not judged")
+    verdict = _conclude(retained, saved, findings, model, counts, strict)
+    return ShardingReport(model, saved, findings, layers, verdict, notes)
 
 
-def render_junit(report: ShardingReport, ranks: list[int]) -> str:
-    """JUnit XML: one test case per rank x module, failed when that module saves a full tensor."""
+def _first_why(saved: pd.DataFrame, cls: str) -> str:
+    rows = saved[saved["class"] == cls]
+    return str(rows["why"].iloc[0]) if len(rows) else ""
+
+
+def _finding(rec: dict[str, Any], judge: Judge, strict: bool) -> Finding:
+    module = rec["module"] or "<unknown module>"
+    shape = "x".join(map(str, rec["shape"])) if isinstance(rec["shape"], (tuple, list)) else f"{rec['nbytes']} bytes"
+    layer = int(rec["layer"]) if rec["layer"] is not None and rec["layer"] == rec["layer"] else None
+    if rec["class"] != "full":
+        return Finding(
+            "error", "sharding", f"{rec['class']}-tensor",
+            f"{module} keeps a [{shape}] tensor across the forward/backward boundary that cannot be judged "
+            f"(--strict): {rec['why']}",
+            (int(rec["rank"]),), layer, module, page="memory",
+        )  # fmt: skip
+    storage = int(rec["storage_bytes"])
+    excess = storage - storage / judge.model.sp_size
+    origin = [str(rec["holder"])] if rec.get("holder") else []
+    if rec.get("alloc_op"):
+        origin.append(f"allocated by {rec['alloc_op']}")
+    if rec.get("saved_by") and rec.get("saved_by") != rec.get("freed_in"):
+        origin.append(f"saved by {rec['saved_by']}")
+    dtype = f"{rec['dtype']} " if rec.get("dtype") else ""
+    return Finding(
+        "error", "sharding", "full-size-save",
+        f"{module} keeps a full-sequence [{shape}] {dtype}tensor across the forward/backward boundary "
+        f"({human_bytes(storage)}, {human_bytes(excess)} more than a 1/{judge.model.sp_size} shard"
+        + (f"; {'; '.join(origin)}" if origin else "") + f"): {rec['why']}",
+        (int(rec["rank"]),), layer, module, page="memory",
+    )  # fmt: skip
+
+
+def _conclude(
+    retained: list[Retention], saved: pd.DataFrame, findings: list[Finding], model: ModelShape,
+    counts: dict[str, int], strict: bool,
+) -> Verdict:  # fmt: skip
+    judged = sum(counts[c] for c in JUDGED)
+    errors = [f for f in findings if f.severity == "error"]
+    summary = (
+        f"{judged} retained tensors judged on {len(retained)} ranks ({counts['seq-sharded']} sequence-sharded, "
+        f"{counts['head-sharded']} head-sharded, {counts['full']} full)"
+    )
+    if errors:
+        full = [f for f in errors if f.code == "full-size-save"]
+        what = (
+            f"{len(full)} full-size tensors kept for backward"
+            if full
+            else f"{len(errors)} unjudgeable tensors (--strict)"
+        )
+        return Verdict("fail", "FAIL", f"{what}; {summary}")
+    reasons: list[str] = []
+    no_backward = [r.rank for r in retained if r.boundary_ns is None]
+    if no_backward:
+        reasons.append(
+            f"the profiled window has no backward on {_ranks(no_backward)}: what is kept for backward cannot be told "
+            "from the rest; profile a whole training step"
+        )
+    blind = [r.rank for r in retained if not r.has_records and not r.has_memory]
+    if blind:
+        reasons.append(
+            f"{_ranks(blind)} have neither [memory] events nor sptrace.saved records: profile with "
+            "profile_memory=True (sptrace.instrument adds exact shapes)"
+        )
+    if not reasons:
+        token_dims = saved["class"].isin(JUDGED).any()
+        if not token_dims:
+            if len(saved) and not saved["shape"].map(lambda s: isinstance(s, (tuple, list))).any():
+                reasons.append(
+                    f"no retained tensor could be judged: none has a known shape ({len(saved)} by bytes only)"
+                )
+            else:
+                reasons.append(
+                    f"the declared shape (B={model.batch}, S={model.seq}, S/P={model.seq // model.sp_size}, "
+                    f"H={model.hidden}) matches no tensor the trace kept: is the declared config right?"
+                    if counts["ambiguous"] == 0
+                    else f"no retained tensor could be judged ({counts['ambiguous']} ambiguous)"
+                )
+        else:
+            seen = sorted(set().union(*(r.layers_seen for r in retained)))
+            judged_layers = set(saved[saved["class"].isin(JUDGED)]["layer"].dropna().astype(int))
+            blank = [layer for layer in seen if layer not in judged_layers]
+            if blank:
+                reasons.append(
+                    f"no retained tensor of layer{'s' if len(blank) > 1 else ''} {rank_ranges(blank)} could be judged"
+                )
+    if reasons:
+        return Verdict("undecided", "CANNOT DECIDE", reasons[0], tuple(reasons))
+    caveats = []
+    if counts["ambiguous"] and not strict:
+        caveats.append(f"{counts['ambiguous']} ambiguous tensors not judged")
+    if counts["unknown"] and not strict:
+        caveats.append(f"{counts['unknown']} tensors of unknown shape not judged")
+    text = f"every judged tensor is sharded; {summary}" + (f"; {', '.join(caveats)}" if caveats else "")
+    return Verdict("pass", "PASS", text, tuple(caveats))
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
+
+
+def render_junit(report: ShardingReport) -> str:
+    """JUnit XML: one test case per module (all ranks together), failed when that module keeps a
+    full tensor, with the rank set in the message; one more case for the verdict itself."""
     from xml.sax.saxutils import quoteattr
 
     saved = report.saved
     cases = []
     failures = 0
-    for rank in ranks:
-        modules = sorted({m or "<unknown module>" for m in saved[saved["rank"] == rank]["module"]})
-        for module in modules:
-            bad = [f for f in report.findings if f.rank == rank and (f.module or "<unknown module>") == module]
-            name = quoteattr(f"rank{rank}.{module}")
-            if bad:
-                failures += 1
-                text = quoteattr("; ".join(f.message for f in bad))
-                cases.append(
-                    f'    <testcase classname="sptrace.sharding" name={name}><failure message={text}/></testcase>'
-                )
-            else:
-                cases.append(f'    <testcase classname="sptrace.sharding" name={name}/>')
-    head = f'  <testsuite name="sptrace check" tests="{len(cases)}" failures="{failures}" errors="0">'
+    modules = sorted({m or "<unknown module>" for m in saved["module"]}) if len(saved) else []
+    for module in modules:
+        bad = [f for f in report.findings if (f.module or "<unknown module>") == module]
+        name = quoteattr(module)
+        if bad:
+            failures += 1
+            text = quoteattr("; ".join(f.text() for f in bad))
+            cases.append(f'    <testcase classname="sptrace.sharding" name={name}><failure message={text}/></testcase>')
+        else:
+            cases.append(f'    <testcase classname="sptrace.sharding" name={name}/>')
+    verdict = report.verdict
+    name = quoteattr("verdict")
+    if verdict.status == "undecided":
+        error = f"<error message={quoteattr(verdict.line())}/>"
+        cases.append(f'    <testcase classname="sptrace.sharding" name={name}>{error}</testcase>')
+    else:
+        cases.append(f'    <testcase classname="sptrace.sharding" name={name}/>')
+    errors = int(verdict.status == "undecided")
+    head = f'  <testsuite name="sptrace check" tests="{len(cases)}" failures="{failures}" errors="{errors}">'
     return "\n".join(
         ['<?xml version="1.0" encoding="UTF-8"?>', "<testsuites>", head, *cases, "  </testsuite>", "</testsuites>", ""]
     )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sptrace.config import StepConfig
+from typing import Any
+
+from sptrace.costmodel.comm import as_shape
 
 KORTHIKANTI_SETTINGS = ("none", "tp", "tp_sp", "tp_sp_selective", "full_recompute")
 
@@ -25,10 +27,13 @@ def korthikanti_bytes_per_layer(setting: str, *, seq: int, batch: int, hidden: i
     raise ValueError(f"unknown setting {setting!r}; choose one of {', '.join(KORTHIKANTI_SETTINGS)}")
 
 
-def activation_bytes_per_layer(cfg: StepConfig) -> float:
+def activation_bytes_per_layer(cfg: Any) -> float | None:
     """Korthikanti's figure for the scheme of ``cfg``: every scheme keeps its activations
     sequence- or head-sharded, so all reach s*b*h/P*(34 + 5*a*s/h) (SPEC.md §3), or
     34*s*b*h/P when core attention is recomputed."""
+    cfg = as_shape(cfg)
+    if cfg.missing(("seq", "batch", "hidden", "heads", "sp_size", "recompute")):
+        return None
     setting = "tp_sp_selective" if cfg.recompute == "selective" else "tp_sp"
     return korthikanti_bytes_per_layer(
         setting, seq=cfg.seq, batch=cfg.batch, hidden=cfg.hidden, heads=cfg.heads, tp=cfg.sp_size

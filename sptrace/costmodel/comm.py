@@ -5,14 +5,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sptrace.config import StepConfig
+from sptrace.errors import UsageError
+from sptrace.shape import ModelShape
 
-KINDS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce", "broadcast", "send_recv", "barrier", "other")
+KINDS = (
+    "all_gather", "reduce_scatter", "all_to_all", "all_reduce", "broadcast", "reduce", "gather", "scatter", "send",
+    "recv", "send_recv", "barrier", "other",
+)  # fmt: skip
 PHASES = ("forward", "backward")
 
 
 def wire_bytes(kind: str, in_bytes: int, out_bytes: int, group_size: int) -> float:
-    """Bytes one rank sends for one collective under ring algorithms (nccl-tests' model)."""
+    """Bytes one rank sends for one collective under ring algorithms (nccl-tests' model).
+
+    Rooted collectives as c10d records them on each rank: a scatter's root has the whole input
+    (the others 0) and keeps its own chunk; a gather's non-roots send their input, the root
+    (whose output is not 0) sends nothing; reduce chains the partial sums, one input each."""
+    if kind == "send":
+        return float(in_bytes)
+    if kind == "recv":
+        return 0.0
     if group_size <= 1:
         return 0.0
     r = (group_size - 1) / group_size
@@ -25,6 +37,12 @@ def wire_bytes(kind: str, in_bytes: int, out_bytes: int, group_size: int) -> flo
     if kind == "broadcast":
         return float(in_bytes)
     if kind == "send_recv":
+        return float(in_bytes)
+    if kind == "scatter":
+        return in_bytes * r
+    if kind == "gather":
+        return 0.0 if out_bytes else float(in_bytes)
+    if kind == "reduce":
         return float(in_bytes)
     return 0.0
 
@@ -43,6 +61,9 @@ class CollectiveSpec:
     out_bytes: int
     group_size: int
     per_layer: bool = True
+    total_only: bool = False
+    """Several collectives whose number the model cannot know (gradient buckets with no declared
+    bucket cap): the observed ones are compared by their total bytes."""
 
     @property
     def wire_bytes(self) -> float:
@@ -54,7 +75,7 @@ class CommEstimate:
     """Everything a scheme communicates in one step."""
 
     scheme: str  # megatron | ulysses | ulysses-zero3 | hybrid | hybrid-zero3
-    cfg: StepConfig
+    cfg: ModelShape
     collectives: tuple[CollectiveSpec, ...]
     k: int  # ZeRO-3 parameter gathers per step
     notes: tuple[str, ...] = field(default=())
@@ -118,7 +139,7 @@ class CommEstimate:
         }
 
 
-def _params_per_layer(cfg: StepConfig) -> dict[str, int]:
+def _params_per_layer(cfg: ModelShape) -> dict[str, int]:
     """Weights of one block by module, in elements (no biases; RMSNorm weights)."""
     H, F, a, g, d = cfg.hidden, cfg.ffn, cfg.heads, cfg.kv_heads, cfg.head_dim
     return {
@@ -146,8 +167,33 @@ def _grad_buckets(sizes_bytes: list[int], cap_bytes: int) -> list[int]:
     return buckets
 
 
+NEEDS = ("scheme", "sp_size", "layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "dtype")
+"""What the model of any scheme needs declared (F sizes the MLP's collectives or gradients)."""
+
+
+def _validate(cfg: ModelShape) -> None:
+    """The divisibility the schemes need (Megatron-Core's and DeepSpeed's own checks)."""
+    P = cfg.sp_size
+    problems = [
+        (cfg.hidden % cfg.heads, f"hidden {cfg.hidden} is not divisible by heads {cfg.heads}"),
+        (cfg.heads % cfg.kv_heads, f"heads {cfg.heads} is not divisible by kv heads {cfg.kv_heads}"),
+        (cfg.seq % P, f"seq {cfg.seq} is not divisible by the sequence-parallel size {P}"),
+        (cfg.heads % P, f"heads {cfg.heads} is not divisible by the sequence-parallel size {P}"),
+        (cfg.kv_heads % P and P % cfg.kv_heads, f"kv heads {cfg.kv_heads} and P={P}: one must divide the other"),
+        (cfg.scheme in ("megatron", "hybrid") and cfg.ffn % P, f"ffn {cfg.ffn} is not divisible by P={P}"),
+    ]
+    for bad, message in problems:
+        if bad:
+            raise UsageError(message)
+
+
+def as_shape(cfg: Any) -> ModelShape:
+    """A ModelShape, or anything that declares one (the reference models' StepConfig)."""
+    return cfg if isinstance(cfg, ModelShape) else cfg.shape()
+
+
 def estimate_comm(
-    cfg: StepConfig,
+    cfg: Any,
     *,
     k: int = 2,
     attention_only: bool = False,
@@ -161,6 +207,9 @@ def estimate_comm(
     """
     if k not in (1, 2):
         raise ValueError("k (ZeRO-3 parameter gathers per step) must be 1 or 2")
+    cfg = as_shape(cfg)
+    cfg.require(NEEDS, f"the cost model of {cfg.scheme or 'a scheme'}")
+    _validate(cfg)
     P, B, S, H = cfg.sp_size, cfg.batch, cfg.seq, cfg.hidden
     a, g, d, b = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.dtype_bytes
     colls: list[CollectiveSpec] = []
@@ -177,6 +226,7 @@ def estimate_comm(
         per_layer: bool = True,
         elem: int = b,
         group: int = P,
+        total_only: bool = False,
     ) -> None:
         n_in = elem
         for x in in_shape:
@@ -184,7 +234,9 @@ def estimate_comm(
         n_out = elem
         for x in out_shape:
             n_out *= x
-        colls.append(CollectiveSpec(phase, kind, module, what, in_shape, out_shape, n_in, n_out, group, per_layer))
+        colls.append(
+            CollectiveSpec(phase, kind, module, what, in_shape, out_shape, n_in, n_out, group, per_layer, total_only)
+        )
 
     shard, full = (S // P, B, H), (S, B, H)  # sequence-first, as Megatron and gloo's Input Dims list them
 
@@ -309,7 +361,15 @@ def estimate_comm(
             sync = norm_params * cfg.layers if scheme == "hybrid" else 0
         else:
             sync = (replicated + norm_params) * cfg.layers
-        if sync and P > 1:
+        if sync and P > 1 and cfg.grad_bucket_mib is None and not attention_only:
+            add(
+                "backward", "all_reduce", "grad_sync",
+                f"all-reduce of replicated gradients ({grad_bytes * 8}-bit; bucket cap not declared, so the "
+                "buckets are compared by their total)",
+                (sync,), (sync,), per_layer=False, elem=grad_bytes, total_only=True,
+            )  # fmt: skip
+            notes.append("gradient bucket cap not declared (--grad-bucket-mib): all-reduces compared by total bytes")
+        elif sync and P > 1:
             if attention_only:
                 buckets = [sync * grad_bytes]
             else:

@@ -1,34 +1,42 @@
-"""Allocations from ``[memory]`` events, and the activations a step keeps for backward.
+"""Allocations from ``[memory]`` events, and what a step keeps alive across its forward ->
+backward boundary.
 
-Ledger (SPEC.md §5): events sorted by (ts, Ev Idx), keyed by (device type, device id, Addr). An
-allocation on an address still live means its free was never recorded (gloo worker threads
-lose frees): the old record is closed there as ``lost_free``. A free with no allocation
-predates profiling and is ignored. On CUDA, Bytes is the caching allocator's block size.
+Ledger: events sorted by (ts, Ev Idx), keyed by (device type, device id, Addr). An allocation on
+an address still live means its free was never recorded: the old record is closed there as
+``lost_free`` (it died at some point before). A free with no allocation predates profiling.
+On CUDA, Bytes is the caching allocator's block size.
 
-Saved tensors: the sptrace.saved records (exact module, shape, dtype, storage) when the trace
-has them; otherwise allocations made in the forward window, still alive when backward starts,
-and freed inside an autograd ``evaluate_function`` node (which excludes communication buffers,
-the loss and leaks), with a shape inferred from the allocating op's input dims where the bytes
-fit one.
+Retained = allocated in the forward window and alive when backward starts, whoever holds it:
+  * the sptrace.saved records: tensors autograd saved (exact module, shape, dtype, storage);
+  * every other allocation of the forward window still alive at the boundary, from memory events.
+    Its holder is read from when it died: inside an autograd node (autograd saved it), after
+    backward outside any node, or never within the trace (a Python reference, a hook, a cache).
+Frees the profiler does not see (gloo and NCCL release a collective's tensors on their own threads)
+make a death unknowable: such allocations are counted, not judged.
 """
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from sptrace import markers
+from sptrace import dtypes, markers
+from sptrace.detect.collectives import RankIndex, layer_of
 from sptrace.detect.intervals import Intervals
+from sptrace.detect.shapes import infer_shape, is_shape, load_list
 from sptrace.load.trace import RankTrace
 
 LEDGER_COLUMNS = ["device_type", "device_id", "addr", "bytes", "alloc_ns", "free_ns", "lost_free", "tid"]
-SAVED_COLUMNS = [
-    "rank", "module", "layer", "shape", "dtype", "nbytes", "storage_bytes", "storage_ptr", "source",
-    "alloc_op", "saved_by", "alloc_ns", "free_ns", "freed_in", "kind",
+RETAINED_COLUMNS = [
+    "rank", "module", "layer", "shape", "dtype", "nbytes", "storage_bytes", "storage_ptr", "source", "alloc_op",
+    "producer", "saved_by", "holder", "alloc_ns", "free_ns", "freed_in", "kind",
 ]  # fmt: skip
+CUDA_SLACK = 2**20
+"""The CUDA caching allocator's block can exceed the request by up to ~1 MiB."""
+_COLLECTIVE_PREFIXES = ("c10d::", "_c10d_functional", "record_param_comms", "nccl:", "gloo:", "symm_mem::")
 
 
 def detect_ledger(trace: RankTrace) -> pd.DataFrame:
@@ -64,6 +72,7 @@ def detect_ledger(trace: RankTrace) -> pd.DataFrame:
 
 
 def backward_start_ns(trace: RankTrace) -> int | None:
+    """When backward starts: the sptrace.phase marker, else the first autograd node."""
     ev = trace.events
     names = ev["name"].astype(str)
     phase = ev[names == markers.phase_name("backward")]
@@ -83,116 +92,196 @@ def forward_start_ns(trace: RankTrace) -> int:
     return int(ev["ts_ns"].min())
 
 
-def _layer(module: str | None) -> int | None:
-    from sptrace.detect.collectives import layer_of
+@dataclass
+class Retention:
+    """What one rank kept alive across its forward -> backward boundary."""
 
-    return layer_of(module)
+    rank: int
+    tensors: pd.DataFrame
+    """One row per retained storage (RETAINED_COLUMNS)."""
+    boundary_ns: int | None
+    """Backward start; None when the profiled window has no backward."""
+    has_records: bool
+    has_memory: bool
+    unseen_frees: int = 0
+    """Allocations alive at the boundary whose free the profiler did not see: not judged."""
+    layers_seen: set[int] = field(default_factory=set)
+    """Layers the trace shows running (markers, python stacks, attributed tensors)."""
+    notes: list[str] = field(default_factory=list)
 
 
-def detect_saved_activations(trace: RankTrace, *, element_size: int = 4) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(saved activations, ledger). One row per saved storage (a tensor saved twice counts once)."""
+def detect_retained(trace: RankTrace, *, element_size: int | None = None, index: RankIndex | None = None) -> Retention:
+    """Everything this rank kept alive from its forward window into backward.
+
+    ``element_size``: the declared activation element size, used only when an allocating op
+    records no element type of its own."""
+    idx = index or RankIndex(trace)
     ledger = detect_ledger(trace)
     ev = trace.events
     names = ev["name"].astype(str)
     bwd = backward_start_ns(trace)
     fwd = forward_start_ns(trace)
-    nodes = Intervals(ev[names.str.startswith("autograd::engine::evaluate_function")])
+    nodes = idx.backward_nodes
     records = ev[names.str.startswith(markers.SAVED)]
-    cpu_ops = ev[(ev["cat"].astype(str) == "cpu_op") & (ev["ph"].astype(str) == "X")]
-    op_iv = Intervals(cpu_ops[~cpu_ops["name"].astype(str).str.startswith("sptrace.")])
-    rows: list[dict[str, Any]] = []
-    if len(records):
-        seen: set[int] = set()
-        for name, ts, tid in zip(records["name"].astype(str), records["ts_ns"], records["tid"]):
-            rec = markers.SavedTensor.from_marker(name)
-            # weights are not activations; data without autograd history ("input") still costs memory
-            if rec is None or rec.kind == "param" or rec.storage_ptr in seen:
-                continue
-            if bwd is not None and ts >= bwd:
-                continue  # recomputation in backward saves again: not kept across the step
-            seen.add(rec.storage_ptr)
-            alloc = _allocation_at(ledger, rec.storage_ptr, int(ts))
-            # the op that allocated the storage, and the op saving it (the marker sits inside it)
-            made_by = _op_at(op_iv, int(alloc["alloc_ns"]), alloc["tid"]) if alloc is not None else None
-            saving = _op_at(op_iv, int(ts), tid)
-            rows.append({
-                "rank": trace.rank, "module": rec.module, "layer": _layer(rec.module), "shape": rec.shape,
-                "dtype": rec.dtype, "nbytes": rec.nbytes, "storage_bytes": rec.storage_nbytes,
-                "storage_ptr": rec.storage_ptr, "source": "sptrace.saved record",
-                "alloc_op": made_by, "saved_by": saving,
-                "alloc_ns": None if alloc is None else alloc["alloc_ns"],
-                "free_ns": None if alloc is None else alloc["free_ns"],
-                "freed_in": None if alloc is None else _freed_in(nodes, alloc), "kind": rec.kind,
-            })  # fmt: skip
-        return pd.DataFrame(rows, columns=SAVED_COLUMNS), ledger
+    cpu = ev[(ev["cat"].astype(str) == "cpu_op") & (ev["ph"].astype(str) == "X")]
+    ops = Intervals(cpu[~cpu["name"].astype(str).str.startswith(markers.PREFIX)])
+    collectives = Intervals(cpu[cpu["name"].astype(str).str.startswith(_COLLECTIVE_PREFIXES)])
+    cuda = bool((ledger["device_type"] == 1).any())
+    slack = CUDA_SLACK if cuda else 0
+    out = Retention(
+        rank=int(trace.rank or 0), tensors=pd.DataFrame(columns=RETAINED_COLUMNS), boundary_ns=bwd,
+        has_records=bool(len(records)), has_memory=not ledger.empty,
+    )  # fmt: skip
+    out.layers_seen = _layers_seen(idx)
     if bwd is None:
-        return pd.DataFrame(columns=SAVED_COLUMNS), ledger
-    from sptrace.detect.collectives import _RankIndex
-
-    index = _RankIndex(trace)
-    tolerance = _CUDA_SLACK if (ledger["device_type"] == 1).any() else 0
-    kept = ledger[(ledger["alloc_ns"] >= fwd) & (ledger["alloc_ns"] < bwd)]
-    kept = kept[kept["free_ns"].isna() | (kept["free_ns"] >= bwd)]
-    for rec in kept.to_dict(orient="records"):
-        if rec["lost_free"]:
-            continue  # its free was lost (gloo worker threads): when it died is unknown
-        freed_in = _freed_in(nodes, rec)
-        if freed_in is None:
-            continue  # never freed by an autograd node: a buffer, the loss, a leak
-        tid = int(rec["tid"]) if pd.notna(rec["tid"]) else None
-        i = op_iv.innermost(int(rec["alloc_ns"]), int(rec["alloc_ns"]), tid)
-        op = op_iv.frame.iloc[i] if i is not None else None
-        shape = _infer_shape(op, int(rec["bytes"]), element_size, tolerance) if op is not None else None
-        module, _, _ = index.module_of(int(rec["alloc_ns"]), int(rec["alloc_ns"]), tid if tid is not None else -1)
+        return out
+    rows: list[dict[str, Any]] = []
+    covered: set[int] = set()
+    seen_ptrs: set[int] = set()
+    end_of_backward = _backward_end(idx, bwd)
+    for name, ts, tid in zip(records["name"].astype(str), records["ts_ns"], records["tid"]):
+        rec = markers.SavedTensor.from_marker(name)
+        # weights are not activations; data without autograd history ("input") still costs memory
+        if rec is None or rec.kind == "param" or int(ts) >= bwd:
+            continue  # (a save after the boundary is recomputation in backward: not kept across it)
+        if rec.storage_ptr:
+            if rec.storage_ptr in seen_ptrs:
+                continue  # the same storage saved twice costs once
+            seen_ptrs.add(rec.storage_ptr)
+        alloc = _allocation_at(ledger, rec.storage_ptr, int(ts)) if rec.storage_ptr else None
+        if alloc is not None:
+            covered.add(int(alloc["_row"]))
+        made_by = _op_name(ops, int(alloc["alloc_ns"]), alloc["tid"]) if alloc is not None else None
         rows.append({
-            "rank": trace.rank, "module": module, "layer": _layer(module), "shape": shape,
-            "dtype": None, "nbytes": int(rec["bytes"]), "storage_bytes": int(rec["bytes"]),
-            "storage_ptr": int(rec["addr"]), "source": "memory events" + (" + shape from op inputs" if shape else ""),
-            "alloc_op": None if op is None else str(op["name"]), "saved_by": freed_in,
-            "alloc_ns": rec["alloc_ns"], "free_ns": rec["free_ns"], "freed_in": freed_in, "kind": "activation",
+            "rank": trace.rank, "module": rec.module, "layer": layer_of(rec.module), "shape": rec.shape,
+            "dtype": rec.dtype, "nbytes": rec.nbytes, "storage_bytes": rec.storage_nbytes or rec.nbytes,
+            "storage_ptr": rec.storage_ptr or None, "source": "sptrace.saved record", "alloc_op": made_by,
+            "producer": _producer(collectives, alloc) if alloc is not None else None,
+            "saved_by": _op_name(ops, int(ts), tid), "holder": "autograd (saved for backward)",
+            "alloc_ns": None if alloc is None else alloc["alloc_ns"],
+            "free_ns": None if alloc is None else alloc["free_ns"],
+            "freed_in": None if alloc is None else _freed_in(nodes, alloc.get("free_ns")), "kind": rec.kind,
         })  # fmt: skip
-    return pd.DataFrame(rows, columns=SAVED_COLUMNS), ledger
+    if not ledger.empty:
+        ledger = ledger.assign(_row=np.arange(len(ledger)))
+        window = ledger[(ledger["alloc_ns"] >= fwd) & (ledger["alloc_ns"] < bwd)]
+        alive = window[window["free_ns"].isna() | (window["free_ns"] >= bwd)]
+        for rec in alive.to_dict(orient="records"):
+            if int(rec["_row"]) in covered:
+                continue
+            tid = int(rec["tid"]) if pd.notna(rec["tid"]) else None
+            alloc_ns = int(rec["alloc_ns"])
+            producer = _producer(collectives, rec)
+            freed_in = _freed_in(nodes, rec["free_ns"])
+            if rec["lost_free"]:
+                out.unseen_frees += 1  # died before its address was reused, but when is unknown
+                continue
+            if rec["free_ns"] is None or pd.isna(rec["free_ns"]):
+                if producer is not None or _used_by_collective(collectives, ops, rec, slack):
+                    out.unseen_frees += 1  # gloo / NCCL drop a collective's tensors on their own threads
+                    continue
+                holder = "not autograd: still alive when the trace ends (a Python reference, a hook or a cache)"
+            elif freed_in is not None:
+                holder = f"autograd (freed in {freed_in})"
+            elif end_of_backward is not None and rec["free_ns"] > end_of_backward:
+                holder = "not autograd: alive through backward, freed after it (a Python reference, a hook or a cache)"
+            else:
+                holder = "not autograd: freed during backward outside any autograd node"
+            i = ops.innermost(alloc_ns, alloc_ns, tid)
+            op = ops.frame.iloc[i] if i is not None else None
+            inferred = infer_shape(op, int(rec["bytes"]), element_size, slack) if op is not None else None
+            module, _, _ = idx.module_of(alloc_ns, alloc_ns, tid if tid is not None else -1)
+            rows.append({
+                "rank": trace.rank, "module": module, "layer": layer_of(module),
+                "shape": None if inferred is None else inferred[0],
+                "dtype": None if inferred is None else inferred[1], "nbytes": int(rec["bytes"]),
+                "storage_bytes": int(rec["bytes"]), "storage_ptr": int(rec["addr"]),
+                "source": "memory events" + (" + shape from the allocating op" if inferred else ""),
+                "alloc_op": None if op is None else str(op["name"]), "producer": producer, "saved_by": freed_in,
+                "holder": holder, "alloc_ns": alloc_ns, "free_ns": rec["free_ns"], "freed_in": freed_in,
+                "kind": "activation",
+            })  # fmt: skip
+    if out.has_records and not out.has_memory:
+        out.notes.append(
+            "no [memory] events: only tensors autograd saved through saved_tensors_hooks are seen (not those "
+            "held by Python references, or kept by activation checkpointing); profile with profile_memory=True"
+        )
+    frame = pd.DataFrame(rows, columns=RETAINED_COLUMNS)
+    out.tensors = frame
+    out.layers_seen |= {int(x) for x in frame["layer"].dropna()}
+    return out
 
 
-_CUDA_SLACK = 2**20
-"""The CUDA caching allocator's block can exceed the request by up to ~1 MiB (SPEC.md §4)."""
+def _backward_end(idx: RankIndex, bwd: int) -> int | None:
+    """The end of the backward pass: the sptrace.phase marker, else the last autograd node."""
+    marks = idx.phase_markers
+    for i in range(len(marks)):
+        if str(marks.frame.iloc[i]["name"]) == markers.phase_name("backward"):
+            return int(marks.end[i])
+    nodes = idx.backward_nodes
+    return int(nodes.end.max()) if len(nodes) else None
 
 
-def _op_at(ops: Intervals, ts: int, tid: Any) -> str | None:
+def _layers_seen(idx: RankIndex) -> set[int]:
+    seen: set[int] = set()
+    for name in idx.module_markers.frame.get("name", pd.Series(dtype=str)).astype(str):
+        layer = layer_of(name[len(markers.MODULE) :])
+        if layer is not None:
+            seen.add(layer)
+    if not seen:
+        seen = idx.python_layers()
+    return seen
+
+
+def _op_name(ops: Intervals, ts: int, tid: Any) -> str | None:
     i = ops.innermost(ts, ts, int(tid) if tid is not None and not pd.isna(tid) else None)
     return None if i is None else str(ops.frame.iloc[i]["name"])
+
+
+def _producer(collectives: Intervals, alloc: dict[str, Any]) -> str | None:
+    """The collective an allocation was made inside (a functional all-gather's output), if any."""
+    tid = alloc.get("tid")
+    i = collectives.innermost(int(alloc["alloc_ns"]), int(alloc["alloc_ns"]),
+                              int(tid) if tid is not None and not pd.isna(tid) else None)  # fmt: skip
+    return None if i is None else str(collectives.frame.iloc[i]["name"])
+
+
+def _used_by_collective(collectives: Intervals, ops: Intervals, alloc: dict[str, Any], slack: int) -> bool:
+    """Is the next collective this thread issues after the allocation one that sends or
+    receives exactly these bytes (``out = torch.empty(...); all_gather_into_tensor(out, x)``)?"""
+    tid = alloc.get("tid")
+    if not len(collectives):
+        return False
+    mask = collectives.start > int(alloc["alloc_ns"])
+    if tid is not None and not pd.isna(tid):
+        mask &= collectives.tid == int(tid)
+    after = np.flatnonzero(mask)
+    if not len(after):
+        return False
+    first = collectives.frame.iloc[int(after[np.argmin(collectives.start[after])])]
+    sizes = []
+    elem_types = [t for t in load_list(first.get("input_types")) if dtypes.element_size(t)]
+    elem = dtypes.element_size(elem_types[0]) if elem_types else None
+    for d in load_list(first.get("input_dims")):
+        shapes = [d] if is_shape(d) else [s for s in d if is_shape(s)] if isinstance(d, list) else []
+        sizes += [int(np.prod(s)) for s in shapes]
+    nbytes = int(alloc["bytes"])
+    return elem is not None and any(0 <= nbytes - n * elem <= slack for n in sizes)
 
 
 def _allocation_at(ledger: pd.DataFrame, addr: int, ts: int) -> dict[str, Any] | None:
     hit = ledger[
         (ledger["addr"] == addr) & (ledger["alloc_ns"] <= ts) & (ledger["free_ns"].isna() | (ledger["free_ns"] > ts))
     ]
-    return None if hit.empty else hit.iloc[-1].to_dict()
-
-
-def _freed_in(nodes: Intervals, rec: dict[str, Any]) -> str | None:
-    free = rec.get("free_ns")
-    if free is None or pd.isna(free):
+    if hit.empty:
         return None
-    i = nodes.innermost(int(free), int(free))
+    rec = hit.iloc[-1].to_dict()
+    rec["_row"] = int(hit.index[-1])
+    return rec
+
+
+def _freed_in(nodes: Intervals, free_ns: Any) -> str | None:
+    if free_ns is None or pd.isna(free_ns):
+        return None
+    i = nodes.innermost(int(free_ns), int(free_ns))
     return None if i is None else str(nodes.frame.iloc[i]["name"]).rpartition(": ")[2]
-
-
-def _infer_shape(op: Any, nbytes: int, element_size: int, tolerance: int = 0) -> tuple[int, ...] | None:
-    """A shape among the allocating op's inputs whose size is ``nbytes`` (the output of
-    elementwise ops, copies and norms has an input's shape), or, on CUDA, fits the allocator's
-    block with at most ``tolerance`` to spare (the closest wins); None when none fits."""
-    text = op.get("input_dims")
-    if text is None or pd.isna(text):
-        return None
-    try:
-        dims = json.loads(text)
-    except ValueError:
-        return None
-    best: tuple[int, tuple[int, ...]] | None = None
-    for shape in dims:
-        if isinstance(shape, list) and shape and all(isinstance(x, int) for x in shape):
-            spare = nbytes - int(np.prod(shape)) * element_size
-            if 0 <= spare <= tolerance and (best is None or spare < best[0]):
-                best = (spare, tuple(shape))
-    return None if best is None else best[1]

@@ -1,95 +1,87 @@
-"""Find every collective of every rank: kind, process group, bytes, timing, phase and layer.
+"""Find every collective of every rank: kind, process group, bytes, issue and transfer time,
+phase and layer. Built for traces sptrace did not produce.
 
-Works on traces sptrace did not produce. Sources, best first, each recorded in ``source``:
-  record_param_comms args (NCCL, newer PyTorch: Collective name, msg nelems, dtype, group, Seq),
-  the c10d op's Input Dims and types (gloo, and NCCL without args),
-  the nccl:* annotation's Input Dims (older NCCL traces), the GPU kernel (name or copied args).
-A c10d op and the record_param_comms / nccl:* annotation / kernel it contains are one collective.
-Phase comes from sptrace.phase markers when present, else from autograd's structure (after the
-step's first backward node = backward; inside Optimizer.* = optimizer). Module and layer come
-from sptrace markers, else from autograd's Sequence number links and python stacks.
+One collective is one row. Its anchor is the outermost collective CPU op (a c10d op, a functional
+``_c10d_functional::`` op, ``symm_mem::``), else a ``record_param_comms`` / ``nccl:*`` record
+without one, else a GPU kernel or a gloo worker annotation that no CPU op claims. What is nested
+in the anchor (record_param_comms, nccl:* annotation, an inner c10d op) is read for its sizes.
+
+Sizes, element type and group, each from the best source the trace has, named in ``source``:
+  record_param_comms args (NCCL: Collective name, msg nelems, dtype, Group size, group name, Seq),
+  the op's own Input Dims / Input type / Concrete Inputs, read per op signature (sptrace.detect.forms),
+  the matched gloo worker annotation (gloo: the element type of TensorList ops),
+  the nccl:* annotation's Input Dims (older NCCL traces),
+  the kernel's copied args, the process groups of ``distributedInfo``, and the out/in ratio of a
+  gather or scatter. What cannot be known is null, and ``unknown`` says what and why.
+
+Transfer time: the NCCL kernel(s) the op launched (linked by correlation through
+cudaLaunchKernel*/cuLaunchKernel*/cudaGraphLaunch, by ``ac2g`` flows, or by External id), or the
+gloo worker annotation(s) that carried it out. Issue time is the CPU op's own span.
+Phase comes from sptrace.phase markers when present, else from autograd's structure. Module and
+layer come from sptrace markers, else from autograd's Sequence number links and python stacks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from sptrace import markers
+from sptrace import dtypes, markers
 from sptrace.costmodel.comm import wire_bytes
+from sptrace.detect import forms
 from sptrace.detect.intervals import Intervals
 from sptrace.load.trace import RankTrace, RunTrace
 
 COLUMNS = [
-    "rank", "kind", "op", "group", "group_size", "group_ranks", "dtype", "in_bytes", "out_bytes", "wire_bytes",
-    "start_us", "dur_us", "comm_start_us", "comm_dur_us", "phase", "step", "layer", "module", "role", "seq",
-    "source", "tid",
+    "rank", "kind", "op", "group", "group_size", "group_ranks", "peer", "dtype", "in_bytes", "out_bytes",
+    "wire_bytes", "start_us", "dur_us", "transfer_start_us", "transfer_dur_us", "phase", "step", "layer", "module",
+    "role", "seq", "source", "unknown", "tid",
 ]  # fmt: skip
+"""start_us / dur_us: the CPU issue span; transfer_*: when the data moved (NCCL kernel, gloo worker)."""
 
-# c10d ops (the dispatcher names) -> kind. Functional collectives (compiled code, DTensor) too.
-C10D_KINDS = {
-    "c10d::_allgather_base_": "all_gather",
-    "c10d::allgather_": "all_gather",
-    "c10d::allgather_coalesced_": "all_gather",
-    "c10d::allgather_into_tensor_coalesced_": "all_gather",
-    "c10d::_reduce_scatter_base_": "reduce_scatter",
-    "c10d::reduce_scatter_": "reduce_scatter",
-    "c10d::reduce_scatter_tensor_coalesced_": "reduce_scatter",
-    "c10d::alltoall_base_": "all_to_all",
-    "c10d::alltoall_": "all_to_all",
-    "c10d::allreduce_": "all_reduce",
-    "c10d::allreduce_coalesced_": "all_reduce",
-    "c10d::broadcast_": "broadcast",
-    "c10d::send": "send_recv",
-    "c10d::recv_": "send_recv",
-    "c10d::recv_any_source_": "send_recv",
-    "c10d::barrier": "barrier",
-    "c10d::gather_": "other",
-    "c10d::scatter_": "other",
-    "c10d::reduce_": "other",
-    "_c10d_functional::all_gather_into_tensor": "all_gather",
-    "_c10d_functional::all_gather_into_tensor_out": "all_gather",
-    "_c10d_functional::reduce_scatter_tensor": "reduce_scatter",
-    "_c10d_functional::all_reduce": "all_reduce",
-    "_c10d_functional::all_reduce_": "all_reduce",
-    "_c10d_functional::all_to_all_single": "all_to_all",
-    "_c10d_functional::broadcast": "broadcast",
-}
 # record_param_comms "Collective name" -> kind (None: not a collective, e.g. work.wait())
 COLL_NAME_KINDS = {
     "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",
     "allgather": "all_gather", "all_gather": "all_gather", "_allgather_base": "all_gather",
     "allgather_into_tensor_coalesced": "all_gather", "all_gather_into_tensor": "all_gather",
-    "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+    "allgather_coalesced": "all_gather", "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
     "reduce_scatter_tensor_coalesced": "reduce_scatter", "reducescatter": "reduce_scatter",
     "all_to_all": "all_to_all", "alltoall": "all_to_all", "alltoall_base": "all_to_all", "all_to_allv": "all_to_all",
-    "broadcast": "broadcast", "send": "send_recv", "recv": "send_recv", "barrier": "barrier",
-    "gather": "other", "scatter": "other", "reduce": "other", "wait": None, "coalesced": None,
+    "broadcast": "broadcast", "send": "send", "recv": "recv", "barrier": "barrier",
+    "gather": "gather", "scatter": "scatter", "reduce": "reduce", "wait": None, "coalesced": None,
 }  # fmt: skip
 NCCL_ANNOTATION_KINDS = {
     "nccl:all_reduce": "all_reduce", "nccl:all_gather": "all_gather", "nccl:_all_gather_base": "all_gather",
     "nccl:all_gather_into_tensor_coalesced": "all_gather", "nccl:reduce_scatter": "reduce_scatter",
     "nccl:_reduce_scatter_base": "reduce_scatter", "nccl:reduce_scatter_tensor_coalesced": "reduce_scatter",
     "nccl:all_to_all": "all_to_all", "nccl:all_to_allv": "all_to_all", "nccl:broadcast": "broadcast",
-    "nccl:send": "send_recv", "nccl:recv": "send_recv", "nccl:barrier": "barrier",
-    "nccl:allreduce_coalesced": "all_reduce",
+    "nccl:send": "send", "nccl:recv": "recv", "nccl:barrier": "barrier", "nccl:gather": "gather",
+    "nccl:scatter": "scatter", "nccl:reduce": "reduce", "nccl:allreduce_coalesced": "all_reduce",
 }  # fmt: skip
+# gloo worker annotations -> the kinds of op they can carry out (gloo has no real reduce-scatter:
+# it all-reduces and keeps a chunk, so gloo:all_reduce also serves reduce-scatters)
 GLOO_KINDS = {
-    "gloo:all_gather": "all_gather", "gloo:all_reduce": "all_reduce", "gloo:all_to_all": "all_to_all",
-    "gloo:reduce_scatter": "reduce_scatter", "gloo:broadcast": "broadcast", "gloo:barrier": "barrier",
+    "gloo:all_gather": ("all_gather",), "gloo:all_reduce": ("all_reduce", "reduce_scatter"),
+    "gloo:all_to_all": ("all_to_all",), "gloo:reduce_scatter": ("reduce_scatter",),
+    "gloo:broadcast": ("broadcast",), "gloo:barrier": ("barrier",), "gloo:scatter": ("scatter",),
+    "gloo:gather": ("gather",), "gloo:reduce": ("reduce",), "gloo:send": ("send",), "gloo:recv": ("recv",),
 }  # fmt: skip
-# GPU kernels of collectives that never went through c10d: kind from the name
+# GPU kernels of collectives: kind from the name when nothing better is known
 KERNEL_PATTERNS = (
     (re.compile(r"nccl(?:Dev)?Kernel_AllReduce", re.I), "all_reduce"),
     (re.compile(r"nccl(?:Dev)?Kernel_AllGather", re.I), "all_gather"),
     (re.compile(r"nccl(?:Dev)?Kernel_ReduceScatter", re.I), "reduce_scatter"),
     (re.compile(r"nccl(?:Dev)?Kernel_Broadcast", re.I), "broadcast"),
+    (re.compile(r"nccl(?:Dev)?Kernel_Reduce_", re.I), "reduce"),
     (re.compile(r"nccl(?:Dev)?Kernel_SendRecv", re.I), "send_recv"),
-    (re.compile(r"nccl(?:Dev)?Kernel_(?:Send|Recv)", re.I), "send_recv"),
+    (re.compile(r"nccl(?:Dev)?Kernel_Send", re.I), "send"),
+    (re.compile(r"nccl(?:Dev)?Kernel_Recv", re.I), "recv"),
     (re.compile(r"(?:one_shot|two_shot|multimem).*all_reduce", re.I), "all_reduce"),
     (re.compile(r"(?:multimem|symm).*all_gather", re.I), "all_gather"),
     (re.compile(r"nccl(?:Dev)?Kernel_Generic|ncclKernel", re.I), "other"),
@@ -101,45 +93,13 @@ SYMM_MEM_KINDS = (  # CPU ops of collectives that bypass c10d
     (re.compile(r"^symm_mem::.*all_to_all"), "all_to_all"),
     (re.compile(r"^symm_mem::"), "other"),
 )
-# element sizes: c10d "Input type" strings and record_param_comms "dtype" names
-DTYPE_BYTES = {
-    "float": 4, "c10::float": 4, "float32": 4, "Float": 4, "double": 8, "Double": 8, "float64": 8,
-    "c10::Half": 2, "Half": 2, "float16": 2, "c10::BFloat16": 2, "BFloat16": 2, "bfloat16": 2,
-    "long int": 8, "long": 8, "int64_t": 8, "Long": 8, "int": 4, "Int": 4, "int32": 4, "short int": 2, "Short": 2,
-    "signed char": 1, "unsigned char": 1, "Char": 1, "Byte": 1, "uint8": 1, "int8": 1, "bool": 1, "Bool": 1,
-    "c10::Float8_e4m3fn": 1, "Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "Float8_e5m2": 1,
-}  # fmt: skip
-DTYPE_NAMES = {
-    "float": "float32", "Float": "float32", "double": "float64", "Double": "float64", "c10::Half": "float16",
-    "Half": "float16", "c10::BFloat16": "bfloat16", "BFloat16": "bfloat16", "long int": "int64", "Long": "int64",
-    "int": "int32", "Int": "int32", "signed char": "int8", "Char": "int8", "unsigned char": "uint8", "Byte": "uint8",
-    "bool": "bool", "Bool": "bool",
-}  # fmt: skip
-_LAYER_IN_PATH = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block|decoder\.layers)\.(\d+)(?:\.|$)")
-_LAYER_MODULE = re.compile(r"nn\.Module: (\w*(?:Layer|Block)\w*)_(\d+)$")
-
-
-def _dims(text: Any) -> list:
-    if text is None or (isinstance(text, float) and np.isnan(text)) or text is pd.NA:
-        return []
-    try:
-        value = json.loads(text)
-    except (TypeError, ValueError):
-        return []
-    return value if isinstance(value, list) else []
-
-
-def _numel(shape: Any) -> int | None:
-    """Elements of one shape; a list of shapes (TensorList) sums; [] is unknown."""
-    if not isinstance(shape, list) or not shape:
-        return None
-    if all(isinstance(x, int) for x in shape):
-        n = 1
-        for x in shape:
-            n *= x
-        return n
-    parts = [_numel(s) for s in shape]
-    return sum(p for p in parts if p is not None) if any(p is not None for p in parts) else None
+_LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+_LAYER_IN_PATH = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block|decoder\.layers|encoder\.layers)\.(\d+)(?:\.|$)")
+# python stacks name modules "nn.Module: <Class>_<k>" (k counts instances of the class): a class
+# whose name ENDS in Layer or Block is a transformer layer (LlamaDecoderLayer, GPT2Block,
+# TransformerBlock); LayerNorm_1 or BlockSparseAttention_0 are not
+_LAYER_CLASS = re.compile(r"^nn\.Module: (\w*(?:Layer|Block))_(\d+)$")
+_CONTAINERS = re.compile(r"^nn\.Module: (?:ModuleList|Sequential)_\d+$")
 
 
 def _present(value: Any) -> bool:
@@ -147,6 +107,8 @@ def _present(value: Any) -> bool:
 
 
 def layer_of(module: str | None) -> int | None:
+    """The layer index of a module path, only inside a layer container (``layers.3.mlp``,
+    ``h.3``, ``blocks.3``, ``decoder.layers.3``); None elsewhere."""
     if not module:
         return None
     match = _LAYER_IN_PATH.search(module)
@@ -168,15 +130,17 @@ def _within(ranges: Intervals, points: np.ndarray) -> np.ndarray:
     return result
 
 
-class _RankIndex:
-    """The ranges of one rank's trace that collectives are matched against."""
+class RankIndex:
+    """The ranges of one rank's trace that collectives and allocations are placed in."""
 
     def __init__(self, trace: RankTrace) -> None:
         ev = trace.events
         names = ev["name"].astype(str)
         cat = ev["cat"].astype(str)
-        x = ev[ev["ph"].astype(str) == "X"]
+        ph = ev["ph"].astype(str)
+        x = ev[ph == "X"]
         xn = names[x.index]
+        xc = cat[x.index]
         self.events = ev
         self.phase_markers = Intervals(x[xn.str.startswith(markers.PHASE)])
         self.comm_markers = Intervals(x[xn.str.startswith(markers.COMM)])
@@ -184,20 +148,25 @@ class _RankIndex:
         self.steps = Intervals(x[xn.str.startswith("ProfilerStep#")])
         self.backward_nodes = Intervals(x[xn.str.startswith("autograd::engine::evaluate_function")])
         self.optimizer = Intervals(x[xn.str.startswith("Optimizer.step") | xn.str.startswith("Optimizer.zero_grad")])
-        self.python = Intervals(x[cat[x.index] == "python_function"])
-        self.gloo = Intervals(x[xn.isin(list(GLOO_KINDS))])
-        cpu = x[cat[x.index].isin(["cpu_op", "user_annotation"])]
+        self.python = Intervals(x[xc == "python_function"])
+        self.gloo = x[xn.isin(list(GLOO_KINDS))]
+        cpu = x[xc.isin(["cpu_op", "user_annotation"])]
         self.cpu_ops = cpu
         self.rpc = Intervals(cpu[names[cpu.index] == "record_param_comms"])
         self.nccl_annotations = Intervals(cpu[names[cpu.index].isin(list(NCCL_ANNOTATION_KINDS))])
-        kernels = x[cat[x.index] == "kernel"]
-        is_comm_kernel = names[kernels.index].map(lambda n: any(p.search(n) for p, _ in KERNEL_PATTERNS))
-        self.comm_kernels = kernels[is_comm_kernel.astype(bool)]
-        runtime = x[cat[x.index] == "cuda_runtime"]
-        self.launches = runtime[runtime["correlation"].notna()]
+        kernels = x[xc == "kernel"]
+        kernel_names = names[kernels.index]
+        is_comm = kernel_names.map(lambda n: any(p.search(n) for p, _ in KERNEL_PATTERNS)).astype(bool)
+        self.comm_kernels = kernels[is_comm.to_numpy()]
+        self.compute_kernels = kernels[~is_comm.to_numpy()]
+        launches = x[xc.isin(_LAUNCH_CATEGORIES) & x["correlation"].notna()]
+        self.launches = launches
+        # ac2g flows: the start ("s") sits on the launch, the end ("f") on the kernel
+        flows = ev[(cat == "ac2g") & ev["flow_id"].notna()]
+        self.flow_starts = flows[ph[flows.index] == "s"]
+        self.flow_ends = flows[ph[flows.index] == "f"]
         # forward ops by autograd sequence number (for backward attribution)
         with_seq = cpu[cpu["seq_num"].notna() & ~names[cpu.index].str.startswith("autograd::engine")]
-        # forward ops run on the forward thread(s), outside backward nodes; the rest are backward ops
         in_backward = _within(self.backward_nodes, with_seq["ts_ns"].to_numpy(dtype=np.int64, na_value=0))
         self.backward_ops = Intervals(with_seq[in_backward])
         fwd = with_seq[~in_backward]
@@ -211,6 +180,7 @@ class _RankIndex:
             if inside.any():
                 first_bwd[i] = int(self.backward_nodes.start[inside].min())
         self.first_backward = first_bwd
+        self._python_parents: dict[int, int] | None = None
 
     def step_of(self, ts: int) -> int | None:
         if not len(self.steps):
@@ -219,7 +189,8 @@ class _RankIndex:
         if not len(idx):
             return None
         name = str(self.steps.frame.iloc[int(idx[-1])]["name"])
-        return int(name.split("#", 1)[1]) if name.split("#", 1)[1].isdigit() else None
+        number = name.split("#", 1)[1]
+        return int(number) if number.isdigit() else None
 
     def phase_of(self, start: int, end: int, tid: int) -> str:
         i = self.phase_markers.innermost(start, start)  # any thread: backward may run elsewhere
@@ -239,7 +210,7 @@ class _RankIndex:
         return "forward"
 
     def module_of(self, start: int, end: int, tid: int) -> tuple[str | None, str | None, str]:
-        """(module, role, how) for a collective issued in [start, end] on thread tid."""
+        """(module, role, how) for work done in [start, end] on thread tid."""
         i = self.comm_markers.innermost(start, end, tid)
         if i is not None:
             parsed = markers.parse_comm(str(self.comm_markers.frame.iloc[i]["name"]))
@@ -265,68 +236,128 @@ class _RankIndex:
             if _present(seq) and seq in self.forward_by_seq.index:
                 op = self.forward_by_seq.loc[seq]
                 fstart, fend = int(op["ts_ns"]), int(op["ts_ns"] + (op["dur_ns"] if _present(op["dur_ns"]) else 0))
-                j = self.module_markers.innermost(fstart, fend, int(op["tid"]) if _present(op["tid"]) else None)
+                ftid = int(op["tid"]) if _present(op["tid"]) else None
+                j = self.module_markers.innermost(fstart, fend, ftid)
                 if j is not None:
-                    return (
-                        str(self.module_markers.frame.iloc[j]["name"])[len(markers.MODULE) :],
-                        None,
-                        "Sequence number",
-                    )
-                module = self._python_module(fstart, fend, int(op["tid"]) if _present(op["tid"]) else None)
+                    name = str(self.module_markers.frame.iloc[j]["name"])[len(markers.MODULE) :]
+                    return name, None, "Sequence number"
+                module = self.python_module(fstart, fend, ftid)
                 if module:
                     return module, None, "Sequence number + python stack"
-        module = self._python_module(start, end, tid)
+        module = self.python_module(start, end, tid)
         if module:
             return module, None, "python stack"
         return None, None, "none"
 
-    def _python_module(self, start: int, end: int, tid: int | None) -> str | None:
+    def python_layers(self) -> set[int]:
+        """Layer indices the python stacks show running: modules of a *Layer / *Block class, or
+        children of a ModuleList / Sequential."""
+        if not len(self.python):
+            return set()
+        frames = self.python.frame
+        names = dict(zip(frames["python_id"], frames["name"].astype(str)))
+        parents = dict(zip(frames["python_id"], frames["python_parent_id"]))
+        layers: set[int] = set()
+        for pid, name in names.items():
+            if not name.startswith("nn.Module: "):
+                continue
+            parent = parents.get(pid)
+            for _ in range(64):  # the nearest enclosing module frame
+                if parent is None or not _present(parent) or parent not in names:
+                    parent = None
+                    break
+                if names[parent].startswith("nn.Module: "):
+                    break
+                parent = parents.get(parent)
+            in_container = parent is not None and _CONTAINERS.match(names[parent]) is not None
+            if (_LAYER_CLASS.match(name) or in_container) and not _CONTAINERS.match(name):
+                number = name.rsplit("_", 1)[1]
+                if number.isdigit():
+                    layers.add(int(number))
+        return layers
+
+    def python_module(self, start: int, end: int, tid: int | None) -> str | None:
+        """The module running at [start, end], from python stacks: ``layers.3.Linear_7`` when
+        it runs inside a layer (a child of a ModuleList/Sequential, or a class named *Layer or
+        *Block), else the innermost module's class (``Linear_7``)."""
         if not len(self.python):
             return None
         idx = self.python.enclosing(start, end, tid)
-        names = [str(self.python.frame.iloc[int(i)]["name"]) for i in idx]
-        modules = [n for n in names if n.startswith("nn.Module: ")]
+        frames = [str(self.python.frame.iloc[int(i)]["name"]) for i in idx]
+        modules = [n for n in frames if n.startswith("nn.Module: ")]
         if not modules:
             return None
-        layer = next((m for m in reversed(modules) if _LAYER_MODULE.search(m)), None)
         inner = modules[-1][len("nn.Module: ") :]
-        if layer:
-            _, n = _LAYER_MODULE.search(layer).groups()
-            return f"layers.{n}" + ("" if layer == modules[-1] else f".{inner}")
-        return inner
+        layer = None
+        for depth, name in enumerate(modules):
+            in_container = depth > 0 and _CONTAINERS.match(modules[depth - 1]) is not None
+            match = _LAYER_CLASS.match(name)
+            if match or (in_container and not _CONTAINERS.match(name)):
+                number = name.rsplit("_", 1)[1]
+                layer = (int(number), depth) if number.isdigit() else layer
+        if layer is None:
+            return inner
+        n, depth = layer
+        return f"layers.{n}" + ("" if depth == len(modules) - 1 else f".{inner}")
+
+
+# ---- one collective being assembled ----------------------------------------------------------
+
+
+@dataclass
+class _Row:
+    op: str
+    kind: str
+    start: int
+    end: int
+    tid: int | None
+    event: Any = None
+    """The anchor's event row (op, record, kernel or annotation)."""
+    rpc: Any = None
+    note: Any = None
+    inner: Any = None
+    """A collective c10d op nested in the anchor (a functional op's c10d call)."""
+    gloo: list[Any] = field(default_factory=list)
+    kernels: list[Any] = field(default_factory=list)
+    external_ids: set[int] = field(default_factory=set)
+    anchor: str = "op"  # op | record | annotation | kernel | gloo
 
 
 def detect_collectives(trace: RankTrace) -> pd.DataFrame:
     """One row per collective this rank issued (COLUMNS), in issue order."""
-    idx = _RankIndex(trace)
-    ev = idx.events
-    rank = trace.rank
-    world = trace.world_size
-    default_group = _default_group(trace)
-    names = ev["name"].astype(str)
+    idx = RankIndex(trace)
+    names = idx.events["name"].astype(str)
     cpu = idx.cpu_ops
     cpu_names = names[cpu.index]
-    anchors = cpu[cpu_names.isin(list(C10D_KINDS)) | cpu_names.str.startswith("symm_mem::")]
-    anchor_iv = Intervals(anchors)
-    # a c10d op nested in another (functional wrapper around c10d) counts once: keep outermost
-    keep = [anchor_iv.enclosing(s, e, t).size <= 1 for s, e, t in zip(anchor_iv.start, anchor_iv.end, anchor_iv.tid)]
-    anchors = anchors[np.array(keep, dtype=bool)] if len(anchors) else anchors
-    anchor_iv = Intervals(anchors)
-    rows: list[dict[str, Any]] = []
+    is_anchor = cpu_names.isin(list(forms.FORMS)) | cpu_names.str.startswith("symm_mem::")
+    anchors = Intervals(cpu[is_anchor.to_numpy()])
+    rows: list[_Row] = []
     claimed_rpc: set[int] = set()
     claimed_nccl: set[int] = set()
-    for i in range(len(anchor_iv)):
-        op = anchor_iv.frame.iloc[i]
-        start, end, tid = int(anchor_iv.start[i]), int(anchor_iv.end[i]), int(anchor_iv.tid[i])
+    nested: set[int] = set()
+    for i in range(len(anchors)):
+        outer = anchors.enclosing(int(anchors.start[i]), int(anchors.end[i]), int(anchors.tid[i]))
+        if len(outer) > 1:
+            nested.add(i)  # a c10d op inside a functional one: read for sizes, not a row of its own
+    for i in range(len(anchors)):
+        if i in nested:
+            continue
+        op = anchors.frame.iloc[i]
+        start, end, tid = int(anchors.start[i]), int(anchors.end[i]), int(anchors.tid[i])
         name = str(op["name"])
-        kind = C10D_KINDS.get(name) or next(k for p, k in SYMM_MEM_KINDS if p.search(name))
+        form = forms.FORMS.get(name)
+        kind = form.kind if form else next(k for p, k in SYMM_MEM_KINDS if p.search(name))
+        row = _Row(name, kind, start, end, tid, event=op)
+        inner = [j for j in anchors.inside(start, end, tid) if j in nested]
+        if inner:
+            row.inner = anchors.frame.iloc[int(inner[0])]
         rpcs = idx.rpc.inside(start, end, tid)
-        nccl = idx.nccl_annotations.inside(start, end, tid)
+        notes = idx.nccl_annotations.inside(start, end, tid)
         claimed_rpc.update(int(j) for j in rpcs)
-        claimed_nccl.update(int(j) for j in nccl)
-        rpc = idx.rpc.frame.iloc[int(rpcs[0])] if len(rpcs) else None
-        note = idx.nccl_annotations.frame.iloc[int(nccl[0])] if len(nccl) else None
-        rows.append(_collective(idx, rank, world, default_group, name, kind, start, end, tid, op, rpc, note))
+        claimed_nccl.update(int(j) for j in notes)
+        row.rpc = _first_collective_record(idx.rpc, rpcs)
+        row.note = idx.nccl_annotations.frame.iloc[int(notes[0])] if len(notes) else None
+        rows.append(row)
     # record_param_comms / nccl annotations with no c10d op around them (older NCCL paths)
     for j in range(len(idx.rpc)):
         if j in claimed_rpc:
@@ -334,222 +365,368 @@ def detect_collectives(trace: RankTrace) -> pd.DataFrame:
         rpc = idx.rpc.frame.iloc[j]
         kind = COLL_NAME_KINDS.get(str(rpc["coll_name"])) if _present(rpc["coll_name"]) else None
         start, end, tid = int(idx.rpc.start[j]), int(idx.rpc.end[j]), int(idx.rpc.tid[j])
-        nccl = idx.nccl_annotations.inside(start, end, tid)
-        claimed_nccl.update(int(k) for k in nccl)
-        note = idx.nccl_annotations.frame.iloc[int(nccl[0])] if len(nccl) else None
+        notes = idx.nccl_annotations.inside(start, end, tid)
+        claimed_nccl.update(int(k) for k in notes)
+        note = idx.nccl_annotations.frame.iloc[int(notes[0])] if len(notes) else None
         if kind is None and note is not None:
             kind = NCCL_ANNOTATION_KINDS[str(note["name"])]
         if kind is None:
             continue  # work.wait() and unlabelled bookkeeping: not a collective
-        rows.append(
-            _collective(idx, rank, world, default_group, "record_param_comms", kind, start, end, tid, rpc, rpc, note)
-        )
+        rows.append(_Row("record_param_comms", kind, start, end, tid, event=rpc, rpc=rpc, note=note, anchor="record"))
     for j in range(len(idx.nccl_annotations)):
         if j in claimed_nccl:
             continue
         note = idx.nccl_annotations.frame.iloc[j]
-        start, end, tid = (
-            int(idx.nccl_annotations.start[j]),
-            int(idx.nccl_annotations.end[j]),
-            int(idx.nccl_annotations.tid[j]),
-        )
+        start, end = int(idx.nccl_annotations.start[j]), int(idx.nccl_annotations.end[j])
+        tid = int(idx.nccl_annotations.tid[j])
         kind = NCCL_ANNOTATION_KINDS[str(note["name"])]
-        rows.append(
-            _collective(idx, rank, world, default_group, str(note["name"]), kind, start, end, tid, note, None, note)
-        )
-    frame = pd.DataFrame(rows, columns=[*COLUMNS, "_start_ns", "_end_ns"])
-    frame = _attach_device_time(idx, frame)
-    return frame.sort_values("start_us", kind="stable").reset_index(drop=True)[COLUMNS]
+        rows.append(_Row(str(note["name"]), kind, start, end, tid, event=note, note=note, anchor="annotation"))
+    rows.sort(key=lambda r: r.start)
+    for row in rows:
+        for ev in (row.event, row.rpc, row.note, row.inner):
+            if ev is not None and _present(ev.get("external_id")):
+                row.external_ids.add(int(ev["external_id"]))
+    rows += _attach_kernels(idx, rows)
+    rows += _attach_gloo(idx, rows)
+    rows.sort(key=lambda r: r.start)
+    groups = _GroupTable(trace)
+    records = [_resolve(idx, trace.rank, groups, row) for row in rows]
+    return pd.DataFrame(records, columns=COLUMNS)
 
 
-def _default_group(trace: RankTrace) -> tuple[str, int | None, list[int] | None]:
-    for g in trace.process_groups:
-        if g.get("pg_desc") == "default_pg" or g.get("pg_name") == "0":
-            return str(g.get("pg_name")), g.get("pg_size"), g.get("ranks")
-    return "0", trace.world_size, list(range(trace.world_size)) if trace.world_size else None
+def _first_collective_record(rpc: Intervals, inside: np.ndarray) -> Any:
+    """The record_param_comms of the collective itself (not a nested wait) among those inside."""
+    if not len(inside):
+        return None
+    frames = [rpc.frame.iloc[int(j)] for j in inside]
+    for f in frames:
+        if not _present(f.get("coll_name")) or COLL_NAME_KINDS.get(str(f["coll_name"])) is not None:
+            return f
+    return frames[0]
 
 
-def _collective(
-    idx: _RankIndex, rank: int | None, world: int | None, default_group: tuple, op_name: str, kind: str,
-    start: int, end: int, tid: int, op: Any, rpc: Any, note: Any,
-) -> dict[str, Any]:  # fmt: skip
-    in_elems = out_elems = None
-    elem = None
-    dtype = None
-    source = []
-    group, group_size, group_ranks = default_group
-    group_known = False
-    seq = None
-    if rpc is not None and _present(rpc.get("coll_name")):
-        if _present(rpc.get("coll_dtype")):
-            dtype_name = str(rpc["coll_dtype"])
-            elem, dtype = DTYPE_BYTES.get(dtype_name), DTYPE_NAMES.get(dtype_name, dtype_name.lower())
-        if _present(rpc.get("in_nelems")):
-            in_elems, out_elems = (
-                int(rpc["in_nelems"]),
-                int(rpc["out_nelems"]) if _present(rpc.get("out_nelems")) else None,
+# ---- kernels -----------------------------------------------------------------------------------
+
+
+def _attach_kernels(idx: RankIndex, rows: list[_Row]) -> list[_Row]:
+    """Give each collective the GPU kernels it launched; kernels no CPU collective launched
+    (CUDA-graph replays, traces without CPU ops) become rows of their own."""
+    if not len(idx.comm_kernels):
+        return []
+    launch_at: dict[int, tuple[int, int]] = {}  # correlation -> (launch ts, launch tid)
+    for corr, ts, tid in zip(idx.launches["correlation"], idx.launches["ts_ns"], idx.launches["tid"]):
+        launch_at.setdefault(int(corr), (int(ts), int(tid) if _present(tid) else -1))
+    flow_from: dict[int, tuple[int, int]] = {}  # flow id -> (launch ts, tid)
+    for fid, ts, tid in zip(idx.flow_starts["flow_id"], idx.flow_starts["ts_ns"], idx.flow_starts["tid"]):
+        flow_from[int(fid)] = (int(ts), int(tid) if _present(tid) else -1)
+    flow_to: dict[tuple[int, int], int] = {}  # (kernel ts, stream tid) -> flow id
+    for fid, ts, tid in zip(idx.flow_ends["flow_id"], idx.flow_ends["ts_ns"], idx.flow_ends["tid"]):
+        flow_to[(int(ts), int(tid) if _present(tid) else -1)] = int(fid)
+    by_external: dict[int, _Row] = {}
+    for row in rows:
+        for e in row.external_ids:
+            by_external.setdefault(e, row)
+    starts = np.array([r.start for r in rows], dtype=np.int64)
+    ends = np.array([r.end for r in rows], dtype=np.int64)
+    tids = np.array([-1 if r.tid is None else r.tid for r in rows], dtype=np.int64)
+    extra: list[_Row] = []
+    for k in idx.comm_kernels.itertuples(index=False):
+        launch = None
+        if _present(k.correlation) and int(k.correlation) in launch_at:
+            launch = launch_at[int(k.correlation)]
+        elif (int(k.ts_ns), int(k.tid) if _present(k.tid) else -1) in flow_to:
+            launch = flow_from.get(flow_to[(int(k.ts_ns), int(k.tid) if _present(k.tid) else -1)])
+        owner = None
+        if launch is not None and len(rows):
+            ts, tid = launch
+            inside = np.flatnonzero((starts <= ts) & (ts <= ends) & ((tids == tid) | (tid == -1)))
+            if len(inside):
+                owner = rows[int(inside[np.argmax(starts[inside])])]
+        if owner is None and _present(k.external_id):
+            owner = by_external.get(int(k.external_id))
+        if owner is not None:
+            owner.kernels.append(k)
+            continue
+        start = int(k.ts_ns)
+        end = start + (int(k.dur_ns) if _present(k.dur_ns) else 0)
+        kind = next(kd for p, kd in KERNEL_PATTERNS if p.search(str(k.name)))
+        if _present(k.coll_name) and COLL_NAME_KINDS.get(str(k.coll_name)):
+            kind = str(COLL_NAME_KINDS[str(k.coll_name)])  # RCCL's ncclDevKernel_Generic: the args tell
+        row = _Row(str(k.name)[:80], kind, launch[0] if launch else start, launch[0] if launch else end,
+                   launch[1] if launch else None, event=k, anchor="kernel")  # fmt: skip
+        row.kernels.append(k)
+        extra.append(row)
+    return extra
+
+
+# ---- gloo --------------------------------------------------------------------------------------
+
+
+def _attach_gloo(idx: RankIndex, rows: list[_Row]) -> list[_Row]:
+    """Give each collective the gloo worker annotation(s) that carried it out.
+
+    gloo runs a process group's work in the order it was issued, on worker threads (send/recv on
+    the calling thread). Annotations are matched first-in, first-out to the collectives of a kind
+    they can carry out that were issued before they started, skipping any whose input shapes
+    disagree. A list reduce-scatter runs as one all-reduce per output chunk: those extra
+    all-reduces join it. Annotations nothing claims (a trace that starts mid-step) become rows."""
+    if not len(idx.gloo):
+        return []
+    gloo = idx.gloo.sort_values("ts_ns", kind="stable")
+    extra: list[_Row] = []
+    pending = [r for r in rows if r.anchor in ("op", "record", "annotation") and not r.kernels]
+    for g in gloo.itertuples(index=False):
+        kinds = GLOO_KINDS[str(g.name)]
+        ts = int(g.ts_ns)
+        dims = _json_list(g.input_dims)
+        fits = [r for r in _issued_before(pending, ts) if r.kind in kinds and (not dims or _dims_agree(r, dims))]
+        chosen = next((r for r in fits if not r.gloo), None)
+        if chosen is None:
+            chosen = next((r for r in fits if _takes_more_gloo(r, dims)), None)
+        if chosen is None:
+            end = ts + (int(g.dur_ns) if _present(g.dur_ns) else 0)
+            row = _Row(str(g.name), kinds[0], ts, end, int(g.tid) if _present(g.tid) else None, event=g, anchor="gloo")
+            row.gloo.append(g)
+            extra.append(row)
+            continue
+        chosen.gloo.append(g)
+        if not _takes_more_gloo(chosen, dims):
+            pending.remove(chosen)
+    return extra
+
+
+def _issued_before(rows: list[_Row], ts: int) -> list[_Row]:
+    out = []
+    for row in rows:  # in issue order
+        if row.start > ts:
+            break
+        out.append(row)
+    return out
+
+
+def _takes_more_gloo(row: _Row, dims: list) -> bool:
+    """A list reduce-scatter (c10d::reduce_scatter_) is carried out by one all-reduce per rank."""
+    return row.op == "c10d::reduce_scatter_" and bool(dims)
+
+
+def _dims_agree(row: _Row, dims: list) -> bool:
+    """Do a gloo annotation's input shapes agree with what the collective sent (when known)?"""
+    if row.op == "c10d::reduce_scatter_":  # each annotation all-reduces one output-sized chunk
+        out = forms.output_shapes(row.op, row.event)
+        return out is None or _flat_shapes(dims) == _flat_shapes(out)
+    shapes = forms.input_shapes(row.op, row.event)
+    if shapes is None:
+        return True
+    if row.kind in ("all_reduce", "reduce_scatter", "broadcast", "reduce", "send", "recv", "all_gather", "gather"):
+        return _flat_shapes(dims) == _flat_shapes(shapes)
+    return True
+
+
+def _flat_shapes(shapes: list) -> list:
+    return [tuple(s) for s in shapes if isinstance(s, list)]
+
+
+def _json_list(text: Any) -> list:
+    if not _present(text):
+        return []
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return []
+    return value if isinstance(value, list) else []
+
+
+# ---- groups ------------------------------------------------------------------------------------
+
+
+class _GroupTable:
+    """The process groups ``distributedInfo`` lists, and which of them hold this rank."""
+
+    def __init__(self, trace: RankTrace) -> None:
+        self.rank = trace.rank
+        self.by_name: dict[str, dict[str, Any]] = {}
+        self.mine: list[dict[str, Any]] = []
+        for g in trace.process_groups:
+            if not isinstance(g, dict):
+                continue
+            ranks = g.get("ranks")
+            ranks = ranks if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks) else None
+            size = g.get("pg_size") if isinstance(g.get("pg_size"), int) else (len(ranks) if ranks else None)
+            entry = {"name": str(g.get("pg_name")), "size": size, "ranks": ranks}
+            self.by_name[entry["name"]] = entry
+            if ranks is not None and trace.rank in ranks:
+                self.mine.append(entry)
+
+    def resolve(self, name: str | None, size: int | None) -> tuple[str | None, int | None, list | None, str | None]:
+        """(group, size, ranks, how) from what the collective itself said (its group's name or
+        size), else from this rank's groups when they leave one answer."""
+        if name is not None and name in self.by_name:
+            g = self.by_name[name]
+            return g["name"], size or g["size"], g["ranks"], None
+        candidates = [g for g in self.mine if size is None or g["size"] == size]
+        if len(candidates) == 1:
+            g = candidates[0]
+            sized = f" of size {size}" if size else ""
+            how = f"the only process group{sized} holding rank {self.rank}"
+            return g["name"], g["size"], g["ranks"], f"distributedInfo ({how})"
+        if candidates and len({g["size"] for g in candidates}) == 1 and size is None:
+            same_ranks = len({tuple(g["ranks"]) for g in candidates}) == 1
+            how = f"every process group holding rank {self.rank} has {candidates[0]['size']} ranks"
+            return (
+                None,
+                candidates[0]["size"],
+                candidates[0]["ranks"] if same_ranks else None,
+                f"distributedInfo ({how})",
             )
-            source.append("record_param_comms args")
-        if _present(rpc.get("pg_name")):
-            group, group_known = str(rpc["pg_name"]), True
-        if _present(rpc.get("group_size")):
-            group_size = int(rpc["group_size"])
-        if _present(rpc.get("pg_ranks")):
+        return name, size, None, None
+
+
+# ---- one row's values ---------------------------------------------------------------------------
+
+
+def _resolve(idx: RankIndex, rank: int | None, groups: _GroupTable, row: _Row) -> dict[str, Any]:
+    source: list[str] = []
+    unknown: list[str] = []
+    sizes = forms.Sizes()
+    group_name: str | None = None
+    group_size: int | None = None
+    group_ranks: list | None = None
+    seq = None
+    peer = None
+    rpc = row.rpc
+    # 1. record_param_comms args (NCCL); the kernel's copied args for a kernel-only row
+    args_event = rpc if rpc is not None and _present(rpc.get("coll_name")) else None
+    if args_event is None and row.anchor == "kernel" and _present(getattr(row.event, "coll_name", None)):
+        args_event = row.event._asdict()
+    if args_event is not None:
+        got = forms.sizes_from_record(args_event)
+        if got.in_elems is not None:
+            sizes = got
+            source.append("bytes: record_param_comms args" if row.anchor != "kernel" else "bytes: kernel args")
+        if _present(args_event.get("pg_name")):
+            group_name = str(args_event["pg_name"])
+        if _present(args_event.get("group_size")):
+            group_size = int(args_event["group_size"])
+        if _present(args_event.get("pg_ranks")):
             try:
-                parsed = json.loads(str(rpc["pg_ranks"]))
-                group_ranks = parsed if isinstance(parsed, list) and parsed else group_ranks
+                parsed = json.loads(str(args_event["pg_ranks"]))
+                group_ranks = parsed if isinstance(parsed, list) and parsed else None
             except ValueError:
                 pass
-        if _present(rpc.get("comm_seq")):
-            seq = int(rpc["comm_seq"])
-    if in_elems is None:
-        dims = _dims(op.get("input_dims"))
-        types = _dims(op.get("input_types"))
-        got = _sizes_from_dims(kind, op_name, dims, types)
-        if got is not None:
-            in_elems, out_elems, type_name = got
-            source.append("c10d Input Dims")
-            if type_name and elem is None:
-                elem, dtype = DTYPE_BYTES.get(type_name), DTYPE_NAMES.get(type_name, type_name)
-    if in_elems is None and note is not None:
-        dims, types = _dims(note.get("input_dims")), _dims(note.get("input_types"))
-        n = _numel(dims[0]) if dims else None
-        if n is not None:
-            in_elems = n
-            out_elems = n * (group_size or 1) if kind == "all_gather" else n
-            source.append("nccl annotation Input Dims")
-            if types and isinstance(types[0], str) and elem is None:
-                elem, dtype = DTYPE_BYTES.get(types[0]), DTYPE_NAMES.get(types[0], types[0])
-    module, role, how = idx.module_of(start, end, tid)
+        if _present(args_event.get("comm_seq")):
+            seq = int(args_event["comm_seq"])
+        if row.kind in ("send", "recv") and _present(args_event.get("comm_rank")):
+            peer = int(args_event["comm_rank"])
+        if group_name is not None or group_size is not None:
+            source.append("group: record_param_comms args")
+    # 2. the op's own signature (c10d, functional), and a c10d op nested in a functional one
+    op_sizes = forms.sizes_from_op(row.op, row.event) if row.anchor == "op" else forms.Sizes()
+    if row.inner is not None:
+        op_sizes = op_sizes.merge(forms.sizes_from_op(str(row.inner["name"]), row.inner))
+    if op_sizes.group_size is not None and group_size is None:
+        group_size = op_sizes.group_size
+        source.append(f"group size: {row.op} arguments")
+    if peer is None and op_sizes.peer is not None:
+        peer = op_sizes.peer
+    if sizes.in_elems is None and (op_sizes.in_elems is not None or op_sizes.out_elems is not None):
+        sizes = op_sizes
+        source.append(f"bytes: {'c10d' if row.op.startswith('c10d') else 'op'} Input Dims")
+    elif sizes.dtype is None and op_sizes.dtype is not None:
+        sizes = sizes.merge(op_sizes)
+    # 3. older NCCL traces: the nccl:* annotation's Input Dims
+    if sizes.in_elems is None and sizes.out_elems is None and row.note is not None:
+        got = forms.sizes_from_annotation(row.kind, row.note)
+        if got.in_elems is not None:
+            sizes = sizes.merge(got)
+            source.append("bytes: nccl annotation Input Dims")
+    # 4. gloo: the worker annotation knows the element type of TensorList ops, and a root
+    # scatter's (or list all-to-all's) input: one tensor per member of the group
+    if row.gloo:
+        got = forms.sizes_from_annotation(row.kind, _as_mapping(row.gloo[0]))
+        if sizes.in_elems is None and got.in_elems is not None:
+            sizes = dataclasses.replace(sizes, in_elems=got.in_elems, why_in=None).merge(got)
+            source.append("bytes: gloo annotation Input Dims")
+        if sizes.dtype is None and got.dtype is not None:
+            sizes = dataclasses.replace(sizes, dtype=got.dtype)
+            source.append("dtype: gloo annotation")
+        if group_size is None and got.group_size is not None:
+            group_size = got.group_size
+            source.append("group size: gloo annotation (one tensor per member)")
+    # the marker of a collective issued by sptrace's reference models names its dtype
+    module, role, how = idx.module_of(row.start, row.end, row.tid if row.tid is not None else -1)
     if role and "|dtype=" in role:
         role, _, marker_dtype = role.partition("|dtype=")
-        if elem is None:
-            elem = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}.get(marker_dtype)
-            dtype = marker_dtype
-            source.append("dtype from sptrace.comm marker")
-    if elem is None and in_elems is not None:
-        elem, dtype = 4, "float32?"
-        source.append("dtype unknown (a TensorList on gloo): 4 bytes assumed")
-    if in_elems is not None and out_elems is None:
-        out_elems = in_elems
-    if not group_known:
-        source.append("group assumed default")
-    in_bytes = in_elems * elem if in_elems is not None and elem else None
-    out_bytes = out_elems * elem if out_elems is not None and elem else None
-    size = group_size or world or 1
-    wire = wire_bytes(kind, in_bytes or 0, out_bytes or 0, size) if in_bytes is not None else None
+        if sizes.dtype is None and dtypes.canonical(marker_dtype):
+            sizes = sizes.merge(forms.Sizes(dtype=marker_dtype))
+            source.append("dtype: sptrace.comm marker")
+    # 5. the group: named by the op, else this rank's process groups, else the out/in ratio
+    group_name, size2, ranks2, how_group = groups.resolve(group_name, group_size)
+    group_size = group_size or size2
+    group_ranks = group_ranks or ranks2
+    if how_group:
+        source.append(f"group: {how_group}")
+    if group_size is None:
+        ratio = sizes.ratio_group_size(row.kind)
+        if ratio is not None:
+            group_size = ratio
+            source.append("group size: out/in ratio")
+    if group_size is None:
+        unknown.append("group size: the trace records no process group for it")
+    sizes = sizes.complete(row.kind, group_size)
+    elem = dtypes.element_size(sizes.dtype)
+    if sizes.dtype is None:
+        unknown.append("dtype: not recorded (a TensorList op without a worker annotation)")
+    elif elem is None:
+        unknown.append(f"element size of dtype {sizes.dtype!r}")
+    in_bytes = sizes.in_elems * elem if sizes.in_elems is not None and elem else None
+    out_bytes = sizes.out_elems * elem if sizes.out_elems is not None and elem else None
+    if sizes.in_elems is None:
+        unknown.append(f"in bytes: {sizes.why_in or 'no sizes recorded'}")
+    if sizes.out_elems is None:
+        unknown.append(f"out bytes: {sizes.why_out or 'no sizes recorded'}")
+    if peer is not None and group_ranks and 0 <= peer < len(group_ranks):
+        peer = int(group_ranks[peer])  # the op names the peer by its rank in the group
+    wire = None
+    if row.kind in ("barrier",):
+        wire = 0.0
+    elif in_bytes is not None and out_bytes is not None and group_size is not None:
+        wire = wire_bytes(row.kind, in_bytes, out_bytes, group_size)
+    transfer = _transfer_span(row)
+    if transfer is None and row.anchor == "op":
+        unknown.append("transfer time: no NCCL kernel or gloo annotation linked to it")
+    if row.kernels:
+        source.append(f"transfer: {len(row.kernels)} GPU kernel{'s' if len(row.kernels) > 1 else ''}")
+    elif row.gloo:
+        source.append("transfer: gloo worker annotation")
+    if row.anchor == "kernel":
+        source.insert(0, "kernel only: no CPU op launched it")
+    elif row.anchor == "gloo":
+        source.insert(0, "gloo annotation only: no c10d op in the trace")
+    source.append(f"module: {how}")
+    dtype_name = dtypes.canonical(sizes.dtype) or sizes.dtype
     return {
-        "rank": rank, "kind": kind, "op": op_name, "group": group, "group_size": size, "group_ranks": group_ranks,
-        "dtype": dtype, "in_bytes": in_bytes, "out_bytes": out_bytes, "wire_bytes": wire,
-        "start_us": start / 1000, "dur_us": (end - start) / 1000, "comm_start_us": None, "comm_dur_us": None,
-        "phase": idx.phase_of(start, end, tid), "step": idx.step_of(start), "layer": layer_of(module),
-        "module": module, "role": role, "seq": seq, "source": "; ".join([*source, f"module: {how}"]), "tid": tid,
-        "_start_ns": start, "_end_ns": end,
+        "rank": rank, "kind": row.kind, "op": row.op, "group": group_name, "group_size": group_size,
+        "group_ranks": group_ranks, "peer": peer, "dtype": dtype_name, "in_bytes": in_bytes, "out_bytes": out_bytes,
+        "wire_bytes": wire, "start_us": row.start / 1000, "dur_us": (row.end - row.start) / 1000,
+        "transfer_start_us": None if transfer is None else transfer[0] / 1000,
+        "transfer_dur_us": None if transfer is None else (transfer[1] - transfer[0]) / 1000,
+        "phase": idx.phase_of(row.start, row.end, row.tid if row.tid is not None else -1),
+        "step": idx.step_of(row.start), "layer": layer_of(module), "module": module, "role": role, "seq": seq,
+        "source": "; ".join(source), "unknown": "; ".join(unknown) or None, "tid": row.tid,
     }  # fmt: skip
 
 
-def _sizes_from_dims(kind: str, op_name: str, dims: list, types: list) -> tuple[int, int, str | None] | None:
-    """(in elements, out elements, type name) from a c10d op's Input Dims / Input type.
-    The *_base_ ops list output then input (SPEC.md §4); list ops list tensors in lists."""
-    if not dims:
+def _as_mapping(event: Any) -> dict[str, Any]:
+    return event._asdict() if hasattr(event, "_asdict") else dict(event)
+
+
+def _transfer_span(row: _Row) -> tuple[int, int] | None:
+    parts = row.kernels or row.gloo
+    if not parts:
         return None
-    type_name = next((t for t in types if isinstance(t, str) and t in DTYPE_BYTES), None)
-    if op_name in ("c10d::_allgather_base_", "c10d::_reduce_scatter_base_", "c10d::alltoall_base_"):
-        if len(dims) < 2:
-            return None
-        out_n, in_n = _numel(dims[0]), _numel(dims[1])
-        return (in_n, out_n, type_name) if in_n is not None and out_n is not None else None
-    if op_name.startswith("_c10d_functional::"):
-        n = _numel(dims[0])
-        if n is None:
-            return None
-        return n, n, type_name  # group size unknown here; all_gather's output fixed up by the caller
-    if op_name in ("c10d::allgather_", "c10d::allgather_coalesced_"):
-        out_n, in_n = _numel(dims[0]), _numel(dims[1]) if len(dims) > 1 else None
-        return (in_n, out_n, type_name) if in_n is not None and out_n is not None else None
-    if op_name in ("c10d::reduce_scatter_", "c10d::alltoall_"):
-        out_n, in_n = _numel(dims[0]), _numel(dims[1]) if len(dims) > 1 else None
-        return (in_n, out_n, type_name) if in_n is not None and out_n is not None else None
-    n = _numel(dims[0])
-    return (n, n, type_name) if n is not None else None
-
-
-def _attach_device_time(idx: _RankIndex, frame: pd.DataFrame) -> pd.DataFrame:
-    """GPU kernels (via their launch's correlation) or gloo worker annotations, per collective;
-    kernels no CPU op claims become collectives of their own."""
-    if frame.empty and not len(idx.comm_kernels):
-        return frame
-    starts = frame["_start_ns"].to_numpy(dtype=np.int64) if len(frame) else np.empty(0, np.int64)
-    ends = frame["_end_ns"].to_numpy(dtype=np.int64) if len(frame) else np.empty(0, np.int64)
-    comm_start = [None] * len(frame)
-    comm_dur = [None] * len(frame)
-    extra: list[dict[str, Any]] = []
-    if len(idx.comm_kernels):
-        launch_by_corr = idx.launches.drop_duplicates("correlation").set_index("correlation")
-        for _, k in idx.comm_kernels.iterrows():
-            corr = k["correlation"]
-            owner = None
-            if _present(corr) and corr in launch_by_corr.index:
-                t = int(launch_by_corr.loc[corr]["ts_ns"])
-                inside = np.flatnonzero((starts <= t) & (t <= ends))
-                if len(inside):
-                    owner = int(inside[np.argmax(starts[inside])])
-            kstart, kdur = int(k["ts_ns"]) / 1000, (int(k["dur_ns"]) if _present(k["dur_ns"]) else 0) / 1000
-            if owner is not None and comm_start[owner] is None:
-                comm_start[owner], comm_dur[owner] = kstart, kdur
-            elif owner is None:
-                extra.append(_kernel_only(idx, k, frame))
-    if len(idx.gloo) and len(frame):
-        taken: set[int] = set()
-        order = np.argsort(idx.gloo.start)
-        for g in order:
-            gs = int(idx.gloo.start[g])
-            kind = GLOO_KINDS[str(idx.gloo.frame.iloc[int(g)]["name"])]
-            # gloo implements reduce-scatter as an all-reduce (SPEC.md §4)
-            fits = {kind, "reduce_scatter"} if kind == "all_reduce" else {kind}
-            cands = [
-                i for i in np.flatnonzero(starts <= gs)
-                if i not in taken and comm_start[i] is None and frame.iloc[i]["kind"] in fits
-            ]  # fmt: skip
-            if cands:
-                i = max(cands, key=lambda c: starts[c])
-                taken.add(i)
-                comm_start[i], comm_dur[i] = gs / 1000, (idx.gloo.end[g] - gs) / 1000
-    frame = frame.copy()
-    frame["comm_start_us"] = comm_start
-    frame["comm_dur_us"] = comm_dur
-    if extra:
-        frame = pd.concat([frame, pd.DataFrame(extra)], ignore_index=True)
-    return frame
-
-
-def _kernel_only(idx: _RankIndex, k: Any, frame: pd.DataFrame) -> dict[str, Any]:
-    name = str(k["name"])
-    kind = next(kd for p, kd in KERNEL_PATTERNS if p.search(name))
-    in_bytes = out_bytes = None
-    dtype = None
-    source = ["GPU kernel name"]
-    if _present(k.get("coll_name")) and COLL_NAME_KINDS.get(str(k["coll_name"])):
-        kind = COLL_NAME_KINDS[str(k["coll_name"])]  # RCCL's ncclDevKernel_Generic: the args tell
-        source = ["args copied onto the GPU kernel"]
-        if _present(k.get("coll_dtype")) and _present(k.get("in_nelems")):
-            elem = DTYPE_BYTES.get(str(k["coll_dtype"]))
-            dtype = DTYPE_NAMES.get(str(k["coll_dtype"]), str(k["coll_dtype"]))
-            if elem:
-                in_bytes = int(k["in_nelems"]) * elem
-                out_bytes = int(k["out_nelems"]) * elem if _present(k.get("out_nelems")) else in_bytes
-    size = int(k["group_size"]) if _present(k.get("group_size")) else None
-    start = int(k["ts_ns"])
-    dur = int(k["dur_ns"]) if _present(k["dur_ns"]) else 0
-    return {
-        "rank": frame["rank"].iloc[0] if len(frame) else None, "kind": kind, "op": name[:80], "group": None,
-        "group_size": size, "group_ranks": None, "dtype": dtype, "in_bytes": in_bytes, "out_bytes": out_bytes,
-        "wire_bytes": wire_bytes(kind, in_bytes or 0, out_bytes or 0, size or 1) if in_bytes is not None else None,
-        "start_us": start / 1000, "dur_us": dur / 1000, "comm_start_us": start / 1000, "comm_dur_us": dur / 1000,
-        "phase": idx.phase_of(start, start + dur, -1), "step": idx.step_of(start), "layer": None, "module": None,
-        "role": None, "seq": None, "source": "; ".join([*source, "kernel only: no CPU op found"]), "tid": None,
-        "_start_ns": start, "_end_ns": start + dur,
-    }  # fmt: skip
+    starts = [int(p.ts_ns) for p in parts]
+    ends = [int(p.ts_ns) + (int(p.dur_ns) if _present(p.dur_ns) else 0) for p in parts]
+    return min(starts), max(ends)
 
 
 def detect_run_collectives(run: RunTrace) -> pd.DataFrame:

@@ -43,16 +43,25 @@ class Matching:
     notes: list[str] = field(default_factory=list)
 
 
+UNKNOWN_GROUP = "?"
+"""The group label of collectives whose process group the trace does not name."""
+
+
 def _end_us(frame: pd.DataFrame) -> pd.Series:
-    comm_end = frame["comm_start_us"].astype(float) + frame["comm_dur_us"].astype(float)
+    transfer_end = frame["transfer_start_us"].astype(float) + frame["transfer_dur_us"].astype(float)
     cpu_end = frame["start_us"].astype(float) + frame["dur_us"].astype(float)
-    return comm_end.fillna(cpu_end)
+    return transfer_end.fillna(cpu_end)
+
+
+def _size_label(values: pd.Series) -> pd.Series:
+    """Bytes as text, '?' when unknown (never a number standing in for 'unknown')."""
+    return values.map(lambda v: "?" if v is None or pd.isna(v) else str(int(v)))
 
 
 def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
     """Each rank's collectives with a per-group order index ``k``."""
     f = frame.copy()
-    f["group"] = f["group"].astype(str)
+    f["group"] = f["group"].map(lambda g: UNKNOWN_GROUP if g is None or pd.isna(g) else str(g))
     f = f.sort_values(["rank", "start_us"], kind="stable")
     f["k"] = f.groupby(["rank", "group"]).cumcount()
     f["end_us"] = _end_us(f)
@@ -61,8 +70,8 @@ def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _best_shift(ref: pd.DataFrame, other: pd.DataFrame) -> int:
     """Shift s so that other's k + s lines up with ref's k, maximising (kind, bytes) agreement."""
-    a = list(zip(ref["kind"], ref["in_bytes"].fillna(-1)))
-    b = list(zip(other["kind"], other["in_bytes"].fillna(-1)))
+    a = list(zip(ref["kind"], _size_label(ref["in_bytes"])))
+    b = list(zip(other["kind"], _size_label(other["in_bytes"])))
     best, best_score = 0, -1
     for s in range(-min(MAX_SHIFT, len(b)), min(MAX_SHIFT, len(a)) + 1):
         score = sum(1 for i, x in enumerate(b) if 0 <= i + s < len(a) and a[i + s] == x)
@@ -78,7 +87,13 @@ def match_collectives(frame: pd.DataFrame) -> Matching:
     ]  # fmt: skip
     if frame.empty:
         return Matching(pd.DataFrame(columns=cols), {}, unmatched=0, notes=["no collectives"])
-    f = _keyed(frame)
+    point_to_point = frame["kind"].isin(["send", "recv"])
+    p2p_rows, p2p_members, p2p_unmatched = _match_point_to_point(frame[point_to_point])
+    if point_to_point.all():
+        matched = pd.DataFrame(p2p_rows, columns=cols).sort_values("start_us", kind="stable").reset_index(drop=True)
+        notes = [f"{p2p_unmatched} sends or receives found no partner"] if p2p_unmatched else []
+        return Matching(matched, {}, unmatched=p2p_unmatched, notes=notes, members=pd.DataFrame(p2p_members))
+    f = _keyed(frame[~point_to_point])
     notes: list[str] = []
     pieces = []
     for group, g in f.groupby("group", sort=False):
@@ -95,13 +110,18 @@ def match_collectives(frame: pd.DataFrame) -> Matching:
             g = g.assign(key=g["k"] + g["rank"].map(shifts))
         pieces.append(g)
     f = pd.concat(pieces)
-    # drop members whose kind or size disagrees with the key's majority
-    sig = f["kind"] + "|" + f["in_bytes"].fillna(-1).astype("int64").astype(str)
-    f = f.assign(sig=sig)
-    majority = f.groupby(["group", "key"])["sig"].agg(lambda s: s.value_counts().index[0])
-    f = f.join(majority.rename("majority"), on=["group", "key"])
-    bad = f["sig"] != f["majority"]
-    unmatched = int(bad.sum())
+    # drop members whose kind, or known size, disagrees with the key's majority
+    f = f.assign(size=_size_label(f["in_bytes"]))
+    kind_major = f.groupby(["group", "key"])["kind"].agg(lambda s: s.value_counts().index[0])
+    known = f[f["size"] != "?"]
+    size_major = known.groupby(["group", "key"])["size"].agg(lambda s: s.value_counts().index[0])
+    f = f.join(kind_major.rename("kind_major"), on=["group", "key"]).join(
+        size_major.rename("size_major"), on=["group", "key"]
+    )
+    bad = (f["kind"] != f["kind_major"]) | (
+        (f["size"] != "?") & f["size_major"].notna() & (f["size"] != f["size_major"])
+    )
+    unmatched = int(bad.sum()) + p2p_unmatched
     if unmatched:
         notes.append(f"{unmatched} collectives disagree in kind or size with their counterparts on other ranks")
     f = f[~bad]
@@ -114,7 +134,7 @@ def match_collectives(frame: pd.DataFrame) -> Matching:
         offsets[int(r)] = float(np.median(joined["end"] - joined["ref"])) if len(joined) else 0.0
     # arrival: when the transfer could start on this rank (GPU kernel or gloo worker start; the
     # CPU issue time runs ahead of the GPU), else the CPU issue time
-    arrival = f["comm_start_us"].astype(float).fillna(f["start_us"].astype(float))
+    arrival = f["transfer_start_us"].astype(float).fillna(f["start_us"].astype(float))
     f = f.assign(
         start_al=arrival - f["rank"].map(offsets),
         end_al=f["end_us"] - f["rank"].map(offsets),
@@ -141,6 +161,48 @@ def match_collectives(frame: pd.DataFrame) -> Matching:
             "straggler": int(arrive.idxmax()), "max_wait_us": last - float(arrive.min()), "transfer_us": transfer,
             "algbw_gbps": algbw, "busbw_gbps": busbw, "start_us": float(arrive.min()),
         })  # fmt: skip
+    rows += p2p_rows
     matched = pd.DataFrame(rows, columns=cols).sort_values("start_us", kind="stable").reset_index(drop=True)
     members = f[["rank", "group", "key", "start_us"]].reset_index(drop=True)
+    if p2p_members:
+        members = pd.concat([members, pd.DataFrame(p2p_members)], ignore_index=True)
+    if p2p_unmatched:
+        notes.append(f"{p2p_unmatched} sends or receives found no partner")
     return Matching(matched, offsets, unmatched=unmatched, notes=notes, members=members)
+
+
+def _match_point_to_point(frame: pd.DataFrame) -> tuple[list[dict], list[dict], int]:
+    """The k-th send from rank a to rank b pairs with the k-th receive on b from a (ranks as the
+    rows name them; a peer the trace does not name leaves its row unpaired)."""
+    rows: list[dict] = []
+    members: list[dict] = []
+    if frame.empty:
+        return rows, members, 0
+    f = frame.sort_values(["rank", "start_us"], kind="stable")
+    f = f.assign(end_us=_end_us(f))
+    sends = f[(f["kind"] == "send") & f["peer"].notna()]
+    recvs = f[(f["kind"] == "recv") & f["peer"].notna()]
+    sends = sends.assign(k=sends.groupby(["rank", "peer"]).cumcount())
+    recvs = recvs.assign(k=recvs.groupby(["rank", "peer"]).cumcount())
+    pairs = sends.merge(recvs, left_on=["rank", "peer", "k"], right_on=["peer", "rank", "k"], suffixes=("_s", "_r"))
+    for p in pairs.itertuples(index=False):
+        key = f"p2p:{int(p.rank_s)}->{int(p.rank_r)}#{int(p.k)}"
+        arrive_s = p.transfer_start_us_s if pd.notna(p.transfer_start_us_s) else p.start_us_s
+        arrive_r = p.transfer_start_us_r if pd.notna(p.transfer_start_us_r) else p.start_us_r
+        last = max(float(arrive_s), float(arrive_r))
+        end = float(p.end_us_r)
+        transfer = max(end - last, 0.0)
+        size = p.in_bytes_s if pd.notna(p.in_bytes_s) else np.nan
+        algbw = float(size) / (transfer * 1e-6) / 1e9 if transfer > 0 and pd.notna(size) else np.nan
+        skew = abs(float(arrive_s) - float(arrive_r))
+        rows.append({
+            "key": key, "group": "p2p", "kind": "send", "n_ranks": 2, "ranks": sorted([int(p.rank_s), int(p.rank_r)]),
+            "in_bytes": p.in_bytes_s, "wire_bytes": p.wire_bytes_s, "phase": p.phase_s, "layer": p.layer_s,
+            "module": p.module_s, "arrival_skew_us": skew, "max_wait_us": skew,
+            "straggler": int(p.rank_s) if arrive_s >= arrive_r else int(p.rank_r), "transfer_us": transfer,
+            "algbw_gbps": algbw, "busbw_gbps": algbw, "start_us": min(float(arrive_s), float(arrive_r)),
+        })  # fmt: skip
+        members.append({"rank": int(p.rank_s), "group": "p2p", "key": key, "start_us": p.start_us_s})
+        members.append({"rank": int(p.rank_r), "group": "p2p", "key": key, "start_us": p.start_us_r})
+    unmatched = len(f) - 2 * len(pairs)
+    return rows, members, unmatched

@@ -1,5 +1,6 @@
 """A self-contained HTML report over one or several runs: plotly.js inlined once, so the file
-works offline (a CI artifact). Figures come from dashboards.figures, shared with the app."""
+works offline (a CI artifact). It renders sptrace.analysis's RunAnalysis, as the CLI and the
+dashboard do; figures come from sptrace.report.figures, shared with the dashboard."""
 
 from __future__ import annotations
 
@@ -10,73 +11,83 @@ from pathlib import Path
 import pandas as pd
 
 from sptrace import __version__
-from sptrace.config import StepConfig
-from sptrace.errors import SptraceError
-from sptrace.pipeline import analyse_run
+from sptrace.analysis import RunAnalysis, try_analyse
+from sptrace.checks.findings import Finding
+from sptrace.costmodel import PRESETS
+from sptrace.shape import ModelShape
 from sptrace.units import human_bytes
 
 
-def render_html(paths: list[Path]) -> str:
+def render_html(paths: list[Path]) -> tuple[str, int]:
+    """(the page, how many runs could be analysed)."""
     import plotly.offline
 
-    from dashboards import figures
+    from sptrace.report import figures
 
     sections, index = [], []
+    usable = 0
     for i, path in enumerate(paths):
-        try:
-            a = analyse_run(path)
-        except SptraceError as exc:
+        a = try_analyse(path)
+        if not isinstance(a, RunAnalysis):
             sections.append(
                 f'<section id="run{i}"><h2>{html.escape(str(path))}</h2>'
-                f'<p class="error">{html.escape(str(exc))}</p></section>'
+                f'<p class="error">{html.escape(str(a))}</p></section>'
             )
             index.append(f'<li><a href="#run{i}">{html.escape(str(path))}</a>: unusable</li>')
             continue
-        run, cfg = a["run"], a["config"]
-        verdicts = []
-        if "comm" in a:
-            verdicts.append(
-                "collectives MATCH" if a["comm"].ok else f"collectives MISMATCH ({len(a['comm'].findings)} findings)"
-            )
-        if "sharding" in a:
-            s = a["sharding"]
-            verdicts.append("sharding PASS" if s.ok else f"sharding FAIL ({len(s.findings)} full-size saves)")
-        index.append(
-            f'<li><a href="#run{i}">{html.escape(str(path))}</a>: '
-            f"{html.escape('; '.join(verdicts) or 'no run.json')}</li>"
-        )
+        usable += 1
+        run, model = a.run, a.model
+        verdicts = [
+            f"collectives {a.comm.verdict.label}" if a.comm else "collectives not checked",
+            f"sharding {a.sharding.verdict.label}" if a.sharding else "sharding not checked",
+        ]
+        index.append(f'<li><a href="#run{i}">{html.escape(str(path))}</a>: {html.escape("; ".join(verdicts))}</li>')
         parts = [f'<section id="run{i}"><h2>{html.escape(str(path))}</h2>']
-        desc = f"{len(run)} of {run.world_size} ranks, backend {run.backend or 'unknown'}"
-        if cfg is not None:
-            desc += (f"; {cfg.scheme}{' ZeRO-3' if cfg.zero3 else ''} P={cfg.sp_size} L={cfg.layers} B={cfg.batch} "
-                     f"S={cfg.seq} H={cfg.hidden} a={cfg.heads} g={cfg.kv_heads} F={cfg.ffn} {cfg.dtype}")  # fmt: skip
-        parts.append(f'<p>{html.escape(desc)}</p><p class="verdict">{html.escape("; ".join(verdicts))}</p>')
-        frame = a["collectives"]
-        parts.append(
-            figures.collective_timeline(frame, a["matching"].offsets_us).to_html(
-                full_html=False, include_plotlyjs=False
-            )
-        )
-        parts.append(figures.wire_by_kind(frame, cfg).to_html(full_html=False, include_plotlyjs=False))
-        if "comm" in a:
-            parts.append(_findings_table("collective findings", a["comm"].findings))
-            parts.append(_table(a["comm"].ranks, "per rank: collectives and wire bytes against the model"))
-        if "sharding" in a:
-            parts.append(figures.saved_by_layer(a["sharding"].saved).to_html(full_html=False, include_plotlyjs=False))
-            parts.append(_findings_table("sharding findings", a["sharding"].findings))
-        if not a["matching"].matched.empty:
-            m = a["matching"].matched.drop(columns=["ranks"]).head(200)
+        desc = f"{len(run)} of {run.world_size} ranks, backend {run.backend or 'unknown'}; "
+        desc += f"{model.label} {model.describe()}"
+        parts.append(f"<p>{html.escape(desc)}</p>")
+        for label, report, why in (("collectives", a.comm, a.comm_unavailable),
+                                   ("sharding", a.sharding, a.sharding_unavailable)):  # fmt: skip
+            line = report.verdict.line() if report is not None else f"not checked: {why}"
+            parts.append(f'<p class="verdict">{html.escape(label)}: {html.escape(line)}</p>')
+        t = a.time_summary()
+        if t["step_ms"] is not None:
+            exposed = "n/a (no GPU streams)" if t["exposed_ms"] is None else f"{t['exposed_ms']:.1f} ms"
+            share = "" if t["comm_share"] is None else f" ({100 * t['comm_share']:.0f}% of the step)"
+            parts.append(html_p(
+                f"step {t['step_ms']:.1f} ms (slowest rank); communication {t['comm_ms'] or 0:.1f} ms of transfer time "
+                f"per rank{share}; exposed {exposed}"
+            ))  # fmt: skip
+        frame = a.collectives
+        offsets = a.matching.offsets_us if a.matching else {}
+        parts.append(figures.collective_timeline(frame, offsets).to_html(full_html=False, include_plotlyjs=False))
+        parts.append(figures.wire_by_kind(frame, a.estimate).to_html(full_html=False, include_plotlyjs=False))
+        if a.comm is not None:
+            parts.append(_findings_table("collective findings", a.comm.findings))
+            parts.append(_table(a.comm.ranks, "per rank: collectives and wire bytes against the model"))
+        if a.sharding is not None:
+            parts.append(figures.saved_by_layer(a.sharding.saved).to_html(full_html=False, include_plotlyjs=False))
+            parts.append(_findings_table("sharding findings", a.sharding.findings))
+            parts += [html_p(f"note: {n}") for n in a.sharding.notes]
+        if a.matching is not None and not a.matching.matched.empty:
+            m = a.matching.matched.drop(columns=["ranks"]).head(200)
             parts.append(_table(m, "matched collectives (first 200): skew, straggler, bandwidth"))
-        for w in a["warnings"]:
+        for w in a.warnings:
             parts.append(f'<p class="warning">{html.escape(w)}</p>')
         parts.append("</section>")
         sections.append("\n".join(parts))
-    cfg0 = StepConfig(layers=8, batch=1, seq=8192, hidden=6144, heads=48, kv_heads=48, ffn=24576, dtype="bfloat16")
-    sweep = figures.model_sweep(cfg0, [8192 * 2**i for i in range(6)]).to_html(full_html=False, include_plotlyjs=False)
-    return _PAGE.format(
+    article = {k: v for k, v in PRESETS["seed-3.6b"].items() if k != "attention_only"}
+    base = ModelShape.from_mapping({**article, "scheme": "megatron", "recompute": "none"}, "preset seed-3.6b")
+    sweep = figures.model_sweep(base, [8192 * 2**i for i in range(6)]).to_html(full_html=False, include_plotlyjs=False)
+    page = _PAGE.format(
         version=__version__, created=time.strftime("%Y-%m-%d %H:%M"), plotly=plotly.offline.get_plotlyjs(),
         index="\n".join(index), sections="\n".join(sections), sweep=sweep,
     )  # fmt: skip
+    return page, usable
+
+
+def html_p(text: str) -> str:
+    return f"<p>{html.escape(text)}</p>"
 
 
 def _table(frame: pd.DataFrame, title: str) -> str:
@@ -87,14 +98,16 @@ def _table(frame: pd.DataFrame, title: str) -> str:
     return f"<h3>{html.escape(title)}</h3>" + shown.to_html(index=False, float_format=lambda v: f"{v:.3g}", border=0)
 
 
-def _findings_table(title: str, findings: list) -> str:
+def _findings_table(title: str, findings: list[Finding]) -> str:
+    """One row per finding, with the ranks it holds on (a finding on ranks 0-7 is one row)."""
     if not findings:
         return f"<h3>{html.escape(title)}</h3><p>none</p>"
     rows = "".join(
-        f"<tr><td>{html.escape(f.severity)}</td><td>{html.escape(f.code)}</td><td>{html.escape(f.message)}</td></tr>"
+        f"<tr><td>{html.escape(f.severity)}</td><td>{html.escape(f.code)}</td><td>{html.escape(f.where)}</td>"
+        f"<td>{html.escape(f.message)}</td></tr>"
         for f in findings[:300]
     )
-    head = "<tr><th>severity</th><th>code</th><th>finding</th></tr>"
+    head = "<tr><th>severity</th><th>code</th><th>ranks</th><th>finding</th></tr>"
     return f"<h3>{html.escape(title)} ({len(findings)})</h3><table>{head}{rows}</table>"
 
 

@@ -7,9 +7,19 @@ import torch
 from torch import nn
 
 import sptrace
-from sptrace.checks.sharding import ShardingShape, classify
+from sptrace.checks.sharding import classify
+from sptrace.shape import ModelShape
 
-STEP = ShardingShape(batch=2, seq=128, hidden=96, sp_size=8, element_size=4)  # the reference default
+# the reference default: B=2, S=128, H=96, P=8, a=16, g=8 (d=6), F=160, fp32
+MODEL = ModelShape(batch=2, seq=128, hidden=96, sp_size=8, heads=16, kv_heads=8, ffn=160, dtype="float32")
+BARE = ModelShape(batch=2, seq=128, hidden=96, sp_size=8, dtype="float32")  # what a user without flags declares
+
+
+def _bytes(shape):
+    n = 4
+    for d in shape:
+        n *= d
+    return n
 
 
 @pytest.mark.parametrize(
@@ -24,26 +34,55 @@ STEP = ShardingShape(batch=2, seq=128, hidden=96, sp_size=8, element_size=4)  # 
         ((2, 16, 1), "seq-sharded"),  # norm statistics
         ((2, 128, 20), "head-sharded"),  # [B, S, F/P]
         ((2, 2, 128, 6), "head-sharded"),  # [B, a/P, S, d]
+        ((2, 128, 16, 6), "full"),  # [B, S, a, d]: every head over the full sequence
+        ((2, 128, 8, 6), "full"),  # [B, S, g, d]: every kv head (GQA), not a 1/P share
         ((2, 128, 12), "head-sharded"),  # [B, S, a*d/P]
-        ((2, 2, 128, 128), "head-sharded"),  # attention scores
+        ((2, 2, 128, 128), "head-sharded"),  # attention scores of a/P heads
+        ((2, 16, 128, 128), "full"),  # attention scores of all a heads
+        ((2, 2, 16, 128), "seq-sharded"),  # a query shard's scores against the whole sequence (ring)
         ((96, 96), "other"),  # a weight
     ],
 )
 def test_classify_by_shape(shape, cls):
-    n = 4
-    for d in shape:
-        n *= d
-    assert classify(shape, n, n, STEP)[0] == cls
+    assert classify(shape, _bytes(shape), None, MODEL)[0] == cls
+
+
+def test_scores_need_the_head_count():
+    # GIVEN a run that does not declare its heads, WHEN attention scores are judged, THEN they are
+    # ambiguous (a/P or a heads cannot be told apart), never "full sequence twice, so sharded"
+    cls, why = classify((2, 2, 128, 128), _bytes((2, 2, 128, 128)), None, BARE)
+    assert cls == "ambiguous" and "--heads" in why
+
+
+def test_4h_ffn_at_p4_is_ambiguous_until_resolved():
+    # F = 4H at P = 4: a [B, S, F/P] shard has the shape of a full [B, S, H] activation
+    p4 = ModelShape(batch=2, seq=64, hidden=32, sp_size=4, dtype="float32")
+    shape = (2, 64, 32)
+    assert classify(shape, _bytes(shape), None, p4, module="layers.0.mlp.act")[0] == "ambiguous"
+    # outside an MLP module it is what its shape says
+    assert classify(shape, _bytes(shape), None, p4, module="layers.0.attn")[0] == "full"
+    # --ffn declared: the MLP module resolves it as the F/P shard
+    with_ffn = p4.override("flags", ffn=128)
+    assert classify(shape, _bytes(shape), None, with_ffn, module="layers.0.mlp.act")[0] == "head-sharded"
+    # ... but not anywhere else: outside the MLP both readings stay open
+    assert classify(shape, _bytes(shape), None, with_ffn, module="layers.0.norm")[0] == "ambiguous"
+    # a tensor an all-gather produced is a gathered sequence, whatever its width collides with
+    assert classify(shape, _bytes(shape), None, with_ffn, "layers.0.mlp.fc1", "c10d::_allgather_base_")[0] == "full"
+    # F known and F/P != H: no collision, a [B, S, H] tensor in the MLP is full
+    assert classify(shape, _bytes(shape), None, p4.override("flags", ffn=96), module="layers.0.mlp")[0] == "full"
 
 
 def test_views_and_sizes():
     # a [B, S/P, F] view whose storage is the whole [B, S, F]: the storage is what is kept
-    assert classify((2, 16, 160), 20480, 163840, STEP) == (
+    assert classify((2, 16, 160), 20480, 163840, MODEL) == (
         "full", "a view of 20480 bytes keeping a 163840-byte storage alive"
     )  # fmt: skip
-    assert classify(None, 98304, 98304, STEP)[0] == "full"
-    assert classify(None, 12288, 12288, STEP)[0] == "seq-sharded"
-    assert classify(None, 5000, 5000, STEP)[0] == "unknown"
+    assert classify(None, 98304, 98304, MODEL)[0] == "full"
+    assert classify(None, 98304, 98304, BARE)[0] == "full"  # outside an MLP module
+    assert classify(None, 98304, 98304, BARE, module="layers.0.mlp")[0] == "ambiguous"  # F unknown
+    assert classify(None, 12288, 12288, MODEL)[0] == "seq-sharded"
+    assert classify(None, 5000, 5000, MODEL)[0] == "unknown"
+    assert classify(None, 8, 8, MODEL)[0] == "other"  # smaller than one token: a scalar
 
 
 class Clean(nn.Module):

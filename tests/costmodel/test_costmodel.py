@@ -8,7 +8,7 @@ import json
 import pytest
 
 from sptrace.cli import main
-from sptrace.config import StepConfig
+from reference_models.config import StepConfig
 from sptrace.costmodel import PRESETS, estimate_comm, korthikanti_bytes_per_layer, wire_bytes
 
 MiB, GiB = 2**20, 2**30
@@ -118,7 +118,11 @@ def test_model_cli_text_and_json(capsys):
     data = json.loads(capsys.readouterr().out)
     assert round(data["wire_bytes_per_step"] / GiB, 2) == 38.72 and data["k"] == 1
     assert data["by_kind"]["all_to_all"]["count"] == 64
-    assert main(["model", "--scheme", "hybrid", "--sp", "4", "--heads", "8", "--kv-heads", "2", "--hidden", "64"]) == 0
+    flags = ["--sp", "4", "--heads", "8", "--kv-heads", "2", "--hidden", "64"]
+    # nothing is filled in from the reference models' defaults unless asked for by name
+    assert main(["model", "--scheme", "hybrid", *flags]) == 2
+    assert "--layers, --batch, --seq, --ffn, --dtype" in capsys.readouterr().err
+    assert main(["model", "--scheme", "hybrid", "--preset", "reference", *flags]) == 0
     capsys.readouterr()
 
 
@@ -126,7 +130,9 @@ def test_model_cli_text_and_json(capsys):
     "flags, message",
     [
         (["--scheme", "ring"], "invalid choice: 'ring'"),
-        (["--scheme", "ulysses", "--heads", "12"], "heads 12 is not divisible by the sequence-parallel size 8"),
+        (["--scheme", "ulysses", "--preset", "reference", "--heads", "12", "--kv-heads", "12"],
+         "heads 12 is not divisible by the sequence-parallel size 8"),
+        (["--scheme", "ulysses", "--hidden", "64"], "needs --sp, --layers, --batch, --seq, --heads"),
         (["--scheme", "ulysses-zero3", "--k", "3"], "--k must be 1 or 2"),
     ],
 )

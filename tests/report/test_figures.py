@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from dashboards import figures
-from sptrace.config import StepConfig
+from reference_models.config import StepConfig
 from sptrace.costmodel import estimate_comm
 
 

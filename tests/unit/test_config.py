@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sptrace.config import FAULTS, StepConfig
+from reference_models.config import FAULTS, StepConfig
 from sptrace.errors import ConfigError
 
 

@@ -1,22 +1,25 @@
 """Figures over sptrace's analyses, built from its public API's outputs (pandas frames and
-reports). One module for the HTML report and the Dash app alike; plotly only, no Dash."""
+reports). One module for the HTML report and the Dash app alike (the app imports it; the
+library never imports the app); plotly only, no Dash."""
 
 from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
 
-from sptrace.config import StepConfig
-from sptrace.costmodel import estimate_comm
+from sptrace.costmodel import CommEstimate, estimate_comm
+from sptrace.costmodel.comm import as_shape
 
 KIND_COLORS = {
     "all_gather": "#1f77b4", "reduce_scatter": "#ff7f0e", "all_to_all": "#2ca02c", "all_reduce": "#d62728",
-    "broadcast": "#9467bd", "send_recv": "#8c564b", "barrier": "#7f7f7f", "other": "#bcbd22",
+    "broadcast": "#9467bd", "send_recv": "#8c564b", "send": "#8c564b", "recv": "#c49c94", "barrier": "#7f7f7f",
+    "scatter": "#17becf", "gather": "#9edae5", "reduce": "#e377c2", "other": "#bcbd22",
 }  # fmt: skip
 CLASS_COLORS = {
     "seq-sharded": "#2ca02c",
     "head-sharded": "#1f77b4",
     "full": "#d62728",
+    "ambiguous": "#ffbf00",
     "other": "#c7c7c7",
     "unknown": "#7f7f7f",
 }
@@ -42,14 +45,18 @@ def collective_timeline(
         return fig.update_layout(title="no collectives")
     f = frame.copy()
     offsets = offsets_us or {}
-    f["t0"] = f["start_us"] - f["rank"].map(lambda r: offsets.get(int(r), 0.0))
+    # a bar spans the transfer (NCCL kernel, gloo worker) where the trace links one, else the issue
+    has_transfer = f["transfer_start_us"].notna()
+    f["bar_start"] = f["transfer_start_us"].astype(float).where(has_transfer, f["start_us"].astype(float))
+    f["bar_dur"] = f["transfer_dur_us"].astype(float).where(has_transfer, f["dur_us"].astype(float))
+    f["t0"] = f["bar_start"] - f["rank"].map(lambda r: offsets.get(int(r), 0.0))
     t_min = f["t0"].min()
     if phases is not None and not phases.empty:  # the axis starts with the first phase
         t_min = min(t_min, (phases["start_us"] - phases["rank"].map(lambda r: offsets.get(int(r), 0.0))).min())
     f = f.sort_values("t0").head(max_bars)
     for kind, g in f.groupby("kind"):
         fig.add_trace(go.Bar(
-            y=[f"rank {int(r)}" for r in g["rank"]], x=g["dur_us"].clip(lower=1) / 1e3, base=(g["t0"] - t_min) / 1e3,
+            y=[f"rank {int(r)}" for r in g["rank"]], x=g["bar_dur"].clip(lower=1) / 1e3, base=(g["t0"] - t_min) / 1e3,
             orientation="h", name=kind, marker_color=KIND_COLORS.get(kind, "#333"),
             customdata=g[["module", "phase", "in_bytes"]].astype(str).values,
             hovertemplate="%{y}<br>%{customdata[0]} (%{customdata[1]})<br>%{customdata[2]} B"
@@ -66,13 +73,14 @@ def collective_timeline(
             ))  # fmt: skip
     if links is not None and not links.empty:
         # the same collective on every rank: a thin line through its bars' starts
-        lk = links[links["start_us"].isin(f["start_us"])]
+        lk = links[links["start_us"].isin(f["start_us"])].merge(
+            f[["rank", "start_us", "t0"]], on=["rank", "start_us"], how="inner"
+        )
         xs: list[float | None] = []
         ys: list[str | None] = []
         for _, m in list(lk.groupby(["group", "key"], sort=False))[:max_links]:
             m = m.sort_values("rank")
-            t0 = m["start_us"] - m["rank"].map(lambda r: offsets.get(int(r), 0.0))
-            xs += [*((t0 - t_min) / 1e3), None]
+            xs += [*((m["t0"] - t_min) / 1e3), None]
             ys += [*(f"rank {int(r)}" for r in m["rank"]), None]
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="same collective", hoverinfo="skip",
                                  line={"color": "rgba(80,80,80,0.35)", "width": 1}))  # fmt: skip
@@ -90,13 +98,13 @@ def collective_timeline(
     )
 
 
-def wire_by_kind(frame: pd.DataFrame, cfg: StepConfig | None) -> go.Figure:
-    """Wire bytes per rank and step by collective kind: measured (mean over ranks) and the model."""
+def wire_by_kind(frame: pd.DataFrame, est: CommEstimate | None) -> go.Figure:
+    """Wire bytes per rank and step by collective kind: measured (mean over ranks; collectives of
+    unknown size left out) and the model."""
     ranks = max(frame["rank"].nunique(), 1) if not frame.empty else 1
     measured = frame.groupby("kind")["wire_bytes"].sum() / ranks if not frame.empty else pd.Series(dtype=float)
     fig = go.Figure(go.Bar(x=list(measured.index), y=list(measured.values / MiB), name="measured"))
-    if cfg is not None:
-        est = estimate_comm(cfg)
+    if est is not None:
         kinds = sorted({c.kind for c in est.collectives} | set(measured.index))
         fig.add_trace(go.Bar(x=kinds, y=[est.wire_per_step(k) / MiB for k in kinds], name="model"))
     return fig.update_layout(barmode="group", title="wire bytes per rank and step", yaxis_title="MiB")
@@ -120,16 +128,17 @@ def saved_by_layer(saved: pd.DataFrame) -> go.Figure:
 
 
 def model_sweep(
-    base: StepConfig, seqs: list[int], schemes: tuple[str, ...] = ("megatron", "ulysses", "hybrid")
+    base: object, seqs: list[int], schemes: tuple[str, ...] = ("megatron", "ulysses", "hybrid")
 ) -> go.Figure:
     """The cost model's wire GiB per rank and step against sequence length (the first article's
-    table), for each scheme at ``base``'s other settings."""
+    table), for each scheme at ``base``'s other settings (a ModelShape with every value known)."""
     fig = go.Figure()
+    shape = as_shape(base)
     for scheme in schemes:
         ys = []
         for s in seqs:
-            cfg = base.replace(scheme=scheme, seq=s, zero3=base.zero3 and scheme != "megatron")
-            ys.append(estimate_comm(cfg).wire_per_step() / 2**30)
+            zero = "-zero3" if shape.zero3 and scheme != "megatron" else ""
+            ys.append(estimate_comm(shape.override("sweep", scheme=scheme + zero, seq=s)).wire_per_step() / 2**30)
         fig.add_trace(go.Scatter(x=seqs, y=ys, mode="lines+markers", name=scheme))
     return fig.update_layout(
         title="model: wire bytes per rank and step", xaxis_title="sequence length", yaxis_title="GiB", xaxis_type="log"

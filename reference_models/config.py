@@ -1,6 +1,7 @@
-"""The configuration of a sequence-parallel training step, shared by the reference models,
-``sptrace profile`` and ``run.json``. No torch import: the CLI validates flags with it before
-launching anything."""
+"""The reference models' run configuration: the model, plus what only a reference run has
+(injected faults, seed, gradient buckets). ``sptrace profile`` validates flags with it before
+launching anything (no torch import here) and writes it to run.json. Analyses never read it:
+they read the ModelShape it declares (``StepConfig.shape()``, sptrace.shape)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from sptrace.dtypes import ACTIVATION_DTYPES, element_size
 from sptrace.errors import ConfigError
+from sptrace.shape import RECOMPUTE, SCHEMES, ModelShape
 
-SCHEMES = ("megatron", "ulysses", "hybrid")
-DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
-RECOMPUTE = ("none", "selective")
+DTYPES = ACTIVATION_DTYPES
 # Faults the reference models can inject (reference_models/faults.py implements them).
 FAULTS = {
     "stray-full-save": (
@@ -118,7 +119,17 @@ class StepConfig:
 
     @property
     def dtype_bytes(self) -> int:
-        return DTYPES[self.dtype]
+        size = element_size(self.dtype)
+        assert size is not None  # validated in __post_init__
+        return size
+
+    def shape(self, source: str = "reference run") -> ModelShape:
+        """The ModelShape this run declares: every field known."""
+        values = {name: getattr(self, name) for name in (
+            "scheme", "zero3", "sp_size", "layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "dtype",
+            "recompute", "grad_bucket_mib",
+        )}  # fmt: skip
+        return ModelShape(**values, provenance={k: source for k in values})
 
     @property
     def faulty_layer(self) -> int | None:

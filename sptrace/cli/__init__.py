@@ -1,0 +1,46 @@
+"""The ``sptrace`` command: a package of thin subcommands over one analysis (sptrace.analysis).
+Errors are raised as ``SptraceError`` and turned into one line and an exit code here, once."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from sptrace import __version__
+from sptrace.cli import analyze, check, collectives, info, model, reference, views
+from sptrace.cli.common import Parser
+from sptrace.errors import SptraceError
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="sptrace", description="Trace profiler and analyzer for sequence-parallel training.")
+    parser.add_argument("--version", action="version", version=f"sptrace {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    reference.add_parsers(sub)  # profile, demo, sweep
+    model.add_parser(sub)
+    collectives.add_parser(sub)
+    analyze.add_parser(sub)
+    check.add_parser(sub)
+    views.add_parsers(sub)  # dash, report
+    info.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args))
+    except SptraceError as exc:
+        print(f"sptrace: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("sptrace: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `sptrace collectives RUN | head`: the reader left, not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+__all__ = ["build_parser", "main"]

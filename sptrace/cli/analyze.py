@@ -1,0 +1,85 @@
+"""``sptrace analyze``: observed collectives against the scheme's cost model. Exit 0 MATCH,
+1 MISMATCH, 2 CANNOT DECIDE (sizes the trace does not record, or undeclared model values)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from sptrace.analysis import RunAnalysis, analyse_run
+from sptrace.cli.common import add_load_flags, add_shape_flags, load_options, log, shape_flags
+from sptrace.errors import UsageError
+from sptrace.units import human_bytes
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("analyze", help="observed collectives versus the scheme's cost model (exit 1 on mismatch)")
+    p.add_argument("path", help="a run directory or one trace file")
+    add_shape_flags(p)
+    p.add_argument("--k", type=int, default=2, help="ZeRO-3 parameter gathers per step (default 2)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--max-findings", type=int, default=30, help="findings shown in text (default 30)")
+    add_load_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.k not in (1, 2):
+        raise UsageError("--k must be 1 or 2")
+    analysis = analyse_run(
+        args.path, flags=shape_flags(args), k=args.k, parts=("collectives",), load_options=load_options(args)
+    )
+    for w in analysis.warnings:
+        log(f"warning: {w}")
+    report = analysis.comm
+    if report is None:
+        raise UsageError(f"{args.path}: {analysis.comm_unavailable}")
+    if args.format == "json":
+        out = {**report.to_dict(), "model": analysis.model.to_dict(), "timing": [t.to_dict() for t in analysis.timing]}
+        print(json.dumps(out, indent=1, default=str))
+        return report.verdict.exit_code
+    print(render_text(analysis, args.max_findings))
+    return report.verdict.exit_code
+
+
+def render_text(analysis: RunAnalysis, max_findings: int = 30) -> str:
+    report, est, m = analysis.comm, analysis.estimate, analysis.model
+    assert report is not None and est is not None
+    run = analysis.run
+    lines = [f"{est.scheme}: {m.describe()}; {len(run)} of {run.world_size} ranks"]
+    timing = {t.rank: t for t in analysis.timing}
+    lines.append(
+        f"\n{'rank':>4}{'collectives':>13}{'expected':>10}{'wire/step':>13}{'model':>13}{'missing':>9}{'extra':>7}"
+        f"{'step ms':>10}{'comm ms':>10}{'exposed':>9}"
+    )
+    for r in report.ranks.itertuples():
+        t = timing.get(r.rank)
+        step = "" if t is None or t.step_ms is None else f"{t.step_ms:.1f}"
+        comm = "" if t is None else f"{t.comm_ms:.1f}"
+        exposed = "n/a" if t is None or t.exposed_ms is None else f"{t.exposed_ms:.1f}"
+        lines.append(
+            f"{r.rank:>4}{r.observed:>13}{r.expected:>10}{human_bytes(r.observed_wire_bytes):>13}"
+            f"{human_bytes(r.expected_wire_bytes):>13}{r.missing:>9}{r.extra:>7}{step:>10}{comm:>10}{exposed:>9}"
+        )
+    lines.append("  (comm ms: transfer time, the union of NCCL kernels or gloo worker spans; exposed: not overlapped "
+                 "by compute kernels, GPU traces only)")  # fmt: skip
+    if not report.layers.empty:
+        off = report.layers[report.layers["observed"] != report.layers["expected"]]
+        if not off.empty:
+            lines.append("\nlayers whose counts differ from the model (rank, layer, phase: observed / expected):")
+            for r in off.head(40).itertuples():
+                lines.append(f"  rank {r.rank}, layer {r.layer}, {r.phase}: {r.observed} / {r.expected}")
+    if report.findings:
+        lines.append(f"\n{len(report.findings)} findings:")
+        for f in report.findings[:max_findings]:
+            lines.append(f"  {f.severity}: {f.text()}")
+        if len(report.findings) > max_findings:
+            lines.append(f"  ... and {len(report.findings) - max_findings} more (--format json lists all)")
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    matching = analysis.matching
+    if matching is not None and matching.offsets_us:
+        spread = max(matching.offsets_us.values()) - min(matching.offsets_us.values())
+        lines.append(f"note: clock offsets across ranks span {spread:.0f} us (aligned on matched completions)")
+    lines.append("\n" + report.verdict.line())
+    return "\n".join(lines)

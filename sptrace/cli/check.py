@@ -1,0 +1,93 @@
+"""``sptrace check``: are the activations kept across forward -> backward sharded? Exit 0 PASS,
+1 FAIL (a full-size tensor), 2 CANNOT DECIDE (the trace does not show enough, or flags missing)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sptrace.analysis import RunAnalysis, analyse_run
+from sptrace.checks.sharding import ShardingReport, render_junit
+from sptrace.cli.common import add_load_flags, add_shape_flags, load_options, log, shape_flags
+from sptrace.errors import UsageError
+from sptrace.units import human_bytes
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="activations kept for backward are sharded (exit 1 on a full-size save)")
+    p.add_argument("path", help="a run directory or one trace file")
+    add_shape_flags(p, scheme=False, names=("batch", "seq", "hidden", "heads", "kv_heads", "ffn"))
+    p.add_argument(
+        "--allow", action="append", default=[], metavar="MODULE_GLOB", help="modules allowed to keep full tensors"
+    )
+    p.add_argument("--strict", action="store_true", help="ambiguous and unknown tensors fail too")
+    p.add_argument("--format", choices=("text", "json", "junit"), default="text")
+    p.add_argument("--output", help="write the report here (atomically) instead of stdout")
+    add_load_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sptrace.fileio import write_atomic
+
+    analysis = analyse_run(
+        args.path, flags=shape_flags(args), allow=tuple(args.allow), strict=args.strict, parts=("sharding",),
+        load_options=load_options(args),
+    )  # fmt: skip
+    for w in analysis.warnings:
+        log(f"warning: {w}")
+    report = analysis.sharding
+    if report is None:
+        raise UsageError(f"{args.path}: {analysis.sharding_unavailable}")
+    if args.format == "json":
+        text = json.dumps(report.to_dict(), indent=1, default=str) + "\n"
+    elif args.format == "junit":
+        text = render_junit(report)
+    else:
+        text = render_text(analysis, report)
+    if args.output:
+        write_atomic(Path(args.output), text.encode())
+        log(f"wrote {args.output}: {report.verdict.line()}")
+    else:
+        sys.stdout.write(text)
+    return report.verdict.exit_code
+
+
+def render_text(analysis: RunAnalysis, report: ShardingReport) -> str:
+    m = report.model
+    sources = sorted(set(m.provenance.values()))
+    lines = [
+        f"{analysis.path}: {m.describe()} ({', '.join(sources) or 'flags'}); {len(analysis.run)} ranks",
+        "",
+        f"{'rank':>4}{'retained':>10}{'seq-sharded':>13}{'head-sharded':>14}{'full':>6}{'ambiguous':>11}"
+        f"{'other':>7}{'unknown':>9}{'kept':>12}",
+    ]
+    for rank in sorted(analysis.run.ranks):
+        mine = report.saved[report.saved["rank"] == rank]
+        count = mine["class"].value_counts()
+        lines.append(
+            f"{rank:>4}{len(mine):>10}{count.get('seq-sharded', 0):>13}{count.get('head-sharded', 0):>14}"
+            f"{count.get('full', 0):>6}{count.get('ambiguous', 0):>11}{count.get('other', 0):>7}"
+            f"{count.get('unknown', 0):>9}{human_bytes(float(mine['storage_bytes'].sum())):>12}"
+        )
+    if not report.layers.empty:
+        layer = report.layers.groupby("layer").agg(
+            measured=("measured_bytes", "mean"), expected=("expected_bytes", "first")
+        )
+        lines.append("")
+        for i, row in layer.iterrows():
+            expected = row.expected
+            exp = "" if expected is None or expected != expected else f" (Korthikanti: {human_bytes(expected)})"
+            lines.append(f"layer {i}: {human_bytes(row.measured)} kept per rank{exp}")
+    lines.append("")
+    for f in report.findings:
+        lines.append(f"FAIL {f.text()}")
+    for n in report.notes:
+        lines.append(f"note: {n}")
+    verdict = report.verdict
+    lines.append(verdict.line())
+    for reason in verdict.reasons[1:] if verdict.status == "undecided" else ():
+        lines.append(f"  also: {reason}")
+    return "\n".join(lines) + "\n"

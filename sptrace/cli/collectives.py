@@ -1,0 +1,85 @@
+"""``sptrace collectives``: every collective of every rank, one record each."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from sptrace.cli.common import add_load_flags, load_quietly, missing, size_text
+from sptrace.units import human_bytes
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("collectives", help="every collective of every rank: kind, group, bytes, phase, layer")
+    p.add_argument("path", help="a run directory or one trace file")
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    add_load_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sptrace.detect import COLUMNS, detect_collectives
+    from sptrace.detect.timing import detect_timing
+
+    run_ = load_quietly(args)
+    frames, timing = [], []
+    for trace in run_:
+        frame = detect_collectives(trace)
+        frames.append(frame)
+        timing.append(detect_timing(trace, frame))
+    import pandas as pd
+
+    nonempty = [f for f in frames if not f.empty]
+    frame = pd.concat(nonempty, ignore_index=True) if nonempty else pd.DataFrame(columns=COLUMNS)
+    if args.format == "csv":
+        sys.stdout.write(frame.to_csv(index=False))
+        return 0
+    if args.format == "json":
+        records = [
+            {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}
+            for rec in frame[COLUMNS].to_dict(orient="records")
+        ]
+        print(json.dumps(records, indent=1, default=str))
+        return 0
+    if frame.empty:
+        print("no collectives in this run")
+        return 0
+    print(render_table(frame))
+    ranks = frame["rank"].nunique()
+    print(f"\n{len(frame)} collectives on {ranks} ranks; per rank and kind:")
+    counts = frame.groupby(["kind"]).agg(n=("rank", "size"), wire=("wire_bytes", "sum"), unknown=("wire_bytes", _nulls))
+    for kind, row in counts.iterrows():
+        unknown = f"  ({row.unknown / ranks:.1f} per rank of unknown size)" if row.unknown else ""
+        print(f"  {kind:<15}{row.n / ranks:>7.1f} per rank  {human_bytes(row.wire / ranks):>12} wire per rank{unknown}")
+    print("\nper rank: step, communication (transfer time) and exposed communication, ms")
+    for t in timing:
+        exposed = "n/a (no GPU streams)" if t.exposed_ms is None else f"{t.exposed_ms:.2f}"
+        step = "?" if t.step_ms is None else f"{t.step_ms:.2f}"
+        issue = f"; {t.issue_only} without a transfer record (CPU span used)" if t.issue_only else ""
+        print(f"  rank {t.rank}: step {step}, comm {t.comm_ms:.2f}, exposed {exposed}{issue}")
+    return 0
+
+
+def _nulls(values) -> int:
+    return int(values.isna().sum())
+
+
+def render_table(frame) -> str:
+    lines = [
+        f"{'rank':>4} {'kind':<15}{'group':<6}{'P':>4} {'dtype':<9}{'in':>11}{'out':>11}{'wire':>11}"
+        f"{'start ms':>10}{'xfer ms':>9} {'phase':<9}{'layer':>5}  module"
+    ]
+    t0 = frame["start_us"].min()
+    for r in frame.itertuples():
+        layer = "" if missing(r.layer) else int(r.layer)
+        group = "?" if missing(r.group) else r.group
+        size = "?" if missing(r.group_size) else int(r.group_size)
+        xfer = "?" if missing(r.transfer_dur_us) else f"{r.transfer_dur_us / 1e3:.2f}"
+        lines.append(
+            f"{r.rank:>4} {r.kind:<15}{group!s:<6}{size!s:>4} {r.dtype or '?'!s:<9}{size_text(r.in_bytes):>11}"
+            f"{size_text(r.out_bytes):>11}{size_text(r.wire_bytes):>11}{(r.start_us - t0) / 1e3:>10.2f}{xfer:>9} "
+            f"{r.phase:<9}{layer!s:>5}  {r.module or ''}"
+        )
+    return "\n".join(lines)

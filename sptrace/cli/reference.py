@@ -1,0 +1,179 @@
+"""The reference models: ``sptrace profile``, ``sptrace demo`` (the README's main job) and
+``sptrace sweep``. Every flag is checked (reference_models.config) before anything launches."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from reference_models.config import FAULTS, StepConfig
+from sptrace.cli.common import log
+from sptrace.dtypes import ACTIVATION_DTYPES
+from sptrace.errors import UsageError
+from sptrace.shape import RECOMPUTE, SCHEME_CHOICES, SCHEMES
+
+DEMO_DIR = Path("sptrace-demo")
+
+
+def _add_model_flags(p: argparse.ArgumentParser, *, with_seq: bool = True) -> None:
+    d = StepConfig()
+    g = p.add_argument_group("reference model (defaults are sized for a 2-core machine)")
+    g.add_argument("--layers", type=int, default=d.layers, help=f"L blocks (default {d.layers})")
+    g.add_argument("--batch", type=int, default=d.batch, help=f"B micro-batch (default {d.batch})")
+    if with_seq:
+        g.add_argument("--seq", type=int, default=d.seq, help=f"S sequence length (default {d.seq})")
+    g.add_argument("--hidden", type=int, default=d.hidden, help=f"H width (default {d.hidden})")
+    g.add_argument("--heads", type=int, default=d.heads, help=f"a query heads (default {d.heads})")
+    g.add_argument("--kv-heads", type=int, default=d.kv_heads, help=f"g kv heads, GQA (default {d.kv_heads})")
+    g.add_argument("--ffn", type=int, default=d.ffn, help=f"F MLP width (default {d.ffn})")
+    g.add_argument("--dtype", choices=ACTIVATION_DTYPES, default=d.dtype)
+    g.add_argument("--zero3", action="store_true", help="shard replicated weights with FSDP2 (ulysses, hybrid)")
+    g.add_argument("--recompute", choices=RECOMPUTE, default=d.recompute, help="selective: recompute core attention")
+    g.add_argument(
+        "--fault", choices=tuple(FAULTS),
+        help="inject a fault into one layer: " + "; ".join(f"{k}: {v}" for k, v in FAULTS.items()),
+    )  # fmt: skip
+    g.add_argument("--fault-layer", type=int, help="layer the fault goes into (default: the last)")
+    g.add_argument("--seed", type=int, default=d.seed)
+
+
+def _config_from(args: argparse.Namespace, scheme: str, nproc: int) -> StepConfig:
+    return StepConfig(
+        scheme=scheme, sp_size=nproc, layers=args.layers, batch=args.batch, seq=args.seq,
+        hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads, ffn=args.ffn,
+        dtype=args.dtype, zero3=args.zero3, recompute=args.recompute, fault=args.fault,
+        fault_layer=args.fault_layer, seed=args.seed,
+    )  # fmt: skip
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="profile one step of a reference model on N local ranks")
+    p.add_argument("--scheme", choices=SCHEMES, required=True)
+    p.add_argument("--nproc", type=int, default=8, help="ranks = sequence-parallel size P (default 8)")
+    p.add_argument("--out", required=True, help="directory for rank*.pt.trace.json.gz and run.json")
+    p.add_argument("--warmup", type=int, default=2, help="un-profiled steps before the profiled one")
+    p.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto",
+        help="auto: CUDA+NCCL when there are enough GPUs, else CPU+gloo",
+    )  # fmt: skip
+    p.add_argument("--force", action="store_true", help="replace a run already in --out")
+    p.add_argument(
+        "--no-instrument", action="store_true",
+        help="record without sptrace's markers and saved-tensor records, like a foreign framework's trace",
+    )  # fmt: skip
+    _add_model_flags(p)
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("demo", help="profile megatron, ulysses and hybrid on 8 ranks (the README's main job)")
+    p.add_argument("--out", default=str(DEMO_DIR), help=f"default ./{DEMO_DIR}")
+    p.add_argument("--nproc", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--port", type=int, default=8050, help="dashboard port (on 127.0.0.1)")
+    p.add_argument("--no-serve", action="store_true", help="profile and analyse, do not serve the dashboard")
+    _add_model_flags(p)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("sweep", help="profile schemes x sequence lengths, tabulate them and fit the regression")
+    p.add_argument("--schemes", default="megatron,ulysses,hybrid", help="comma-separated (default: all three)")
+    p.add_argument("--seq", dest="seqs", required=True, help="comma-separated sequence lengths, e.g. 128,256,512")
+    p.add_argument("--out", required=True)
+    p.add_argument("--nproc", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--force", action="store_true", help="profile again runs that already exist")
+    _add_model_flags(p, with_seq=False)
+    p.set_defaults(func=cmd_sweep)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    if args.nproc < 1:
+        raise UsageError("--nproc must be >= 1")
+    cfg = _config_from(args, args.scheme, args.nproc)  # every flag is checked before launching
+    from sptrace.launch import profile_reference
+
+    run = profile_reference(
+        cfg, Path(args.out), warmup=args.warmup, device=args.device, force=args.force,
+        instrument=not args.no_instrument, log=log,
+    )  # fmt: skip
+    log(f"wrote {run.world_size} traces ({run.trace_bytes / 2**20:.1f} MiB) and run.json to {run.out_dir} in "
+        f"{run.seconds:.0f} s")  # fmt: skip
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The README's main job: profile the three schemes, analyse each once, show the verdicts."""
+    from sptrace.analysis import analyse_run
+    from sptrace.launch import profile_reference
+
+    out = Path(args.out)
+    base = _config_from(args, "megatron", args.nproc)
+    runs = []
+    for scheme in SCHEMES:
+        cfg = base.replace(scheme=scheme)
+        runs.append(profile_reference(cfg, out / scheme, warmup=args.warmup, device=args.device, force=True, log=log))
+    print(f"Profiled one training step of each scheme on {args.nproc} ranks:")
+    for run in runs:
+        print(f"  {run.out_dir}/  ({run.world_size} x rank*.pt.trace.json.gz, run.json; {run.seconds:.0f} s)")
+    analyses = [analyse_run(run.out_dir) for run in runs]  # once per run, for both verdicts
+    print("\nCollectives against the cost model (sptrace analyze RUN for the details):")
+    for run, a in zip(runs, analyses):
+        line = a.comm.verdict.line() if a.comm else f"not checked: {a.comm_unavailable}"
+        print(f"  {run.out_dir.name:<9} {line}")
+    print("\nSharding of the activations kept for backward (sptrace check RUN for the details):")
+    for run, a in zip(runs, analyses):
+        line = a.sharding.verdict.line() if a.sharding else f"not checked: {a.sharding_unavailable}"
+        print(f"  {run.out_dir.name:<9} {line}")
+    print("\nStep and communication time (transfer time, mean over ranks):")
+    for run, a in zip(runs, analyses):
+        t = a.time_summary()
+        share = "" if t["comm_share"] is None else f" ({100 * t['comm_share']:.0f}% of the step)"
+        print(
+            f"  {run.out_dir.name:<9} step {t['step_ms'] or 0:.1f} ms, communication {t['comm_ms'] or 0:.1f} ms{share}"
+        )
+    if args.no_serve:
+        print(f"\nsptrace dash {' '.join(str(r.out_dir) for r in runs)}   # to browse them")
+        return 0
+    from dashboards.app import serve
+
+    print(f"\ndashboard: http://127.0.0.1:{args.port}/  (Ctrl-C stops it)", flush=True)
+    serve([r.out_dir for r in runs], port=args.port, analyses=analyses)
+    return 0
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values:
+        raise UsageError(f"{flag} is empty")
+    return values
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Profile every scheme x sequence length, then the comparison table and the regression."""
+    from sptrace.sweep import FIT, TABLE, run_sweep
+
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    for s in schemes:
+        if s not in SCHEME_CHOICES:
+            raise UsageError(f"--schemes: unknown scheme {s!r}; choose from {', '.join(SCHEME_CHOICES)}")
+    seqs = _int_list(args.seqs, "--seq")
+    args.seq = seqs[0]
+    base = _config_from(args, "megatron", args.nproc)
+    for s in schemes:  # every combination is checked before anything is launched
+        for n in seqs:
+            base.replace(scheme=s.removesuffix("-zero3"), zero3=s.endswith("-zero3"), seq=n)
+    out = Path(args.out)
+    table, fit = run_sweep(base, schemes, seqs, out, warmup=args.warmup, device=args.device, force=args.force, log=log)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if fit:
+        c = fit["coefficients"]
+        terms = " + ".join(f"{v:.4g}*{k}" for k, v in c.items() if k != "intercept")
+        r2 = "n/a" if fit["r2"] is None else f"{fit['r2']:.4f}"
+        print(f"\nfit over {fit['runs']} runs: time_ms = {c['intercept']:.4g} + {terms}  (R^2 {r2})")
+        if fit["underdetermined"]:
+            print("note: fewer runs than the 5 coefficients; the fit is not determined")
+    print(f"\nwrote {out / TABLE} and {out / FIT}; sptrace dash {out} opens the Compare page")
+    return 0

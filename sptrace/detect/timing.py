@@ -1,0 +1,110 @@
+"""Where each rank's step went: step time, communication time and exposed communication.
+
+Communication time is transfer time, the union of the intervals in which data moved (a
+collective's NCCL kernels, or its gloo worker annotations), never CPU issue time: an NCCL call
+returns in microseconds while its kernel runs for milliseconds, and a gloo call's worker moves the
+data on another thread. Collectives with no transfer record count with their CPU span, and
+the count of those is reported.
+
+Exposed communication (GPU traces): the part of the transfer union that no compute kernel
+overlaps, on the same device. A CPU (gloo) trace has no GPU streams, so it has no exposed figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from sptrace.detect.collectives import RankIndex
+from sptrace.load.trace import RankTrace
+
+
+@dataclass(frozen=True, slots=True)
+class RankTiming:
+    rank: int
+    step_ms: float | None
+    """The profiled step (ProfilerStep#N), else the trace's span."""
+    comm_ms: float
+    """Union of transfer intervals."""
+    exposed_ms: float | None
+    """Transfer time not overlapped by compute kernels (None without GPU kernels)."""
+    issue_only: int
+    """Collectives counted with their CPU span: no kernel or worker annotation was linked."""
+
+    @property
+    def compute_ms(self) -> float | None:
+        return None if self.step_ms is None else max(self.step_ms - self.comm_ms, 0.0)
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {
+            "rank": self.rank, "step_ms": self.step_ms, "comm_ms": self.comm_ms, "exposed_ms": self.exposed_ms,
+            "compute_ms": self.compute_ms, "issue_only": self.issue_only,
+        }  # fmt: skip
+
+
+def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length covered by intervals [start, end) (any order, overlaps counted once)."""
+    merged = merge_intervals(starts, ends)
+    return float(sum(e - s for s, e in merged))
+
+
+def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, float]]:
+    if not len(starts):
+        return []
+    order = np.argsort(starts, kind="stable")
+    out: list[list[float]] = []
+    for s, e in zip(np.asarray(starts, dtype=float)[order], np.asarray(ends, dtype=float)[order]):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(a, b) for a, b in out]
+
+
+def subtract_length(keep: list[tuple[float, float]], remove: list[tuple[float, float]]) -> float:
+    """Length of the union ``keep`` not covered by the union ``remove`` (both merged, sorted)."""
+    total = 0.0
+    j = 0
+    for s, e in keep:
+        cur = s
+        while j < len(remove) and remove[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(remove) and remove[k][0] < e:
+            rs, re_ = remove[k]
+            if rs > cur:
+                total += rs - cur
+            cur = max(cur, re_)
+            k += 1
+        if cur < e:
+            total += e - cur
+    return total
+
+
+def detect_timing(trace: RankTrace, collectives: pd.DataFrame, index: RankIndex | None = None) -> RankTiming:
+    """``collectives``: this rank's rows of detect_collectives."""
+    idx = index or RankIndex(trace)
+    steps = idx.steps
+    if len(steps):
+        step_ms = float((steps.end - steps.start).max()) / 1e6
+    else:
+        span = trace.time_span_ns()
+        step_ms = None if span is None else (span[1] - span[0]) / 1e6
+    mine = collectives[collectives["rank"] == trace.rank] if "rank" in collectives else collectives
+    has_transfer = mine["transfer_start_us"].notna() if len(mine) else pd.Series(dtype=bool)
+    starts = np.where(has_transfer, mine["transfer_start_us"].astype(float), mine["start_us"].astype(float))
+    durs = np.where(has_transfer, mine["transfer_dur_us"].astype(float), mine["dur_us"].astype(float))
+    comm = merge_intervals(starts, starts + durs) if len(mine) else []
+    comm_ms = sum(e - s for s, e in comm) / 1e3
+    exposed = None
+    if len(idx.compute_kernels) or len(idx.comm_kernels):
+        k = idx.compute_kernels
+        ks = k["ts_ns"].to_numpy(dtype=np.int64, na_value=0) / 1e3
+        ke = ks + k["dur_ns"].to_numpy(dtype=np.int64, na_value=0) / 1e3
+        exposed = subtract_length(comm, merge_intervals(ks, ke)) / 1e3
+    return RankTiming(
+        rank=int(trace.rank) if trace.rank is not None else 0, step_ms=step_ms, comm_ms=comm_ms,
+        exposed_ms=exposed, issue_only=int((~has_transfer).sum()) if len(mine) else 0,
+    )  # fmt: skip

@@ -1,0 +1,154 @@
+"""What an analysis knows about the model and the run: ``ModelShape``.
+
+Every field is either declared (by run.json's ``config``, a flag, or read off the trace) or
+unknown, and remembers where its value came from. Nothing is filled in from the reference
+models' defaults: an analysis that needs a value the user did not declare names the flag to
+pass (``ModelShape.require``). The reference models' own run configuration, with its faults,
+seeds and buckets, is ``reference_models.config.StepConfig``; it declares a full ModelShape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sptrace.dtypes import ACTIVATION_DTYPES, element_size
+from sptrace.errors import UsageError
+
+SCHEMES = ("megatron", "ulysses", "hybrid")
+SCHEME_CHOICES = ("megatron", "ulysses", "ulysses-zero3", "hybrid", "hybrid-zero3")
+RECOMPUTE = ("none", "selective")
+
+# field -> (flag, what it is)
+FIELDS: dict[str, tuple[str, str]] = {
+    "scheme": ("--scheme", "megatron, ulysses or hybrid (the -zero3 variants set zero3)"),
+    "zero3": ("--scheme ...-zero3", "replicated weights sharded by ZeRO-3 / FSDP2"),
+    "sp_size": ("--sp", "P, the sequence-parallel group size"),
+    "layers": ("--layers", "L transformer layers"),
+    "batch": ("--batch", "B micro-batch"),
+    "seq": ("--seq", "S full sequence length"),
+    "hidden": ("--hidden", "H model width"),
+    "heads": ("--heads", "a query heads"),
+    "kv_heads": ("--kv-heads", "g key/value heads (equal to --heads without GQA)"),
+    "ffn": ("--ffn", "F MLP width"),
+    "dtype": ("--dtype", "activation dtype"),
+    "recompute": ("--recompute", "none or selective"),
+    "grad_bucket_mib": ("--grad-bucket-mib", "gradient all-reduce bucket cap (DDP's bucket_cap_mb)"),
+}
+INT_FIELDS = ("sp_size", "layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """The analysis configuration (SPEC notation): declared values, or None when unknown."""
+
+    scheme: str | None = None
+    zero3: bool | None = None
+    sp_size: int | None = None
+    layers: int | None = None
+    batch: int | None = None
+    seq: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    ffn: int | None = None
+    dtype: str | None = None
+    recompute: str | None = None
+    grad_bucket_mib: float | None = None
+    provenance: Mapping[str, str] = field(default_factory=dict)
+    """field -> where its value came from ('run.json', '--seq', 'the run's only process group')."""
+
+    def __post_init__(self) -> None:
+        if self.scheme is not None and self.scheme not in SCHEMES:
+            raise UsageError(f"unknown scheme {self.scheme!r}; choose one of {', '.join(SCHEME_CHOICES)}")
+        if self.dtype is not None and self.dtype not in ACTIVATION_DTYPES:
+            raise UsageError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(ACTIVATION_DTYPES)}")
+        if self.recompute is not None and self.recompute not in RECOMPUTE:
+            raise UsageError(f"unknown recompute {self.recompute!r}; choose one of {', '.join(RECOMPUTE)}")
+        for name in INT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise UsageError(f"{FIELDS[name][0]} must be a positive integer, got {value!r}")
+        if self.grad_bucket_mib is not None and not self.grad_bucket_mib > 0:
+            raise UsageError("--grad-bucket-mib must be positive")
+
+    # ---- building ---------------------------------------------------------------------------
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None, source: str) -> ModelShape:
+        """From run.json's ``config`` (or any dict): known keys are taken, the rest ignored.
+        A scheme spelled ``ulysses-zero3`` sets zero3."""
+        values: dict[str, Any] = {}
+        for name in FIELDS:
+            if data and data.get(name) is not None:
+                values[name] = data[name]
+        if isinstance(values.get("scheme"), str) and values["scheme"].endswith("-zero3"):
+            values["scheme"] = values["scheme"].removesuffix("-zero3")
+            values["zero3"] = True
+        if "scheme" in values and "zero3" not in values:
+            values["zero3"] = False  # a scheme named without -zero3 declares no ZeRO-3
+        return cls(**values, provenance={k: source for k in values})
+
+    def override(self, source: str, **values: Any) -> ModelShape:
+        """A copy with ``values`` (None entries ignored) declared by ``source``; source "flags"
+        labels each value with its own flag (``--seq``). A scheme ``ulysses-zero3`` sets zero3."""
+        given = {k: v for k, v in values.items() if v is not None}
+        if isinstance(given.get("scheme"), str):
+            scheme, _, zero = given["scheme"].partition("-")
+            given["scheme"], given["zero3"] = scheme, bool(zero)
+        labels = {k: (FIELDS[k][0] if source == "flags" else source) for k in given}
+        return dataclasses.replace(self, **given, provenance={**self.provenance, **labels})
+
+    # ---- reading ----------------------------------------------------------------------------
+    def known(self, name: str) -> bool:
+        return getattr(self, name) is not None
+
+    def missing(self, names: Iterable[str]) -> list[str]:
+        return [n for n in names if getattr(self, n) is None]
+
+    def require(self, names: Iterable[str], purpose: str) -> None:
+        """Raise one line naming the flags to pass when any of ``names`` is unknown."""
+        missing = self.missing(names)
+        if missing:
+            flags = ", ".join(FIELDS[n][0] for n in missing)
+            raise UsageError(f"{purpose} needs {flags}: declared neither by run.json nor by a flag; pass {flags}")
+
+    def why_missing(self, names: Iterable[str], purpose: str) -> str | None:
+        missing = self.missing(names)
+        if not missing:
+            return None
+        return f"{purpose} needs {', '.join(FIELDS[n][0] for n in missing)} (not declared)"
+
+    @property
+    def label(self) -> str:
+        if self.scheme is None:
+            return "unknown scheme"
+        return self.scheme + ("-zero3" if self.zero3 else "")
+
+    @property
+    def head_dim(self) -> int | None:
+        if self.hidden is None or self.heads is None or self.hidden % self.heads:
+            return None
+        return self.hidden // self.heads
+
+    @property
+    def dtype_bytes(self) -> int | None:
+        return element_size(self.dtype) if self.dtype else None
+
+    def describe(self) -> str:
+        """'P=8 B=2 S=128 H=96 a=16 g=8 F=? float32' (unknown values as '?')."""
+
+        def v(name: str) -> str:
+            value = getattr(self, name)
+            return "?" if value is None else str(value)
+
+        return (
+            f"P={v('sp_size')} L={v('layers')} B={v('batch')} S={v('seq')} H={v('hidden')} a={v('heads')} "
+            f"g={v('kv_heads')} F={v('ffn')} {v('dtype')}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {name: getattr(self, name) for name in FIELDS}
+        out["provenance"] = dict(self.provenance)
+        return out
