@@ -25,7 +25,7 @@ from sptrace.checks.sharding import ShardingReport, check_sharding
 from sptrace.costmodel import CommEstimate, activation_bytes_per_layer, estimate_comm
 from sptrace.costmodel.comm import NEEDS as COMM_NEEDS
 from sptrace.detect.allocations import Retention, detect_retained
-from sptrace.detect.collectives import COLUMNS, RankIndex, detect_collectives
+from sptrace.detect.collectives import COLUMNS, RankIndex, detect_collectives, fill_from_peers
 from sptrace.detect.matching import Matching, match_collectives
 from sptrace.detect.timing import RankTiming, detect_timing
 from sptrace.errors import SptraceError, UsageError
@@ -126,7 +126,7 @@ def analyse_run(
             frames.append(frame)
             timing.append(detect_timing(trace, frame, indexes[trace.rank]))
     frames = [f for f in frames if not f.empty]
-    collectives = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+    collectives = fill_from_peers(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame(columns=COLUMNS)
     if model.layers is None:
         layers = set(collectives["layer"].dropna().astype(int)) if len(collectives) else set()
         if layers:

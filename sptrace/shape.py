@@ -118,7 +118,8 @@ class ModelShape:
         missing = self.missing(names)
         if not missing:
             return None
-        return f"{purpose} needs {', '.join(FIELDS[n][0] for n in missing)} (not declared)"
+        flags = ", ".join(FIELDS[n][0] for n in missing)
+        return f"{purpose} needs {flags}: declared neither by run.json nor by a flag; pass {flags}"
 
     @property
     def label(self) -> str:

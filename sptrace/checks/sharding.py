@@ -45,6 +45,8 @@ _ATTN = re.compile(
     r"(attn|attention|q_proj|k_proj|v_proj|o_proj|qkv|query|key|value|\bwq\b|\bwk\b|\bwv\b|\bwo\b|out_proj)", re.I
 )
 _GATHER = re.compile(r"all_?gather|allgather", re.I)
+# ops that compute an MLP's activations (a column-parallel linear's output, its nonlinearity)
+_MLP_OPS = re.compile(r"^aten::(mm|addmm|matmul|linear|bmm|gelu|silu|relu|mul|sigmoid|tanh)$")
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ class Judge:
         elif self.full_bytes is None:
             return "unknown", "no shape, and no declared dtype to read its size with"
         elif nbytes == self.full_bytes:
-            if self._collision_possible(self.model.hidden, module or ""):
+            if self._collision_possible(self.model.hidden, module or "", producer or ""):
                 return "ambiguous", "no shape; the size of a full [B, S, H] activation, and of a [B, S, F/P] shard"
             return "full", "no shape; exactly the size of a full [B, S, H] activation"
         elif nbytes == self.shard_bytes:
@@ -180,7 +182,7 @@ class Judge:
         if in_shard and not in_whole:
             return "head-sharded", f"full sequence, {width} wide per token ({shard[width]})"
         if in_whole and in_shard:  # e.g. F/P = H: a 4H MLP at P = 4
-            resolved = self._resolve_collision(width, module, whole[width], shard[width])
+            resolved = self._resolve_collision(width, module, whole[width], shard[width], producer)
             if resolved is not None:
                 return resolved
             return "ambiguous", (
@@ -188,7 +190,7 @@ class Judge:
                 "shard) alike; the module does not tell which"
             )
         if width >= H:
-            if self._collision_possible(width, module):
+            if self._collision_possible(width, module, producer):
                 return "ambiguous", (
                     f"full sequence, {width} wide per token in an MLP module: a full tensor, or a [B, S, F/P] shard if "
                     "F/P = " + str(width) + "; pass --ffn to judge"
@@ -217,20 +219,26 @@ class Judge:
             return "all"
         return None
 
-    def _resolve_collision(self, width: int, module: str, whole: str, shard: str) -> tuple[str, str] | None:
-        """A width both whole and a shard: the module says which kind of shard it would be."""
+    def _resolve_collision(
+        self, width: int, module: str, whole: str, shard: str, producer: str = ""
+    ) -> tuple[str, str] | None:
+        """A width both whole and a shard: the module, or the op that produced the tensor, says
+        which kind of shard it would be."""
         if shard.startswith(("F", "2F")) and _MLP.search(module) and not _ATTN.search(module):
             return "head-sharded", f"full sequence, {width} wide per token: {shard} in MLP module {module}"
+        if shard.startswith(("F", "2F")) and _MLP_OPS.match(producer) and not _ATTN.search(module):
+            return "head-sharded", f"full sequence, {width} wide per token: {shard}, computed by {producer}"
         if not shard.startswith(("F", "2F")) and _ATTN.search(module):
             return "head-sharded", f"full sequence, {width} wide per token: a head shard in attention module {module}"
         return None
 
-    def _collision_possible(self, width: int, module: str) -> bool:
-        """Could a tensor this wide be a 1/P MLP shard the flags did not declare?"""
+    def _collision_possible(self, width: int, module: str, producer: str = "") -> bool:
+        """Could a tensor this wide be a 1/P MLP shard the flags did not declare? (In an MLP
+        module, or computed by an MLP's ops, when F is not declared.)"""
         m = self.model
         if m.ffn is not None:
             return width in (m.ffn // m.sp_size, 2 * m.ffn // m.sp_size) and m.ffn % m.sp_size == 0
-        return bool(_MLP.search(module))
+        return bool(_MLP.search(module)) or (bool(_MLP_OPS.match(producer)) and not _ATTN.search(module))
 
 
 def classify(
@@ -304,7 +312,7 @@ def check_sharding(
             int(sb) if sb is not None and sb == sb else None, mod, prod,
         )
         for s, n, sb, mod, prod in zip(saved["shape"], saved["nbytes"], saved["storage_bytes"], saved["module"],
-                                       saved["producer"])
+                                       saved["producer"].fillna(saved["alloc_op"]))
     ]  # fmt: skip
     saved["class"] = [c for c, _ in classes]
     saved["why"] = [w for _, w in classes]
@@ -410,6 +418,17 @@ def _conclude(
             f"{_ranks(blind)} have neither [memory] events nor sptrace.saved records: profile with "
             "profile_memory=True (sptrace.instrument adds exact shapes)"
         )
+    if not reasons:
+        B, S, H, P = model.batch, model.seq, model.hidden, model.sp_size
+        residual = {(B, S // P, H), (S // P, B, H), (B * S // P, H), (B, S, H), (S, B, H), (B * S, H)}
+        if B == 1:
+            residual |= {(S // P, H), (S, H)}
+        seen = set().union(*(r.shapes_seen for r in retained))
+        if seen and not residual & seen:
+            reasons.append(
+                f"the declared shape (B={B}, S={S}, H={H}, P={P}) matches no tensor in the trace: no op took a "
+                f"[B, S/P, H] = [{B}, {S // P}, {H}] activation (in any layout); is the declared config right?"
+            )
     if not reasons:
         token_dims = saved["class"].isin(JUDGED).any()
         if not token_dims:

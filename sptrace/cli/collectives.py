@@ -21,6 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sptrace.detect import COLUMNS, detect_collectives
+    from sptrace.detect.collectives import fill_from_peers
     from sptrace.detect.timing import detect_timing
 
     run_ = load_quietly(args)
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     nonempty = [f for f in frames if not f.empty]
-    frame = pd.concat(nonempty, ignore_index=True) if nonempty else pd.DataFrame(columns=COLUMNS)
+    frame = fill_from_peers(pd.concat(nonempty, ignore_index=True)) if nonempty else pd.DataFrame(columns=COLUMNS)
     if args.format == "csv":
         sys.stdout.write(frame.to_csv(index=False))
         return 0

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from sptrace import dtypes, markers
+from sptrace.detect import forms
 from sptrace.detect.collectives import RankIndex, layer_of
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.shapes import infer_shape, is_shape, load_list
@@ -107,6 +108,9 @@ class Retention:
     """Allocations alive at the boundary whose free the profiler did not see: not judged."""
     layers_seen: set[int] = field(default_factory=set)
     """Layers the trace shows running (markers, python stacks, attributed tensors)."""
+    shapes_seen: set[tuple[int, ...]] = field(default_factory=set)
+    """Every tensor shape the forward's ops took as input, and every retained tensor's shape:
+    a declared B, S, H that none of them has is a wrong declaration."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -133,6 +137,7 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
         has_records=bool(len(records)), has_memory=not ledger.empty,
     )  # fmt: skip
     out.layers_seen = _layers_seen(idx)
+    out.shapes_seen = _shapes_seen(cpu, fwd, bwd)
     if bwd is None:
         return out
     rows: list[dict[str, Any]] = []
@@ -156,7 +161,7 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
             "rank": trace.rank, "module": rec.module, "layer": layer_of(rec.module), "shape": rec.shape,
             "dtype": rec.dtype, "nbytes": rec.nbytes, "storage_bytes": rec.storage_nbytes or rec.nbytes,
             "storage_ptr": rec.storage_ptr or None, "source": "sptrace.saved record", "alloc_op": made_by,
-            "producer": _producer(collectives, alloc) if alloc is not None else None,
+            "producer": _producer(collectives, ops, alloc, slack) if alloc is not None else None,
             "saved_by": _op_name(ops, int(ts), tid), "holder": "autograd (saved for backward)",
             "alloc_ns": None if alloc is None else alloc["alloc_ns"],
             "free_ns": None if alloc is None else alloc["free_ns"],
@@ -171,13 +176,13 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
                 continue
             tid = int(rec["tid"]) if pd.notna(rec["tid"]) else None
             alloc_ns = int(rec["alloc_ns"])
-            producer = _producer(collectives, rec)
+            producer = _producer(collectives, ops, rec, slack)
             freed_in = _freed_in(nodes, rec["free_ns"])
             if rec["lost_free"]:
                 out.unseen_frees += 1  # died before its address was reused, but when is unknown
                 continue
             if rec["free_ns"] is None or pd.isna(rec["free_ns"]):
-                if producer is not None or _used_by_collective(collectives, ops, rec, slack):
+                if producer is not None:
                     out.unseen_frees += 1  # gloo / NCCL drop a collective's tensors on their own threads
                     continue
                 holder = "not autograd: still alive when the trace ends (a Python reference, a hook or a cache)"
@@ -209,7 +214,18 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
     frame = pd.DataFrame(rows, columns=RETAINED_COLUMNS)
     out.tensors = frame
     out.layers_seen |= {int(x) for x in frame["layer"].dropna()}
+    out.shapes_seen |= {tuple(s) for s in frame["shape"] if isinstance(s, (tuple, list))}
     return out
+
+
+def _shapes_seen(cpu: pd.DataFrame, fwd: int, bwd: int | None) -> set[tuple[int, ...]]:
+    window = cpu[(cpu["ts_ns"] >= fwd) & (cpu["ts_ns"] < bwd)] if bwd is not None else cpu[cpu["ts_ns"] >= fwd]
+    seen: set[tuple[int, ...]] = set()
+    for text in window["input_dims"].dropna().unique():
+        for arg in load_list(text):
+            shapes = [arg] if is_shape(arg) else [s for s in arg if is_shape(s)] if isinstance(arg, list) else []
+            seen.update(tuple(s) for s in shapes)
+    return seen
 
 
 def _backward_end(idx: RankIndex, bwd: int) -> int | None:
@@ -238,35 +254,50 @@ def _op_name(ops: Intervals, ts: int, tid: Any) -> str | None:
     return None if i is None else str(ops.frame.iloc[i]["name"])
 
 
-def _producer(collectives: Intervals, alloc: dict[str, Any]) -> str | None:
-    """The collective an allocation was made inside (a functional all-gather's output), if any."""
+def _producer(collectives: Intervals, ops: Intervals, alloc: dict[str, Any], slack: int) -> str | None:
+    """The collective that produced an allocation, when the trace shows one:
+    * it was allocated inside a collective (a functional all-gather's output);
+    * it was allocated inside an op that ran an all-gather just before (DTensor's
+      Redistribute: gather, then cat the chunks into the full tensor);
+    * it is the output the next collective on its thread fills (``out = torch.empty(...);
+      all_gather_into_tensor(out, x)``: that collective's recorded output has these bytes)."""
     tid = alloc.get("tid")
-    i = collectives.innermost(int(alloc["alloc_ns"]), int(alloc["alloc_ns"]),
-                              int(tid) if tid is not None and not pd.isna(tid) else None)  # fmt: skip
-    return None if i is None else str(collectives.frame.iloc[i]["name"])
-
-
-def _used_by_collective(collectives: Intervals, ops: Intervals, alloc: dict[str, Any], slack: int) -> bool:
-    """Is the next collective this thread issues after the allocation one that sends or
-    receives exactly these bytes (``out = torch.empty(...); all_gather_into_tensor(out, x)``)?"""
-    tid = alloc.get("tid")
+    tid = int(tid) if tid is not None and not pd.isna(tid) else None
+    ts = int(alloc["alloc_ns"])
+    i = collectives.innermost(ts, ts, tid)
+    if i is not None:
+        return str(collectives.frame.iloc[i]["name"])
+    chain = ops.enclosing(ts, ts, tid)
+    if len(chain) >= 2:  # the allocating op's caller
+        parent = int(chain[-2])
+        inner = collectives.inside(int(ops.start[parent]), ts, tid)
+        gathers = [str(collectives.frame.iloc[int(j)]["name"]) for j in inner]
+        gathers = [g for g in gathers if "gather" in g.lower()]
+        if gathers:
+            return f"{ops.frame.iloc[parent]['name']} ({gathers[-1]})"
     if not len(collectives):
-        return False
-    mask = collectives.start > int(alloc["alloc_ns"])
-    if tid is not None and not pd.isna(tid):
-        mask &= collectives.tid == int(tid)
+        return None
+    mask = collectives.start > ts
+    if tid is not None:
+        mask &= collectives.tid == tid
     after = np.flatnonzero(mask)
     if not len(after):
-        return False
+        return None
     first = collectives.frame.iloc[int(after[np.argmin(collectives.start[after])])]
-    sizes = []
+    name = str(first["name"])
+    outputs = (
+        forms.output_shapes(name, first) if forms.FORMS.get(name, forms.Form("", "")).layout in _OUT_FIRST else None
+    )
     elem_types = [t for t in load_list(first.get("input_types")) if dtypes.element_size(t)]
     elem = dtypes.element_size(elem_types[0]) if elem_types else None
-    for d in load_list(first.get("input_dims")):
-        shapes = [d] if is_shape(d) else [s for s in d if is_shape(s)] if isinstance(d, list) else []
-        sizes += [int(np.prod(s)) for s in shapes]
     nbytes = int(alloc["bytes"])
-    return elem is not None and any(0 <= nbytes - n * elem <= slack for n in sizes)
+    if outputs and elem is not None and any(0 <= nbytes - int(np.prod(s)) * elem <= slack for s in outputs):
+        return name
+    return None
+
+
+_OUT_FIRST = ("out_in", "out_in_lists")
+"""c10d forms whose first recorded argument is an output the caller allocated."""
 
 
 def _allocation_at(ledger: pd.DataFrame, addr: int, ts: int) -> dict[str, Any] | None:

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -39,9 +40,9 @@ from sptrace.detect.intervals import Intervals
 from sptrace.load.trace import RankTrace, RunTrace
 
 COLUMNS = [
-    "rank", "kind", "op", "group", "group_size", "group_ranks", "peer", "dtype", "in_bytes", "out_bytes",
-    "wire_bytes", "start_us", "dur_us", "transfer_start_us", "transfer_dur_us", "phase", "step", "layer", "module",
-    "role", "seq", "source", "unknown", "tid",
+    "rank", "kind", "op", "group", "group_size", "group_ranks", "peer", "dtype", "in_elems", "out_elems",
+    "in_bytes", "out_bytes", "wire_bytes", "start_us", "dur_us", "transfer_start_us", "transfer_dur_us", "phase",
+    "step", "layer", "module", "role", "seq", "source", "unknown", "tid",
 ]  # fmt: skip
 """start_us / dur_us: the CPU issue span; transfer_*: when the data moved (NCCL kernel, gloo worker)."""
 
@@ -249,37 +250,67 @@ class RankIndex:
             return module, None, "python stack"
         return None, None, "none"
 
-    def python_layers(self) -> set[int]:
-        """Layer indices the python stacks show running: modules of a *Layer / *Block class, or
-        children of a ModuleList / Sequential."""
+    @cached_property
+    def layer_frames(self) -> dict[str, int]:
+        """Module frames of the python stacks that are transformer layers -> layer index.
+
+        Python stacks name modules by class and a per-class counter (``nn.Module: Block_3``), not
+        by attribute path, so a layer is recognised by what it is:
+          * a class named *Layer or *Block (LlamaDecoderLayer, GPT2Block, TransformerLayer);
+          * a child of a Sequential / ModuleList that was called (the container's own frame);
+          * one of several instances of a composite module (one with modules inside) called from
+            the same parent: the stack of layers a ``for layer in self.layers`` loop runs.
+        Its index is the class counter: the k-th instance of the layer class."""
         if not len(self.python):
-            return set()
+            return {}
         frames = self.python.frame
         names = dict(zip(frames["python_id"], frames["name"].astype(str)))
         parents = dict(zip(frames["python_id"], frames["python_parent_id"]))
-        layers: set[int] = set()
-        for pid, name in names.items():
-            if not name.startswith("nn.Module: "):
-                continue
+
+        def module_parent(pid: Any) -> Any:
             parent = parents.get(pid)
-            for _ in range(64):  # the nearest enclosing module frame
+            for _ in range(64):
                 if parent is None or not _present(parent) or parent not in names:
-                    parent = None
-                    break
+                    return None
                 if names[parent].startswith("nn.Module: "):
-                    break
+                    return parent
                 parent = parents.get(parent)
-            in_container = parent is not None and _CONTAINERS.match(names[parent]) is not None
-            if (_LAYER_CLASS.match(name) or in_container) and not _CONTAINERS.match(name):
-                number = name.rsplit("_", 1)[1]
-                if number.isdigit():
-                    layers.add(int(number))
-        return layers
+            return None
+
+        modules = [pid for pid, name in names.items() if name.startswith("nn.Module: ")]
+        parent_of = {pid: module_parent(pid) for pid in modules}
+        composite = {names[p] for p in parent_of.values() if p is not None}
+        siblings: dict[Any, dict[str, set[str]]] = {}
+        for pid in modules:
+            name = names[pid]
+            cls = name[len("nn.Module: ") :].rpartition("_")[0]
+            siblings.setdefault(parent_of[pid], {}).setdefault(cls, set()).add(name)
+        layers: set[str] = set()
+        for pid in modules:
+            name = names[pid]
+            parent = parent_of[pid]
+            if _CONTAINERS.match(name):
+                continue
+            if _LAYER_CLASS.match(name) or (parent is not None and _CONTAINERS.match(names[parent])):
+                layers.add(name)
+        for group in siblings.values():
+            for same in group.values():
+                if len(same) >= 2 and all(n in composite and not _CONTAINERS.match(n) for n in same):
+                    layers |= same
+        out = {}
+        for name in layers:
+            number = name.rsplit("_", 1)[1]
+            if number.isdigit():
+                out[name] = int(number)
+        return out
+
+    def python_layers(self) -> set[int]:
+        """Layer indices the python stacks show running."""
+        return set(self.layer_frames.values())
 
     def python_module(self, start: int, end: int, tid: int | None) -> str | None:
-        """The module running at [start, end], from python stacks: ``layers.3.Linear_7`` when
-        it runs inside a layer (a child of a ModuleList/Sequential, or a class named *Layer or
-        *Block), else the innermost module's class (``Linear_7``)."""
+        """The module running at [start, end], from python stacks: ``layers.3.Linear_7`` inside a
+        layer (``layer_frames``), else the innermost module's class (``Linear_7``)."""
         if not len(self.python):
             return None
         idx = self.python.enclosing(start, end, tid)
@@ -288,16 +319,11 @@ class RankIndex:
         if not modules:
             return None
         inner = modules[-1][len("nn.Module: ") :]
-        layer = None
-        for depth, name in enumerate(modules):
-            in_container = depth > 0 and _CONTAINERS.match(modules[depth - 1]) is not None
-            match = _LAYER_CLASS.match(name)
-            if match or (in_container and not _CONTAINERS.match(name)):
-                number = name.rsplit("_", 1)[1]
-                layer = (int(number), depth) if number.isdigit() else layer
-        if layer is None:
+        layer_frames = self.layer_frames
+        hits = [(depth, layer_frames[name]) for depth, name in enumerate(modules) if name in layer_frames]
+        if not hits:
             return inner
-        n, depth = layer
+        depth, n = hits[-1]
         return f"layers.{n}" + ("" if depth == len(modules) - 1 else f".{inner}")
 
 
@@ -706,7 +732,8 @@ def _resolve(idx: RankIndex, rank: int | None, groups: _GroupTable, row: _Row) -
     dtype_name = dtypes.canonical(sizes.dtype) or sizes.dtype
     return {
         "rank": rank, "kind": row.kind, "op": row.op, "group": group_name, "group_size": group_size,
-        "group_ranks": group_ranks, "peer": peer, "dtype": dtype_name, "in_bytes": in_bytes, "out_bytes": out_bytes,
+        "group_ranks": group_ranks, "peer": peer, "dtype": dtype_name, "in_elems": sizes.in_elems,
+        "out_elems": sizes.out_elems, "in_bytes": in_bytes, "out_bytes": out_bytes,
         "wire_bytes": wire, "start_us": row.start / 1000, "dur_us": (row.end - row.start) / 1000,
         "transfer_start_us": None if transfer is None else transfer[0] / 1000,
         "transfer_dur_us": None if transfer is None else (transfer[1] - transfer[0]) / 1000,
@@ -734,4 +761,45 @@ def detect_run_collectives(run: RunTrace) -> pd.DataFrame:
     frames = [f for f in frames if not f.empty]
     if not frames:
         return pd.DataFrame(columns=COLUMNS)
-    return pd.concat(frames, ignore_index=True)
+    return fill_from_peers(pd.concat(frames, ignore_index=True))
+
+
+def fill_from_peers(frame: pd.DataFrame) -> pd.DataFrame:
+    """The element type a rank's trace did not record (a non-root gloo scatter: a TensorList op
+    whose worker annotation has no args), from the same collective on another rank: the k-th
+    collective of an op on one rank is the k-th of that op on every rank of an SPMD program.
+    Sizes follow from the elements this rank's own trace recorded."""
+    need = frame["dtype"].isna() & (frame["in_elems"].notna() | frame["out_elems"].notna())
+    if not need.any():
+        return frame
+    frame = frame.copy()
+    order = frame.groupby(["rank", "op"], sort=False).cumcount()
+    known = frame[frame["dtype"].notna()].assign(k=order[frame["dtype"].notna()])
+    donor = known.drop_duplicates(["op", "k"]).set_index(["op", "k"])[["dtype", "rank"]]
+    for i in frame.index[need]:
+        key = (frame.at[i, "op"], int(order.at[i]))
+        if key not in donor.index:
+            continue
+        dtype, other = donor.loc[key, "dtype"], int(donor.loc[key, "rank"])
+        elem = dtypes.element_size(dtype)
+        if not elem:
+            continue
+        frame.at[i, "dtype"] = dtype
+        for side in ("in", "out"):
+            n = frame.at[i, f"{side}_elems"]
+            if n is not None and not pd.isna(n):
+                frame.at[i, f"{side}_bytes"] = int(n) * elem
+        if frame.at[i, "in_bytes"] is not None and frame.at[i, "out_bytes"] is not None and frame.at[i, "group_size"]:
+            size = frame.at[i, "group_size"]
+            if size is not None and not pd.isna(size):
+                frame.at[i, "wire_bytes"] = wire_bytes(
+                    frame.at[i, "kind"], frame.at[i, "in_bytes"], frame.at[i, "out_bytes"], int(size)
+                )
+        frame.at[i, "source"] = f"{frame.at[i, 'source']}; dtype: the same collective on rank {other}"
+        unknown = [
+            u
+            for u in str(frame.at[i, "unknown"] or "").split("; ")
+            if u and not u.startswith(("dtype", "in bytes", "out bytes"))
+        ]
+        frame.at[i, "unknown"] = "; ".join(unknown) or None
+    return frame

@@ -98,10 +98,16 @@ def infer_shape(
     fit. ``slack``: bytes a CUDA caching-allocator block may exceed the request by."""
     best: tuple[int, tuple[int, ...], str | None] | None = None
     for shape, dtype in candidate_shapes(op):
-        size = dtypes.element_size(dtype) or default_element_size
-        if not size:
+        # the op's own element type, else the declared one, else (a TensorList op such as cat,
+        # which records none) every element size: the shape counts only if exactly one fits
+        sizes = (
+            [dtypes.element_size(dtype) or default_element_size] if (dtype or default_element_size) else [1, 2, 4, 8]
+        )
+        fits = [(nbytes - math.prod(shape) * size, size) for size in sizes if size]
+        fits = [(spare, size) for spare, size in fits if 0 <= spare <= slack]
+        if len(fits) != 1:
             continue
-        spare = nbytes - math.prod(shape) * size
-        if 0 <= spare <= slack and (best is None or spare < best[0]):
+        spare = fits[0][0]
+        if best is None or spare < best[0]:
             best = (spare, shape, dtypes.canonical(dtype) if dtype else None)
     return None if best is None else (best[1], best[2])

@@ -1,0 +1,361 @@
+"""Run every user model on 8 gloo ranks, profile one training step of each with plain
+torch.profiler (no sptrace code in the step), and write each rank's oracle beside it:
+
+    python -m torch.distributed.run --standalone --nproc-per-node 8 -m tests.user_models.job --out DIR
+
+DIR/<scenario>/rank{r}.json   the trace, as a user exports it
+DIR/oracle/<scenario>/rank{r}.json
+    comm_counts   CommDebugMode's count of each collective op over one forward + backward
+    tensors       the shapes the model's own tensors had at each collective (in, out, group size)
+    saved         a saved_tensors_hooks census of one forward: local shape, dtype, storage, module
+    held          tensors the model keeps outside autograd across the boundary (their shapes)
+    sac           what the SAC policy told checkpointing to keep (op, shape)
+    config        B, S, H, a, F, P of the scenario
+
+The oracles come from the models and torch, never from sptrace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.profiler import ProfilerActivity, profile
+
+from tests.user_models import models
+
+B, S, H, HEADS = 2, 64, 48, 8  # S/P = 8 at P = 8; H/P = 6; every shard width differs from H
+
+
+def census(model: nn.Module, step: Callable[[], Tensor]) -> list[dict[str, Any]]:
+    """Every tensor autograd saves during one forward, with the module that saved it (a
+    saved_tensors_hooks pack hook and forward hooks: torch's own view of what is kept)."""
+    stack: list[str] = []
+    handles = []
+
+    def enter(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any) -> None:
+            stack.append(name or "<root>")
+
+        return hook
+
+    def leave(module: nn.Module, args: Any, output: Any) -> None:  # None: the output is untouched
+        if stack:
+            stack.pop()
+
+    for name, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(enter(name)))
+        handles.append(module.register_forward_hook(leave, always_call=True))
+    saved: list[dict[str, Any]] = []
+
+    def pack(t: Tensor) -> Tensor:
+        local = getattr(t, "_local_tensor", t)  # a DTensor: what this rank holds
+        is_param = isinstance(t, nn.Parameter) or (t.is_leaf and t.requires_grad)
+        saved.append({
+            "module": stack[-1] if stack else "<outside>", "shape": list(local.shape), "dtype": str(local.dtype),
+            "storage": local.untyped_storage().data_ptr(), "storage_bytes": local.untyped_storage().nbytes(),
+            "param": bool(is_param), "dtensor": hasattr(t, "_local_tensor"),
+        })  # fmt: skip
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = step()
+        loss.backward()
+    finally:
+        for h in handles:
+            h.remove()
+    return saved
+
+
+def comm_counts(step: Callable[[], Tensor]) -> dict[str, int]:
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    mode = CommDebugMode()
+    with mode:
+        step().backward()
+    return {str(op): int(n) for op, n in mode.get_comm_counts().items()}
+
+
+def profiled(out: Path, step: Callable[[], Any], *, backward_in_window: bool = True) -> None:
+    """Two warm-up steps, then one step under torch.profiler with the usual options, exported as
+    a user would (prof.export_chrome_trace)."""
+    for _ in range(2):
+        step()
+    dist.barrier()
+    rank = dist.get_rank()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True) as prof:
+        step()
+    out.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(out / f"rank{rank}.json"))
+    dist.barrier()
+
+
+def write_oracle(root: Path, name: str, data: dict[str, Any]) -> None:
+    path = root / "oracle" / name / f"rank{dist.get_rank()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=str))
+
+
+def sgd_step(model: nn.Module, forward: Callable[[], Tensor], *, keep_graph_until_step: bool = False):
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        loss = forward()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def shard_of(full: Tensor, rank: int, world: int, dim: int = 1) -> Tensor:
+    return full.chunk(world, dim=dim)[rank].contiguous()
+
+
+# ---- scenarios ---------------------------------------------------------------------------------
+
+
+def tp_sp_native(root: Path) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    ffn = 4 * H
+    model = models.parallelize_tp_sp(models.Transformer(2, H, HEADS, ffn), mesh)
+    x_full = torch.randn(B, S, H)
+    x = shard_of(x_full, rank, world)  # [B, S/P, H]: the residual stream stays a local shard
+
+    def forward() -> Tensor:
+        return model(x).square().mean()
+
+    counts = comm_counts(forward)
+    saved = census(model, forward)
+    profiled(root / "tp_sp_native", sgd_step(model, forward))
+    write_oracle(root, "tp_sp_native", {
+        "comm_counts": counts, "saved": saved,
+        "config": {"batch": B, "seq": S, "hidden": H, "heads": HEADS, "ffn": ffn, "sp": world, "layers": 2},
+        "tensors": {"all_gather": {"in": [B, S // world, H], "out": [B, S, H]}},
+    })  # fmt: skip
+
+
+def functional_ulysses(root: Path) -> None:
+    import torch.distributed._functional_collectives as funcol
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.group.WORLD
+    torch.manual_seed(1)
+    model = nn.Sequential(*(models.FunctionalUlysses(H, HEADS, 2 * H, group) for _ in range(2)))
+    x = shard_of(torch.randn(B, S, H), rank, world)
+    # an uneven all-to-all (all_to_all_v), as token routing issues: rank r sends r+1 rows to each peer
+    send_rows = [rank + 1] * world
+    recv_rows = [peer + 1 for peer in range(world)]
+
+    def forward() -> Tensor:
+        out = model(x)
+        routed = funcol.all_to_all_single(torch.ones(sum(send_rows), 4), recv_rows, send_rows, group)
+        total = funcol.all_reduce(out.square().mean().reshape(1), "sum", group)
+        return total.sum() / world + 0 * routed.sum()
+
+    counts = comm_counts(forward)
+    profiled(root / "functional_ulysses", sgd_step(model, forward))
+    per = B * (S // world) * H  # elements of one q, k, v or context shard
+    write_oracle(root, "functional_ulysses", {
+        "comm_counts": counts,
+        "config": {"batch": B, "seq": S, "hidden": H, "heads": HEADS, "sp": world, "layers": 2},
+        "tensors": {
+            "all_to_all": {"elements": per},
+            "all_to_all_v": {"in_elements": sum(send_rows) * 4, "out_elements": sum(recv_rows) * 4},
+            "all_reduce": {"elements": 1},
+        },
+    })  # fmt: skip
+
+
+def list_allgather(root: Path) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(2)
+    model = nn.Sequential(*(models.ListGatherBlock(H, dist.group.WORLD) for _ in range(2)))
+    x = shard_of(torch.randn(B, S, H), rank, world)
+
+    def forward() -> Tensor:
+        return model(x).square().mean()
+
+    counts = comm_counts(forward)
+    profiled(root / "list_allgather", sgd_step(model, forward))
+    write_oracle(root, "list_allgather", {
+        "comm_counts": counts, "config": {"batch": B, "seq": S, "hidden": H, "sp": world, "layers": 2},
+        "tensors": {"all_gather": {"in_elements": B * (S // world) * H, "group": world},
+                    "scatter": {"out_elements": B * (S // world) * H, "group": world}},
+    })  # fmt: skip
+
+
+def p2p_ring(root: Path) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(3)
+    model = models.RingMixer(H, dist.group.WORLD)
+    x = shard_of(torch.randn(B, S, H), rank, world)
+
+    def forward() -> Tensor:
+        return model(x).square().mean()
+
+    profiled(root / "p2p_ring", sgd_step(model, forward))
+    write_oracle(root, "p2p_ring", {
+        "config": {"batch": B, "seq": S, "hidden": H, "sp": world},
+        "tensors": {"send": {"elements": B * (S // world) * H, "count": world - 1, "peer": (rank + 1) % world},
+                    "recv": {"elements": B * (S // world) * H, "count": world - 1, "peer": (rank - 1) % world}},
+    })  # fmt: skip
+
+
+def stray_list(root: Path) -> None:
+    """Megatron-style SP that saves shards correctly, plus a debug list that keeps each layer's
+    gathered [B, S, H] activation until the optimizer step is done."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(4)
+    model = models.MegatronStack(2, H, 2 * H, dist.group.WORLD)
+    x = shard_of(torch.randn(B, S, H), rank, world)
+    store: list[Tensor] = []
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def forward() -> Tensor:
+        return model(x).square().mean()
+
+    counts = comm_counts(forward)
+    saved = census(model, forward)
+
+    def step() -> None:
+        for layer in model.layers:
+            layer.debug_store = store
+        loss = forward()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        held = [list(t.shape) for t in store]
+        store.clear()  # "logged": dropped once the step is done
+        step.held = held  # type: ignore[attr-defined]
+
+    profiled(root / "stray_list", step)
+    write_oracle(root, "stray_list", {
+        "comm_counts": counts, "saved": saved, "held": step.held,  # type: ignore[attr-defined]
+        "config": {"batch": B, "seq": S, "hidden": H, "ffn": 2 * H, "sp": world, "layers": 2},
+    })  # fmt: skip
+
+
+def ffn4h_p4(root: Path) -> None:
+    """Two tensor-parallel groups of 4 ranks (DP = 2 x TP = 4), Megatron-style SP with F = 4H:
+    F/P = H, so the MLP's [B, S, F/P] activations have the shape of a full [B, S, H] one."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tp = 4
+    groups = [dist.new_group(list(range(i, i + tp))) for i in range(0, world, tp)]
+    dp_groups = [dist.new_group([i, i + tp]) for i in range(tp)]
+    group = groups[rank // tp]
+    dp = dp_groups[rank % tp]
+    torch.manual_seed(5)
+    ffn = 4 * H
+    model = models.MegatronStack(2, H, ffn, group)
+    tp_rank = dist.get_rank(group)
+    x = shard_of(torch.randn(B, S, H), tp_rank, tp)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def forward() -> Tensor:
+        return model(x).square().mean()
+
+    counts = comm_counts(forward)
+    saved = census(model, forward)
+
+    def step() -> None:
+        forward().backward()
+        for p in model.parameters():  # data-parallel gradient sync over the 2-rank DP group
+            dist.all_reduce(p.grad, group=dp)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    profiled(root / "ffn4h_p4", step)
+    write_oracle(root, "ffn4h_p4", {
+        "comm_counts": counts, "saved": saved,
+        "config": {"batch": B, "seq": S, "hidden": H, "ffn": ffn, "sp": tp, "layers": 2, "world": world},
+        "tensors": {"all_gather": {"in": [S // tp, B, H], "out": [S, B, H], "group": tp}, "dp_group": 2},
+    })  # fmt: skip
+
+
+def forward_only(root: Path) -> None:
+    """A profiling window that holds only the forward: backward runs after the profiler stops."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(6)
+    model = models.MegatronStack(2, H, 2 * H, dist.group.WORLD)
+    x = shard_of(torch.randn(B, S, H), rank, world)
+    for _ in range(2):
+        model(x).square().mean().backward()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True) as prof:
+        loss = model(x).square().mean()
+    out = root / "forward_only"
+    out.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(out / f"rank{rank}.json"))
+    loss.backward()
+    dist.barrier()
+    write_oracle(root, "forward_only", {"config": {"batch": B, "seq": S, "hidden": H, "sp": world}})
+
+
+def sac(root: Path) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(7)
+    blocks = [models.CheckpointedGather(H, dist.group.WORLD) for _ in range(2)]
+    model = nn.Sequential(*blocks)
+    x = shard_of(torch.randn(B, S, H), rank, world).requires_grad_(False)
+
+    def forward() -> Tensor:
+        return model(x).square().mean()
+
+    step = sgd_step(model, forward)
+    for b in blocks:
+        b.recorded.clear()
+    profiled(root / "sac", step)
+    # the policy saw the warm-up steps too: one step's worth is the last third
+    kept = [r for b in blocks for r in b.recorded]
+    per_step = len(kept) // 3
+    write_oracle(root, "sac", {
+        "sac": kept[-per_step:], "config": {"batch": B, "seq": S, "hidden": H, "sp": world, "layers": 2},
+    })  # fmt: skip
+
+
+SCENARIOS = {
+    "tp_sp_native": tp_sp_native,
+    "functional_ulysses": functional_ulysses,
+    "list_allgather": list_allgather,
+    "p2p_ring": p2p_ring,
+    "stray_list": stray_list,
+    "ffn4h_p4": ffn4h_p4,
+    "forward_only": forward_only,
+    "sac": sac,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--only", nargs="*", default=list(SCENARIOS))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(minutes=5))
+    root = Path(args.out)
+    try:
+        for name in args.only:
+            SCENARIOS[name](root)
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) == 0:
+        (root / "done").write_text("ok\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""GIVEN models written the way users write them, profiled with plain torch.profiler (memory
+events, record_shapes; no sptrace markers or saved-tensor records)
+WHEN sptrace check judges what each rank keeps across the forward -> backward boundary
+THEN its verdict agrees with an independent oracle (a saved_tensors_hooks census, the tensors the
+model holds itself, what the SAC policy cached) and says "cannot decide" when the trace cannot
+show enough."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from sptrace.cli import main
+
+pytestmark = pytest.mark.distributed
+WORLD = 8
+B, S, H = 2, 64, 48
+SHAPE = ["--batch", str(B), "--seq", str(S), "--hidden", str(H), "--workers", "1"]
+
+
+def oracle(root, name, rank=0):
+    return json.loads((root / "oracle" / name / f"rank{rank}.json").read_text())
+
+
+def is_full(shape) -> bool:
+    """The oracle's own rule for a full-size activation: a full-sequence tensor (S tokens, or
+    B*S flattened) at least H wide per token."""
+    n = 1
+    for d in shape:
+        n *= d
+    tokens = B * S if (B * S in shape or (S in shape and B in shape)) else S if S in shape else None
+    return tokens is not None and n // tokens >= H
+
+
+def check(root, name, capsys, cache, *flags):
+    code = main(["check", str(root / name), "--format", "json", "--cache-dir", str(cache), *SHAPE, *flags])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def full_per_rank(report):
+    rows = [s for s in report["saved"] if s["class"] == "full"]
+    return {r: sorted(tuple(s["shape"]) for s in rows if s["rank"] == r) for r in range(WORLD)}
+
+
+def test_native_colwise_parallel_keeps_the_gathered_input(user_runs, capsys, tmp_path):
+    code, report = check(user_runs, "tp_sp_native", capsys, tmp_path)
+    assert code == 1 and report["verdict"]["status"] == "fail"
+    for rank in range(WORLD):
+        census = [s for s in oracle(user_runs, "tp_sp_native", rank)["saved"] if not s["param"]]
+        # the census sees DTensors' local shards; count each storage once, as memory does
+        full = {s["storage"] for s in census if is_full(s["shape"])}
+        assert any(s["dtensor"] for s in census)
+        assert len(full_per_rank(report)[rank]) == len(full) == 4  # q/k/v's shared input and fc1's, x 2 layers
+    findings = [f for f in report["findings"] if f["code"] == "full-size-save"]
+    assert {f["layer"] for f in findings} == {0, 1}
+    assert all(f["ranks"] == list(range(WORLD)) for f in findings)  # one finding per fact, not per rank
+    assert all("gathered full sequence" in f["message"] and "autograd" in f["message"] for f in findings)
+
+
+def test_a_full_tensor_held_in_a_python_list_fails(user_runs, capsys, tmp_path):
+    o = oracle(user_runs, "stray_list")
+    census = [s for s in o["saved"] if not s["param"]]
+    assert not any(is_full(s["shape"]) for s in census)  # autograd itself keeps nothing full
+    code, report = check(user_runs, "stray_list", capsys, tmp_path, "--ffn", "96")
+    assert code == 1
+    held = sorted(tuple(s) for s in o["held"])
+    for rank, shapes in full_per_rank(report).items():
+        assert len(shapes) == len(held) and all(is_full(s) for s in shapes), rank
+    for f in report["findings"]:
+        assert "not autograd" in f["message"] and "Python reference" in f["message"]
+    assert {f["layer"] for f in report["findings"]} == {0, 1}
+
+
+def test_4h_ffn_at_p4_is_ambiguous_until_ffn_is_declared(user_runs, capsys, tmp_path):
+    flags = ["--sp", "4"]
+    census = [s for s in oracle(user_runs, "ffn4h_p4")["saved"] if not s["param"]]
+    collide = [s for s in census if is_full(s["shape"])]  # [B, S, F/P]: the shape of [B, S, H]
+    assert collide and all(s["shape"][-1] == H for s in collide)
+    # without --ffn: not FULL, not a silent PASS either: counted and said
+    code, report = check(user_runs, "ffn4h_p4", capsys, tmp_path, *flags)
+    assert code == 0 and report["counts"]["full"] == 0
+    assert report["counts"]["ambiguous"] == WORLD * len(collide)
+    assert "ambiguous" in report["verdict"]["summary"] and any("--ffn" in n for n in report["notes"])
+    # --ffn resolves them from the ops that computed them: F/P shards
+    code, report = check(user_runs, "ffn4h_p4", capsys, tmp_path, *flags, "--ffn", "192")
+    assert code == 0 and report["counts"]["ambiguous"] == 0 and report["counts"]["head-sharded"] >= WORLD * len(collide)
+    # --strict turns what cannot be judged into failures
+    code, report = check(user_runs, "ffn4h_p4", capsys, tmp_path, *flags, "--strict")
+    assert code == 1 and {f["code"] for f in report["findings"]} == {"ambiguous-tensor"}
+
+
+def test_forward_only_window_cannot_decide(user_runs, capsys, tmp_path):
+    code, report = check(user_runs, "forward_only", capsys, tmp_path, "--sp", "8")
+    assert code == 2 and report["verdict"]["status"] == "undecided"
+    assert "no backward" in report["verdict"]["summary"]
+    assert main(["check", str(user_runs / "forward_only"), "--cache-dir", str(tmp_path), *SHAPE, "--sp", "8"]) == 2
+    assert "CANNOT DECIDE: the profiled window has no backward" in capsys.readouterr().out
+
+
+def test_selective_checkpointing_keeps_are_seen(user_runs, capsys, tmp_path):
+    sac = oracle(user_runs, "sac")["sac"]
+    cached_full = sorted(tuple(shape) for op, shape in sac if is_full(shape))
+    assert cached_full  # the policy cached the gathered sequence
+    code, report = check(user_runs, "sac", capsys, tmp_path, "--sp", "8")
+    assert code == 1
+    for rank, shapes in full_per_rank(report).items():
+        assert shapes == cached_full, rank
+
+
+def test_a_wrong_declaration_cannot_decide(user_runs, capsys, tmp_path):
+    ok, _ = check(user_runs, "list_allgather", capsys, tmp_path)
+    assert ok == 0
+    for flag, value in (("--seq", "128"), ("--batch", "3"), ("--hidden", "96")):
+        argv = [str(user_runs / "list_allgather"), "--cache-dir", str(tmp_path), *SHAPE, flag, value]
+        assert main(["check", *argv]) == 2
+        assert "matches no tensor in the trace" in capsys.readouterr().out
+
+
+def test_junit_reports_each_module_once_with_its_ranks(user_runs, capsys, tmp_path):
+    out = tmp_path / "check.xml"
+    argv = ["check", str(user_runs / "tp_sp_native"), "--cache-dir", str(tmp_path), *SHAPE, "--format", "junit"]
+    assert main([*argv, "--output", str(out)]) == 1
+    suite = ET.parse(out).getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    failed = [c for c in cases if c.find("failure") is not None]
+    assert int(suite.get("failures")) == len(failed) == 4
+    assert len({c.get("name") for c in cases}) == len(cases)  # a module once, not once per rank
+    assert all("ranks 0-7:" in c.find("failure").get("message") for c in failed)
