@@ -21,15 +21,18 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints/cpu.txt
 demo: $(VENV)/.installed
 	$(BIN)/sptrace demo
 
-# The browser tests drive Debian's chromium (never a downloaded browser); installed when missing.
+# The browser tests drive Debian's chromium (never a downloaded browser): `make browser` installs it
+# (apt-get: root, or sudo).
 APT := $(if $(shell command -v sudo 2>/dev/null),sudo ,)apt-get
 
 browser:
 	@command -v chromium >/dev/null 2>&1 || { $(APT) update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(APT) install -y -qq chromium chromium-driver; }
 
-test: $(VENV)/.installed browser
-	$(BIN)/python -m pytest
+# needs no root: tests that want Debian's chromium or the real-trace corpus skip, saying so, when
+# those are absent (`make browser` installs chromium; SPTRACE_CORPUS=DIR points at a corpus)
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -rs
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

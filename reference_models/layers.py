@@ -3,12 +3,22 @@ grouped QKV layout, and the dense single-process model the sharded ones must mat
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from reference_models.config import StepConfig
+
+# torch >= 2.14: checkpointing can honour the surrounding saved_tensors_hooks, so that sptrace's
+# saved-tensor records see what a checkpointed region keeps (older torch bypasses them)
+_CHECKPOINT_HOOKS = (
+    {"respect_saved_tensors_hooks": True}
+    if "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters
+    else {}
+)
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -112,7 +122,7 @@ class CoreAttention(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.recompute and torch.is_grad_enabled():
-            return checkpoint(self._attend, q, k, v, use_reentrant=False)
+            return checkpoint(self._attend, q, k, v, use_reentrant=False, **_CHECKPOINT_HOOKS)
         return self._attend(q, k, v)
 
 

@@ -67,9 +67,9 @@ class RunAnalysis:
 
     def time_summary(self) -> dict[str, float | None]:
         """Over ranks: the slowest step, mean transfer time, mean exposed communication."""
-        steps = [t.step_ms for t in self.timing if t.step_ms is not None]
-        exposed = [t.exposed_ms for t in self.timing if t.exposed_ms is not None]
-        comm = [t.comm_ms for t in self.timing]
+        steps = [float(t.step_ms) for t in self.timing if t.step_ms is not None]
+        exposed = [float(t.exposed_ms) for t in self.timing if t.exposed_ms is not None]
+        comm = [float(t.comm_ms) for t in self.timing]
         return {
             "step_ms": max(steps) if steps else None,
             "comm_ms": sum(comm) / len(comm) if comm else None,

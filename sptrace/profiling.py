@@ -63,8 +63,9 @@ def profile_step(
     ``step_fn`` runs one whole training step; mark its phases with ``sptrace.phase(...)``.
     Call it on every rank (torch.distributed initialised, or a single process). Returns this
     rank's trace path. ``run_info`` (JSON-serialisable) is recorded in ``out_dir/run.json``
-    under "config": declare at least scheme, batch, seq, hidden, heads and sp_size so that
-    ``sptrace check`` can classify shapes without flags.
+    under "config": what the analyses know about the model (scheme, sp_size, layers, batch, seq,
+    hidden, heads, kv_heads, ffn, dtype). Nothing left out is guessed: ``sptrace check`` needs
+    batch, seq, hidden and sp_size, ``sptrace analyze`` every value and the scheme.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -111,6 +111,8 @@ def user_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def corpus() -> Path:
     if not CORPUS.is_dir():
+        if os.environ.get("SPTRACE_REQUIRE_CORPUS"):  # CI: the corpus must be there
+            pytest.fail(NO_CORPUS)
         pytest.skip(NO_CORPUS)
     return CORPUS
 

@@ -48,7 +48,7 @@ def layout(store: RunStore) -> Any:
     runs = [store.get(i) for i in range(len(store.paths))]
     declared = [a.model for a in runs if isinstance(a, RunAnalysis) and not a.model.missing(NEEDS)]
     base = declared[0] if declared else StepConfig().shape()
-    seqs = sorted({base.seq * 2**k for k in range(-2, 6) if base.seq * 2**k >= base.sp_size})
+    seqs = sorted({base.seq * 2**k // 4 for k in range(8) if base.seq * 2**k // 4 >= base.sp_size})
     seqs = [s for s in seqs if s % base.sp_size == 0]
     sweeps = [part for root in store.sweeps for part in sweep_section(root)]
     return html.Div([

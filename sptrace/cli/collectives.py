@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{len(frame)} collectives on {ranks} ranks; per rank and kind:")
     counts = frame.groupby(["kind"]).agg(n=("rank", "size"), wire=("wire_bytes", "sum"), unknown=("wire_bytes", _nulls))
     for kind, row in counts.iterrows():
-        unknown = f"  ({row.unknown / ranks:.1f} per rank of unknown size)" if row.unknown else ""
+        unknown = f"  ({row.unknown / ranks:.1f} per rank whose wire bytes are unknown)" if row.unknown else ""
         print(f"  {kind:<15}{row.n / ranks:>7.1f} per rank  {human_bytes(row.wire / ranks):>12} wire per rank{unknown}")
     print("\nper rank: step, communication (transfer time) and exposed communication, ms")
     for t in timing:

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from sptrace.cli import main
 from reference_models.config import StepConfig
+from sptrace.cli import main
 from sptrace.costmodel import PRESETS, estimate_comm, korthikanti_bytes_per_layer, wire_bytes
 
 MiB, GiB = 2**20, 2**30

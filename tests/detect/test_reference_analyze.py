@@ -41,7 +41,7 @@ def test_clean_runs_match_the_model(profiled, capsys, cache_dir, name):
 
 def codes(report, rank):
     return sorted(
-        (f["code"], f["layer"], f["message"].split(": ", 1)[1]) for f in report["findings"] if f["rank"] == rank
+        (f["code"], f["layer"], f["message"].split(": ", 1)[1]) for f in report["findings"] if rank in f["ranks"]
     )
 
 
@@ -51,6 +51,9 @@ def test_stray_full_save_skips_the_backward_regather(profiled, capsys):
     for rank in range(8):
         # ColwiseParallel keeps the gathered input, so fc1's backward all-gather of its shard is gone
         assert codes(report, rank) == [("missing-collective", 1, "missing all_gather of 12.00 KiB")]
+    # the same fact on every rank is one finding with its rank set
+    (finding,) = report["findings"]
+    assert finding["ranks"] == list(range(8)) and report["verdict"]["status"] == "fail"
 
 
 def test_missing_reduce_scatter_is_an_all_reduce(profiled, capsys):
@@ -82,11 +85,14 @@ def test_ulysses_gathered_mlp_input(profiled, capsys):
 def test_analyze_text_and_usage_errors(profiled, capsys, corpus, tmp_path):
     assert main(["analyze", str(profiled("megatron"))]) == 0
     out = capsys.readouterr().out
-    assert "MATCH: the run communicates what its scheme must" in out and "largest arrival skew" in out
+    assert "MATCH: 21 collectives and 1.64 MiB on the wire per rank, as the megatron model predicts" in out
+    assert "largest arrival skew" in out and "comm ms" in out
     assert main(["analyze", str(corpus / "param_dlrm_kineto"), "--cache-dir", str(tmp_path)]) == 2
-    assert "no run.json to say which scheme this is; pass --scheme" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs --scheme, --sp, --layers, --batch, --seq, --hidden" in err
     # a foreign run checked against a scheme it does not follow: a mismatch, not a crash
-    model = ["--scheme", "ulysses", "--layers", "1", "--seq", "1024", "--hidden", "64", "--heads", "8", "--ffn", "64"]
+    model = ["--scheme", "ulysses", "--layers", "1", "--batch", "1", "--seq", "1024", "--hidden", "64", "--heads", "8",
+             "--kv-heads", "8", "--ffn", "64", "--dtype", "float32", "--sp", "8"]  # fmt: skip
     code = main(["analyze", str(corpus / "param_dlrm_kineto"), *model, "--cache-dir", str(tmp_path)])
     assert code == 1
     assert "MISMATCH" in capsys.readouterr().out

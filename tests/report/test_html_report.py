@@ -10,26 +10,33 @@ from sptrace.cli import main
 pytestmark = pytest.mark.distributed
 
 
-def test_report_over_runs(profiled, corpus, tmp_path, capsys):
+def test_report_over_runs(profiled, tmp_path, capsys):
+    from tests.conftest import CORPUS
+
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "rank0.json").write_text('{"traceEvents": [')
     out = tmp_path / "out" / "report.html"
-    args = [
-        str(profiled("megatron")),
-        str(profiled("megatron-stray-full-save")),
-        str(corpus / "param_dlrm_kineto"),
-        str(broken),
-    ]
+    dlrm = CORPUS / "param_dlrm_kineto"
+    args = [str(profiled("megatron")), str(profiled("megatron-stray-full-save")), str(broken)]
+    args += [str(dlrm)] if dlrm.is_dir() else []
     assert main(["report", *args, "--html", str(out)]) == 0
     page = out.read_text()
     assert page.count("* plotly.js v") == 1  # plotly.js inlined once
     assert page.count('class="plotly-graph-div"') >= 3 * 2 + 1
     assert "megatron</a>: collectives MATCH; sharding PASS" in page
-    assert "megatron-stray-full-save</a>: collectives MISMATCH (8 findings); sharding FAIL (8 full-size saves)" in page
+    assert "megatron-stray-full-save</a>: collectives MISMATCH; sharding FAIL" in page
+    # a finding on every rank is one row with its rank set
+    assert page.count("layers.1.mlp.fc1 keeps a full-sequence [256x96]") == 1 and "ranks 0-7" in page
+    assert "communication" in page and "of transfer time" in page
     assert "layers.1.mlp.fc1 keeps a full-sequence [256x96]" in page
-    assert "param_dlrm_kineto</a>: no run.json" in page
+    if dlrm.is_dir():  # a foreign run that declares nothing: neither check runs, and it says so
+        assert "param_dlrm_kineto</a>: collectives not checked; sharding not checked" in page
     assert "broken</a>: unusable" in page and "invalid JSON: truncated" in page
     assert not list(out.parent.glob(".*"))
     assert main(["report", str(tmp_path / "missing"), "--html", str(out)]) == 2
     assert "no such file or directory" in capsys.readouterr().err
+    # nothing could be analysed: exit 2, and no report of errors is written
+    lone = tmp_path / "lone.html"
+    assert main(["report", str(broken), "--html", str(lone)]) == 2
+    assert "no run could be analysed" in capsys.readouterr().err and not lone.exists()

@@ -29,6 +29,7 @@ def test_sweep_end_to_end(tmp_path, capsys):
     ]
     assert (table["comm_GiB"] == table["model_comm_GiB"]).all()  # measured bytes are the model's
     assert (table["step_ms"] > 0).all() and (table["peak_GiB"] > 0).all()
+    assert (table["comm_ms"] > 0).all() and (table["comm_ms"] < table["step_ms"]).all()  # transfer time
     fit = json.loads((out / "regression.json").read_text())
     assert set(fit["coefficients"]) == {"intercept", "peak_GiB", "comm_GiB", "S_K", "S_K^2"} and fit["runs"] == 4
     # a second sweep reuses the runs it already has

@@ -50,3 +50,25 @@ def test_ulysses_allows_ffn_not_divisible_by_p_and_roundtrips():
 def test_every_fault_is_described():
     assert set(FAULTS) == {"stray-full-save", "missing-reduce-scatter", "debug-hook"}
     assert all(len(text) > 40 for text in FAULTS.values())
+
+
+def test_model_shape_knows_only_what_was_declared():
+    from sptrace.errors import UsageError
+    from sptrace.shape import ModelShape
+
+    # GIVEN a user's run.json that declares B, S, H, a and P (no F, no dtype)
+    declared = {"scheme": "megatron", "batch": 1, "seq": 32768, "hidden": 4096, "heads": 32, "sp_size": 8, "x": 1}
+    shape = ModelShape.from_mapping(declared, "run.json")
+    # THEN F and the dtype are unknown, never a reference model's default
+    assert shape.ffn is None and shape.dtype is None and shape.kv_heads is None and shape.zero3 is False
+    assert shape.provenance["seq"] == "run.json" and "x" not in shape.to_dict()
+    with pytest.raises(UsageError, match="the cost model needs --kv-heads, --ffn, --dtype"):
+        shape.require(("kv_heads", "ffn", "dtype"), "the cost model")
+    # AND a flag declares a value, saying so
+    flagged = shape.override("flags", ffn=16384, scheme="ulysses-zero3")
+    assert (flagged.ffn, flagged.scheme, flagged.zero3) == (16384, "ulysses", True)
+    assert flagged.provenance["ffn"] == "--ffn" and flagged.describe().endswith("F=16384 ?")
+    # the reference models declare every value
+    assert not StepConfig().shape().missing(("ffn", "dtype", "kv_heads", "layers", "recompute"))
+    with pytest.raises(UsageError, match="--seq must be a positive integer"):
+        ModelShape(seq=0)

@@ -148,6 +148,29 @@ def tp_sp_native(root: Path) -> None:
     })  # fmt: skip
 
 
+def tp_sp_instrumented(root: Path) -> None:
+    """The same PyTorch-native TP + SP model, with the one line a user adds for exact shapes:
+    sptrace.instrument(model) after parallelize_module (saved-tensor records of DTensors)."""
+    import sptrace
+    from torch.distributed.device_mesh import init_device_mesh
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = models.parallelize_tp_sp(models.Transformer(2, H, HEADS, 4 * H), mesh)
+    sptrace.instrument(model)
+    x = shard_of(torch.randn(B, S, H), rank, world)
+
+    def forward() -> Tensor:
+        return model(x).square().mean()
+
+    saved = census(model, forward)
+    profiled(root / "tp_sp_instrumented", sgd_step(model, forward))
+    write_oracle(root, "tp_sp_instrumented", {
+        "saved": saved, "config": {"batch": B, "seq": S, "hidden": H, "heads": HEADS, "ffn": 4 * H, "sp": world},
+    })  # fmt: skip
+
+
 def functional_ulysses(root: Path) -> None:
     import torch.distributed._functional_collectives as funcol
 
@@ -329,6 +352,7 @@ def sac(root: Path) -> None:
 
 SCENARIOS = {
     "tp_sp_native": tp_sp_native,
+    "tp_sp_instrumented": tp_sp_instrumented,
     "functional_ulysses": functional_ulysses,
     "list_allgather": list_allgather,
     "p2p_ring": p2p_ring,

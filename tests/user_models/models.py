@@ -125,7 +125,7 @@ class FunctionalUlysses(nn.Module):
         return x.permute(2, 1, 0, 3, 4).reshape(b, s // p, h_local * p * d)  # [B, S/P, H]
 
     def forward(self, x: Tensor) -> Tensor:
-        b, s_local, hidden = x.shape
+        b, s_local, _ = x.shape
         q, k, v = self.qkv(self.norm(x)).view(b, s_local, 3, self.heads, self.head_dim).unbind(2)
         q, k, v = (self._seq_to_heads(t) for t in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -313,11 +313,9 @@ class CheckpointedGather(nn.Module):
 
     def _inner(self, x: Tensor) -> Tensor:
         h = self.norm(x)
-        p = dist.get_world_size(self.group)
         gathered = funcol.all_gather_tensor_autograd(h.transpose(0, 1).contiguous(), 0, self.group)  # [S, B, H]
         full = gathered.transpose(0, 1)  # [B, S, H]
         context = full.mean(dim=1, keepdim=True)
-        del p
         return x + self.mix(x * context)
 
     def forward(self, x: Tensor) -> Tensor:

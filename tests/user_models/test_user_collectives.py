@@ -142,7 +142,8 @@ def test_analyze_names_the_missing_regather_of_native_tp(user_runs, capsys, tmp_
     # PyTorch-native ColwiseParallel keeps the gathered input instead of re-gathering its shard in
     # backward: against Megatron's model, every column-parallel linear misses that all-gather
     flags = ["--scheme", "megatron", "--layers", "2", "--batch", "2", "--seq", "64", "--hidden", "48", "--heads", "8",
-             "--kv-heads", "8", "--ffn", "192", "--dtype", "float32", "--cache-dir", str(tmp_path), "--workers", "1"]  # fmt: skip
+             "--kv-heads", "8", "--ffn", "192", "--dtype", "float32", "--cache-dir", str(tmp_path),
+             "--workers", "1"]  # fmt: skip
     code = main(["analyze", str(user_runs / "tp_sp_native"), "--format", "json", *flags])
     out = json.loads(capsys.readouterr().out)
     assert code == 1 and out["verdict"]["status"] == "fail"

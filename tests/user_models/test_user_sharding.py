@@ -128,3 +128,18 @@ def test_junit_reports_each_module_once_with_its_ranks(user_runs, capsys, tmp_pa
     assert int(suite.get("failures")) == len(failed) == 4
     assert len({c.get("name") for c in cases}) == len(cases)  # a module once, not once per rank
     assert all("ranks 0-7:" in c.find("failure").get("message") for c in failed)
+
+
+def test_instrumented_dtensor_records_are_judged_by_their_local_shard(user_runs, capsys, tmp_path):
+    # GIVEN the native TP+SP model with sptrace.instrument added: saved-tensor records of DTensors
+    code, report = check(user_runs, "tp_sp_instrumented", capsys, tmp_path)
+    assert code == 1
+    records = [s for s in report["saved"] if s["source"] == "sptrace.saved record" and s["rank"] == 0]
+    census = [s for s in oracle(user_runs, "tp_sp_instrumented")["saved"] if not s["param"]]
+    # THEN each record has the local shape the census saw (a Shard(1) norm input is [B, S/P, H], not
+    # its global [B, S, H]), under its module's full path
+    assert {(r["module"], tuple(r["shape"])) for r in records} <= {(c["module"], tuple(c["shape"])) for c in census}
+    norms = [r for r in records if r["module"].endswith("attention_norm")]
+    assert norms and all(r["shape"][1] == S // WORLD for r in norms if len(r["shape"]) == 3)
+    # AND the same four gathered inputs per rank fail as without records
+    assert all(len(shapes) == 4 for shapes in full_per_rank(report).values())

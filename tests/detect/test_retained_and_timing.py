@@ -1,0 +1,104 @@
+"""Small hand-written traces for what retention, attribution and timing must get right:
+records without a storage pointer, layers only inside layer containers, transfer time and
+exposed communication."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import sptrace
+from sptrace import markers
+from sptrace.detect.allocations import detect_retained
+from sptrace.detect.collectives import RankIndex, detect_collectives, layer_of
+from sptrace.detect.timing import detect_timing
+
+
+def _trace(tmp_path, events, name="rank0.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"traceEvents": events}))
+    return sptrace.load_trace(path, cache=False)
+
+
+def record(ts, module, shape, ptr):
+    rec = markers.SavedTensor(module=module, shape=shape, dtype="float32", nbytes=4 * shape[0] * shape[1],
+                              storage_ptr=ptr, storage_nbytes=4 * shape[0] * shape[1], kind="activation")  # fmt: skip
+    return {"ph": "X", "cat": "user_annotation", "name": rec.to_marker(), "pid": 1, "tid": 1, "ts": ts, "dur": 1}
+
+
+def node(ts, name="MmBackward0"):
+    return {"ph": "X", "cat": "cpu_op", "name": f"autograd::engine::evaluate_function: {name}", "pid": 1,
+            "tid": 2, "ts": ts, "dur": 5}  # fmt: skip
+
+
+def test_records_without_a_storage_pointer_are_all_kept(tmp_path):
+    # tensors without storage (a subclass, a fake tensor) are recorded with ptr 0: each is its own
+    events = [record(10 + i, f"layers.{i}.fc", (16, 8), 0) for i in range(3)]
+    events += [record(20, "layers.0.fc", (16, 8), 0x1000), record(21, "layers.0.fc2", (16, 8), 0x1000), node(100)]
+    retained = detect_retained(_trace(tmp_path, events), element_size=4).tensors
+    assert len(retained) == 4  # three without a pointer, and one storage saved twice counted once
+    assert sorted(retained["layer"]) == [0, 0, 1, 2]
+
+
+def test_a_window_without_backward_keeps_nothing_it_can_tell(tmp_path):
+    events = [record(10, "layers.0.fc", (16, 8), 0x10)]
+    r = detect_retained(_trace(tmp_path, events), element_size=4)
+    assert r.boundary_ns is None and r.tensors.empty and r.has_records
+
+
+@pytest.mark.parametrize(
+    "module, layer",
+    [("layers.3.mlp.fc1", 3), ("model.decoder.layers.12.self_attn", 12), ("transformer.h.7.attn", 7),
+     ("blocks.0", 0), ("norm", None), ("LayerNorm_1", None), ("layers", None), ("encoder.layers.2", 2)],
+)  # fmt: skip
+def test_a_layer_only_inside_a_layer_container(module, layer):
+    assert layer_of(module) == layer
+
+
+def _frame(pid, parent, name, ts, dur, tid=1):
+    return {"ph": "X", "cat": "python_function", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"Python id": pid, "Python parent id": parent}}  # fmt: skip
+
+
+def test_python_stack_layers(tmp_path):
+    # Model_0 runs LayerNorm_0, then two MegaMlp layers (composite, called from the same parent),
+    # each with its own LayerNorm; and a final LayerNorm_2 that is not a layer
+    events = [
+        _frame(1, 0, "nn.Module: Model_0", 0, 100),
+        _frame(2, 1, "nn.Module: LayerNorm_0", 1, 2),
+        _frame(3, 1, "nn.Module: MegaMlp_0", 10, 30),
+        _frame(4, 3, "nn.Module: LayerNorm_1", 11, 2),
+        _frame(5, 1, "nn.Module: MegaMlp_1", 50, 30),
+        _frame(6, 5, "nn.Module: LayerNorm_3", 51, 2),
+        _frame(7, 1, "nn.Module: LayerNorm_2", 90, 2),
+    ]
+    idx = RankIndex(_trace(tmp_path, events))
+    assert idx.layer_frames == {"nn.Module: MegaMlp_0": 0, "nn.Module: MegaMlp_1": 1}
+    us = 1000  # the index speaks nanoseconds
+    assert idx.python_module(11 * us, 12 * us, 1) == "layers.0.LayerNorm_1"
+    assert idx.python_module(55 * us, 56 * us, 1) == "layers.1"
+    assert idx.python_module(90 * us, 91 * us, 1) == "LayerNorm_2"  # LayerNorm_2 is no layer 2
+    assert idx.python_module(1 * us, 2 * us, 1) == "LayerNorm_0"
+
+
+def test_transfer_time_and_exposed_communication(tmp_path):
+    # a 100 us step; an NCCL all-reduce kernel of 40 us, half of it under a compute kernel
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 1, "tid": 1, "ts": 10, "dur": 2,
+         "args": {"Input Dims": [[[256]]], "Input type": ["TensorList"]}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 11, "dur": 1,
+         "args": {"correlation": 3}},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "pid": 0, "tid": 7,
+         "ts": 40, "dur": 40, "args": {"correlation": 3}},
+        {"ph": "X", "cat": "kernel", "name": "sm90_gemm_bf16", "pid": 0, "tid": 8, "ts": 20, "dur": 40,
+         "args": {"correlation": 4}},
+    ]  # fmt: skip
+    trace = _trace(tmp_path, events)
+    frame = detect_collectives(trace)
+    t = detect_timing(trace, frame)
+    assert t.step_ms == pytest.approx(0.1) and t.comm_ms == pytest.approx(0.04)  # the kernel, not the 2 us call
+    assert t.exposed_ms == pytest.approx(0.02) and t.issue_only == 0
+    cpu_only = detect_timing(trace, frame.assign(transfer_start_us=None, transfer_dur_us=None))
+    assert cpu_only.comm_ms == pytest.approx(0.002) and cpu_only.issue_only == 1
