@@ -21,8 +21,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import sptrace
-from reference_models.layers import DenseTransformer
 from reference_models.config import StepConfig
+from reference_models.layers import DenseTransformer
 
 
 def main() -> None:

@@ -130,8 +130,10 @@ def test_model_cli_text_and_json(capsys):
     "flags, message",
     [
         (["--scheme", "ring"], "invalid choice: 'ring'"),
-        (["--scheme", "ulysses", "--preset", "reference", "--heads", "12", "--kv-heads", "12"],
-         "heads 12 is not divisible by the sequence-parallel size 8"),
+        (
+            ["--scheme", "ulysses", "--preset", "reference", "--heads", "12", "--kv-heads", "12"],
+            "heads 12 is not divisible by the sequence-parallel size 8",
+        ),
         (["--scheme", "ulysses", "--hidden", "64"], "needs --sp, --layers, --batch, --seq, --heads"),
         (["--scheme", "ulysses-zero3", "--k", "3"], "--k must be 1 or 2"),
     ],

@@ -151,8 +151,9 @@ def tp_sp_native(root: Path) -> None:
 def tp_sp_instrumented(root: Path) -> None:
     """The same PyTorch-native TP + SP model, with the one line a user adds for exact shapes:
     sptrace.instrument(model) after parallelize_module (saved-tensor records of DTensors)."""
-    import sptrace
     from torch.distributed.device_mesh import init_device_mesh
+
+    import sptrace
 
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
