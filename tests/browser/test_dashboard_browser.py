@@ -128,5 +128,6 @@ def test_gpu_page_on_a_corpus_gpu_trace(browser, server):
     page.goto(server + "/memory", timeout=TIMEOUT_MS)
     page.wait_for_selector("#memory-graph .main-svg", timeout=TIMEOUT_MS)
     _choose(page, "memory-run", "param_dlrm_kineto")  # a trace without a run.json: explained, no crash
-    page.wait_for_selector("text=no run.json", timeout=TIMEOUT_MS)
+    page.wait_for_selector("text=sharding not checked", timeout=TIMEOUT_MS)
+    assert "declared neither by run.json nor by a flag" in page.inner_text(".run-error")
     assert errors == []
