@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sptrace.units import rank_ranges
+
 SEVERITIES = ("error", "warning", "info")
 
 
@@ -63,20 +65,6 @@ def merge_ranks(findings: Iterable[Finding]) -> list[Finding]:
         else:
             merged[key] = replace(f, ranks=tuple(sorted(set(f.ranks))))
     return list(merged.values())
-
-
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
-    items = sorted(set(int(r) for r in ranks))
-    out: list[str] = []
-    i = 0
-    while i < len(items):
-        j = i
-        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
-            j += 1
-        out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
-        i = j + 1
-    return ", ".join(out)
 
 
 STATUSES = ("pass", "fail", "undecided")

@@ -28,10 +28,10 @@ from typing import Any
 
 import pandas as pd
 
-from sptrace.checks.findings import Finding, Verdict, merge_ranks, rank_ranges
+from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.detect.allocations import Retention
 from sptrace.shape import ModelShape
-from sptrace.units import human_bytes
+from sptrace.units import human_bytes, rank_ranges
 
 CLASSES = ("full", "head-sharded", "seq-sharded", "ambiguous", "other", "unknown")
 JUDGED = ("full", "head-sharded", "seq-sharded")

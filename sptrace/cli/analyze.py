@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from sptrace.analysis import RunAnalysis, analyse_run
-from sptrace.cli.common import add_load_flags, add_shape_flags, load_options, log, shape_flags
+from sptrace.analysis import RunAnalysis
+from sptrace.cli.common import add_load_flags, add_shape_flags, analyse
 from sptrace.errors import UsageError
 from sptrace.units import human_bytes
 
@@ -26,11 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.k not in (1, 2):
         raise UsageError("--k must be 1 or 2")
-    analysis = analyse_run(
-        args.path, flags=shape_flags(args), k=args.k, parts=("collectives",), load_options=load_options(args)
-    )
-    for w in analysis.warnings:
-        log(f"warning: {w}")
+    analysis = analyse(args, k=args.k, parts=("collectives",))
     report = analysis.comm
     if report is None:
         raise UsageError(f"{args.path}: {analysis.comm_unavailable}")

@@ -8,9 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from sptrace.analysis import RunAnalysis, analyse_run
+from sptrace.analysis import RunAnalysis
 from sptrace.checks.sharding import ShardingReport, render_junit
-from sptrace.cli.common import add_load_flags, add_shape_flags, load_options, log, shape_flags
+from sptrace.cli.common import add_load_flags, add_shape_flags, analyse, log
 from sptrace.errors import UsageError
 from sptrace.units import human_bytes
 
@@ -32,12 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from sptrace.fileio import write_atomic
 
-    analysis = analyse_run(
-        args.path, flags=shape_flags(args), allow=tuple(args.allow), strict=args.strict, parts=("sharding",),
-        load_options=load_options(args),
-    )  # fmt: skip
-    for w in analysis.warnings:
-        log(f"warning: {w}")
+    analysis = analyse(args, allow=tuple(args.allow), strict=args.strict, parts=("sharding",))
     report = analysis.sharding
     if report is None:
         raise UsageError(f"{args.path}: {analysis.sharding_unavailable}")

@@ -79,6 +79,17 @@ def load_quietly(args: argparse.Namespace):
     return run
 
 
+def analyse(args: argparse.Namespace, **options: Any):
+    """The run's analysis (sptrace.analysis) with the flags the user passed; the loader's
+    warnings go to stderr, one line each."""
+    from sptrace.analysis import analyse_run
+
+    analysis = analyse_run(args.path, flags=shape_flags(args), load_options=load_options(args), **options)
+    for w in analysis.warnings:
+        log(f"warning: {w}")
+    return analysis
+
+
 def missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 

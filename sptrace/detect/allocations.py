@@ -25,9 +25,10 @@ import pandas as pd
 
 from sptrace import dtypes, markers
 from sptrace.detect import forms
+from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.collectives import RankIndex, layer_of
 from sptrace.detect.intervals import Intervals
-from sptrace.detect.shapes import infer_shape, is_shape, load_list
+from sptrace.detect.shapes import infer_shape
 from sptrace.load.trace import RankTrace
 
 LEDGER_COLUMNS = ["device_type", "device_id", "addr", "bytes", "alloc_ns", "free_ns", "lost_free", "tid"]

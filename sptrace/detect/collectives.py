@@ -36,6 +36,7 @@ import pandas as pd
 from sptrace import dtypes, markers
 from sptrace.costmodel.comm import wire_bytes
 from sptrace.detect import forms
+from sptrace.detect.args import load_list, present
 from sptrace.detect.intervals import Intervals
 from sptrace.load.trace import RankTrace, RunTrace
 
@@ -101,10 +102,6 @@ _LAYER_IN_PATH = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block|decoder\.la
 # TransformerBlock); LayerNorm_1 or BlockSparseAttention_0 are not
 _LAYER_CLASS = re.compile(r"^nn\.Module: (\w*(?:Layer|Block))_(\d+)$")
 _CONTAINERS = re.compile(r"^nn\.Module: (?:ModuleList|Sequential)_\d+$")
-
-
-def _present(value: Any) -> bool:
-    return value is not None and value is not pd.NA and not (isinstance(value, float) and np.isnan(value))
 
 
 def layer_of(module: str | None) -> int | None:
@@ -226,7 +223,7 @@ class RankIndex:
             # Sequence number of the forward op it differentiates
             node_row = self.backward_nodes.frame.iloc[node]
             seq = node_row["seq_num"]
-            if not _present(seq):
+            if not present(seq):
                 lo, hi = int(self.backward_nodes.start[node]), int(self.backward_nodes.end[node])
                 inner = self.backward_ops.inside(lo, hi, tid)
                 if len(inner):
@@ -234,10 +231,10 @@ class RankIndex:
                     ops = self.backward_ops.frame.iloc[inner].sort_values("ts_ns", kind="stable")
                     named = ops[ops["name"].astype(str) == own]
                     seq = (named if len(named) else ops).iloc[0]["seq_num"]
-            if _present(seq) and seq in self.forward_by_seq.index:
+            if present(seq) and seq in self.forward_by_seq.index:
                 op = self.forward_by_seq.loc[seq]
-                fstart, fend = int(op["ts_ns"]), int(op["ts_ns"] + (op["dur_ns"] if _present(op["dur_ns"]) else 0))
-                ftid = int(op["tid"]) if _present(op["tid"]) else None
+                fstart, fend = int(op["ts_ns"]), int(op["ts_ns"] + (op["dur_ns"] if present(op["dur_ns"]) else 0))
+                ftid = int(op["tid"]) if present(op["tid"]) else None
                 j = self.module_markers.innermost(fstart, fend, ftid)
                 if j is not None:
                     name = str(self.module_markers.frame.iloc[j]["name"])[len(markers.MODULE) :]
@@ -270,7 +267,7 @@ class RankIndex:
         def module_parent(pid: Any) -> Any:
             parent = parents.get(pid)
             for _ in range(64):
-                if parent is None or not _present(parent) or parent not in names:
+                if parent is None or not present(parent) or parent not in names:
                     return None
                 if names[parent].startswith("nn.Module: "):
                     return parent
@@ -389,7 +386,7 @@ def detect_collectives(trace: RankTrace) -> pd.DataFrame:
         if j in claimed_rpc:
             continue
         rpc = idx.rpc.frame.iloc[j]
-        kind = COLL_NAME_KINDS.get(str(rpc["coll_name"])) if _present(rpc["coll_name"]) else None
+        kind = COLL_NAME_KINDS.get(str(rpc["coll_name"])) if present(rpc["coll_name"]) else None
         start, end, tid = int(idx.rpc.start[j]), int(idx.rpc.end[j]), int(idx.rpc.tid[j])
         notes = idx.nccl_annotations.inside(start, end, tid)
         claimed_nccl.update(int(k) for k in notes)
@@ -410,7 +407,7 @@ def detect_collectives(trace: RankTrace) -> pd.DataFrame:
     rows.sort(key=lambda r: r.start)
     for row in rows:
         for ev in (row.event, row.rpc, row.note, row.inner):
-            if ev is not None and _present(ev.get("external_id")):
+            if ev is not None and present(ev.get("external_id")):
                 row.external_ids.add(int(ev["external_id"]))
     rows += _attach_kernels(idx, rows)
     rows += _attach_gloo(idx, rows)
@@ -426,7 +423,7 @@ def _first_collective_record(rpc: Intervals, inside: np.ndarray) -> Any:
         return None
     frames = [rpc.frame.iloc[int(j)] for j in inside]
     for f in frames:
-        if not _present(f.get("coll_name")) or COLL_NAME_KINDS.get(str(f["coll_name"])) is not None:
+        if not present(f.get("coll_name")) or COLL_NAME_KINDS.get(str(f["coll_name"])) is not None:
             return f
     return frames[0]
 
@@ -441,13 +438,13 @@ def _attach_kernels(idx: RankIndex, rows: list[_Row]) -> list[_Row]:
         return []
     launch_at: dict[int, tuple[int, int]] = {}  # correlation -> (launch ts, launch tid)
     for corr, ts, tid in zip(idx.launches["correlation"], idx.launches["ts_ns"], idx.launches["tid"]):
-        launch_at.setdefault(int(corr), (int(ts), int(tid) if _present(tid) else -1))
+        launch_at.setdefault(int(corr), (int(ts), int(tid) if present(tid) else -1))
     flow_from: dict[int, tuple[int, int]] = {}  # flow id -> (launch ts, tid)
     for fid, ts, tid in zip(idx.flow_starts["flow_id"], idx.flow_starts["ts_ns"], idx.flow_starts["tid"]):
-        flow_from[int(fid)] = (int(ts), int(tid) if _present(tid) else -1)
+        flow_from[int(fid)] = (int(ts), int(tid) if present(tid) else -1)
     flow_to: dict[tuple[int, int], int] = {}  # (kernel ts, stream tid) -> flow id
     for fid, ts, tid in zip(idx.flow_ends["flow_id"], idx.flow_ends["ts_ns"], idx.flow_ends["tid"]):
-        flow_to[(int(ts), int(tid) if _present(tid) else -1)] = int(fid)
+        flow_to[(int(ts), int(tid) if present(tid) else -1)] = int(fid)
     by_external: dict[int, _Row] = {}
     for row in rows:
         for e in row.external_ids:
@@ -458,25 +455,25 @@ def _attach_kernels(idx: RankIndex, rows: list[_Row]) -> list[_Row]:
     extra: list[_Row] = []
     for k in idx.comm_kernels.itertuples(index=False):
         launch = None
-        if _present(k.correlation) and int(k.correlation) in launch_at:
+        if present(k.correlation) and int(k.correlation) in launch_at:
             launch = launch_at[int(k.correlation)]
-        elif (int(k.ts_ns), int(k.tid) if _present(k.tid) else -1) in flow_to:
-            launch = flow_from.get(flow_to[(int(k.ts_ns), int(k.tid) if _present(k.tid) else -1)])
+        elif (int(k.ts_ns), int(k.tid) if present(k.tid) else -1) in flow_to:
+            launch = flow_from.get(flow_to[(int(k.ts_ns), int(k.tid) if present(k.tid) else -1)])
         owner = None
         if launch is not None and len(rows):
             ts, tid = launch
             inside = np.flatnonzero((starts <= ts) & (ts <= ends) & ((tids == tid) | (tid == -1)))
             if len(inside):
                 owner = rows[int(inside[np.argmax(starts[inside])])]
-        if owner is None and _present(k.external_id):
+        if owner is None and present(k.external_id):
             owner = by_external.get(int(k.external_id))
         if owner is not None:
             owner.kernels.append(k)
             continue
         start = int(k.ts_ns)
-        end = start + (int(k.dur_ns) if _present(k.dur_ns) else 0)
+        end = start + (int(k.dur_ns) if present(k.dur_ns) else 0)
         kind = next(kd for p, kd in KERNEL_PATTERNS if p.search(str(k.name)))
-        if _present(k.coll_name) and COLL_NAME_KINDS.get(str(k.coll_name)):
+        if present(k.coll_name) and COLL_NAME_KINDS.get(str(k.coll_name)):
             kind = str(COLL_NAME_KINDS[str(k.coll_name)])  # RCCL's ncclDevKernel_Generic: the args tell
         row = _Row(str(k.name)[:80], kind, launch[0] if launch else start, launch[0] if launch else end,
                    launch[1] if launch else None, event=k, anchor="kernel")  # fmt: skip
@@ -504,14 +501,14 @@ def _attach_gloo(idx: RankIndex, rows: list[_Row]) -> list[_Row]:
     for g in gloo.itertuples(index=False):
         kinds = GLOO_KINDS[str(g.name)]
         ts = int(g.ts_ns)
-        dims = _json_list(g.input_dims)
+        dims = load_list(g.input_dims)
         fits = [r for r in _issued_before(pending, ts) if r.kind in kinds and (not dims or _dims_agree(r, dims))]
         chosen = next((r for r in fits if not r.gloo), None)
         if chosen is None:
             chosen = next((r for r in fits if _takes_more_gloo(r, dims)), None)
         if chosen is None:
-            end = ts + (int(g.dur_ns) if _present(g.dur_ns) else 0)
-            row = _Row(str(g.name), kinds[0], ts, end, int(g.tid) if _present(g.tid) else None, event=g, anchor="gloo")
+            end = ts + (int(g.dur_ns) if present(g.dur_ns) else 0)
+            row = _Row(str(g.name), kinds[0], ts, end, int(g.tid) if present(g.tid) else None, event=g, anchor="gloo")
             row.gloo.append(g)
             extra.append(row)
             continue
@@ -550,16 +547,6 @@ def _dims_agree(row: _Row, dims: list) -> bool:
 
 def _flat_shapes(shapes: list) -> list:
     return [tuple(s) for s in shapes if isinstance(s, list)]
-
-
-def _json_list(text: Any) -> list:
-    if not _present(text):
-        return []
-    try:
-        value = json.loads(text)
-    except (TypeError, ValueError):
-        return []
-    return value if isinstance(value, list) else []
 
 
 # ---- groups ------------------------------------------------------------------------------------
@@ -621,27 +608,27 @@ def _resolve(idx: RankIndex, rank: int | None, groups: _GroupTable, row: _Row) -
     peer = None
     rpc = row.rpc
     # 1. record_param_comms args (NCCL); the kernel's copied args for a kernel-only row
-    args_event = rpc if rpc is not None and _present(rpc.get("coll_name")) else None
-    if args_event is None and row.anchor == "kernel" and _present(getattr(row.event, "coll_name", None)):
+    args_event = rpc if rpc is not None and present(rpc.get("coll_name")) else None
+    if args_event is None and row.anchor == "kernel" and present(getattr(row.event, "coll_name", None)):
         args_event = row.event._asdict()
     if args_event is not None:
         got = forms.sizes_from_record(args_event)
         if got.in_elems is not None:
             sizes = got
             source.append("bytes: record_param_comms args" if row.anchor != "kernel" else "bytes: kernel args")
-        if _present(args_event.get("pg_name")):
+        if present(args_event.get("pg_name")):
             group_name = str(args_event["pg_name"])
-        if _present(args_event.get("group_size")):
+        if present(args_event.get("group_size")):
             group_size = int(args_event["group_size"])
-        if _present(args_event.get("pg_ranks")):
+        if present(args_event.get("pg_ranks")):
             try:
                 parsed = json.loads(str(args_event["pg_ranks"]))
                 group_ranks = parsed if isinstance(parsed, list) and parsed else None
             except ValueError:
                 pass
-        if _present(args_event.get("comm_seq")):
+        if present(args_event.get("comm_seq")):
             seq = int(args_event["comm_seq"])
-        if row.kind in ("send", "recv") and _present(args_event.get("comm_rank")):
+        if row.kind in ("send", "recv") and present(args_event.get("comm_rank")):
             peer = int(args_event["comm_rank"])
         if group_name is not None or group_size is not None:
             source.append("group: record_param_comms args")
@@ -752,7 +739,7 @@ def _transfer_span(row: _Row) -> tuple[int, int] | None:
     if not parts:
         return None
     starts = [int(p.ts_ns) for p in parts]
-    ends = [int(p.ts_ns) + (int(p.dur_ns) if _present(p.dur_ns) else 0) for p in parts]
+    ends = [int(p.ts_ns) + (int(p.dur_ns) if present(p.dur_ns) else 0) for p in parts]
     return min(starts), max(ends)
 
 

@@ -17,10 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from sptrace import dtypes
+from sptrace.detect.args import get, is_shape, load_list, present
 
 
 @dataclass(frozen=True)
@@ -134,48 +132,24 @@ class Sizes:
 
 
 def _dims(event: Any, key: str = "input_dims") -> list:
-    value = _get(event, key)
-    if not _present(value):
-        return []
-    try:
-        parsed = json.loads(value)
-    except (TypeError, ValueError):
-        return []
-    return parsed if isinstance(parsed, list) else []
-
-
-def _get(event: Any, key: str) -> Any:
-    if event is None:
-        return None
-    if isinstance(event, dict):
-        return event.get(key)
-    getter = getattr(event, "get", None)
-    return getter(key) if getter is not None else getattr(event, key, None)
-
-
-def _present(value: Any) -> bool:
-    return value is not None and value is not pd.NA and not (isinstance(value, float) and np.isnan(value))
-
-
-def _is_shape(x: Any) -> bool:
-    return isinstance(x, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in x)
+    return load_list(get(event, key))
 
 
 def _numel(arg: Any) -> int | None:
     """Elements of one recorded argument: a shape, or a list of shapes (TensorList); None when
     nothing is recorded ([] for a TensorList, which Kineto writes for a list of lists)."""
-    if _is_shape(arg):
+    if is_shape(arg):
         return math.prod(arg) if arg else None  # [] is what Kineto writes when it records nothing
-    if isinstance(arg, list) and arg and all(_is_shape(s) for s in arg):
+    if isinstance(arg, list) and arg and all(is_shape(s) for s in arg):
         return sum(math.prod(s) for s in arg)
     return None
 
 
 def _shapes(arg: Any) -> list | None:
     """The shapes of an argument: [shape] for a tensor, the shapes of a TensorList."""
-    if isinstance(arg, list) and arg and all(_is_shape(s) for s in arg):
+    if isinstance(arg, list) and arg and all(is_shape(s) for s in arg):
         return arg
-    if _is_shape(arg) and arg:
+    if is_shape(arg) and arg:
         return [arg]
     return None
 
@@ -274,7 +248,7 @@ def sizes_from_op(op_name: str, event: Any) -> Sizes:
         n_in = _numel(shape)
         out_splits = _int_list(concrete, 1)
         n_out = n_in
-        if out_splits and _is_shape(shape) and shape and shape[0]:
+        if out_splits and is_shape(shape) and shape and shape[0]:
             row = math.prod(shape[1:]) if len(shape) > 1 else 1
             n_out = sum(out_splits) * row
         size = len(out_splits) if out_splits else None
@@ -284,18 +258,18 @@ def sizes_from_op(op_name: str, event: Any) -> Sizes:
 
 def sizes_from_record(args: Any) -> Sizes:
     """record_param_comms args (or the copy NCCL kernels carry): exact element counts."""
-    name = _get(args, "coll_dtype")
-    n_in, n_out = _get(args, "in_nelems"), _get(args, "out_nelems")
-    in_elems = int(n_in) if _present(n_in) else None
-    out_elems = int(n_out) if _present(n_out) else None
-    return Sizes(in_elems, out_elems, str(name) if _present(name) else None)
+    name = get(args, "coll_dtype")
+    n_in, n_out = get(args, "in_nelems"), get(args, "out_nelems")
+    in_elems = int(n_in) if present(n_in) else None
+    out_elems = int(n_out) if present(n_out) else None
+    return Sizes(in_elems, out_elems, str(name) if present(name) else None)
 
 
 def sizes_from_annotation(kind: str, event: Any) -> Sizes:
     """An nccl:* or gloo:* annotation's Input Dims: the tensor(s) this rank sent."""
     dims = _dims(event)
     types = _dims(event, "input_types")
-    n = _numel(dims) if dims and all(_is_shape(d) for d in dims) else None
+    n = _numel(dims) if dims and all(is_shape(d) for d in dims) else None
     dtype = _tensor_type(types)
     if n is None:
         return Sizes(dtype=dtype)

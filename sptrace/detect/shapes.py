@@ -13,14 +13,11 @@ meta functions need the inputs themselves, which a trace does not hold).
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from sptrace import dtypes
+from sptrace.detect.args import is_shape, load_list
 
 # factory ops: position of the size list, and of the dtype (a c10::ScalarType code) in Concrete Inputs
 _FACTORIES = {
@@ -29,22 +26,6 @@ _FACTORIES = {
     "aten::new_empty": (1, 2), "aten::new_zeros": (1, 2), "aten::new_ones": (1, 2), "aten::new_full": (1, 3),
     "aten::new_empty_strided": (1, 3),
 }  # fmt: skip
-
-
-def load_list(value: Any) -> list:
-    """A JSON list column (Input Dims, Input type, Concrete Inputs) as a list; [] when absent."""
-    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
-        return []
-    try:
-        parsed = json.loads(value)
-    except (TypeError, ValueError):
-        return []
-    return parsed if isinstance(parsed, list) else []
-
-
-def is_shape(x: Any) -> bool:
-    """A non-empty list of ints (Kineto writes [] for arguments it records nothing of)."""
-    return isinstance(x, list) and bool(x) and all(isinstance(d, int) and not isinstance(d, bool) for d in x)
 
 
 def candidate_shapes(op: Any) -> list[tuple[tuple[int, ...], str | None]]:

@@ -8,7 +8,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sptrace import markers
-from sptrace.load.trace import RankTrace, RunTrace, _ranges
+from sptrace.load.trace import RankTrace, RunTrace
+from sptrace.units import rank_ranges
 
 
 def _count(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> int:
@@ -87,7 +88,7 @@ def describe_run(run: RunTrace) -> dict[str, Any]:
     spans = [r["span_ms"] for r in ranks if r["span_ms"] is not None]
     return {
         "path": str(run.root) if run.root else None,
-        "ranks": _ranges(run.ranks),
+        "ranks": rank_ranges(run.ranks),
         "world_size": run.world_size,
         "missing_ranks": run.missing_ranks,
         "backend": run.backend,
@@ -105,7 +106,7 @@ def render_text(info: dict[str, Any]) -> str:
     lines = [
         f"run:          {info['path'] or '(files)'}",
         f"ranks:        {info['ranks']} of world size {info['world_size']}"
-        + (f" (missing: {_ranges(info['missing_ranks'])})" if info["missing_ranks"] else ""),
+        + (f" (missing: {rank_ranges(info['missing_ranks'])})" if info["missing_ranks"] else ""),
         f"backend:      {info['backend'] or 'unknown (no distributedInfo)'}",
     ]
     if info["run_info"]:

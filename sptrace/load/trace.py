@@ -13,7 +13,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from sptrace.errors import TraceError, UsageError
 from sptrace.load import cache as table_cache
 from sptrace.load.decode import decode_trace
+from sptrace.units import rank_ranges
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 RUN_FILE = "run.json"
@@ -331,22 +332,8 @@ def _assemble_run(root: Path | None, traces: list[RankTrace], notes: list[str]) 
             notes.append(f"ignored {root / RUN_FILE}: {exc}")
     if missing:
         notes.append(
-            f"{len(missing)} of {world} ranks have no trace ({_ranges(missing)}): cross-rank matching, "
+            f"{len(missing)} of {world} ranks have no trace ({rank_ranges(missing)}): cross-rank matching, "
             f"skew and straggler analysis cover the {len(by_rank)} ranks present, and the per-rank "
             "checks say nothing about the missing ones"
         )
     return RunTrace(dict(sorted(by_rank.items())), world, root, run_info, missing, [], notes)
-
-
-def _ranges(ranks: Iterable[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
-    out: list[str] = []
-    items = sorted(ranks)
-    i = 0
-    while i < len(items):
-        j = i
-        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
-            j += 1
-        out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
-        i = j + 1
-    return ", ".join(out)
