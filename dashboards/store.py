@@ -41,6 +41,6 @@ class RunStore:
             if index not in self._cache:
                 try:
                     self._cache[index] = analyse_run(self.paths[index])
-                except SptraceError as exc:
-                    self._cache[index] = SptraceError(f"{self.paths[index]}: {exc}")
+                except SptraceError as exc:  # its message names the file and the problem
+                    self._cache[index] = exc
             return self._cache[index]

@@ -122,7 +122,7 @@ def analyse_run(
     timing = []
     if "collectives" in parts or "timing" in parts:
         for trace in run:
-            frame = detect_collectives(trace)
+            frame = detect_collectives(trace, indexes[trace.rank])
             frames.append(frame)
             timing.append(detect_timing(trace, frame, indexes[trace.rank]))
     frames = [f for f in frames if not f.empty]

@@ -21,15 +21,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sptrace.detect import COLUMNS, detect_collectives
-    from sptrace.detect.collectives import fill_from_peers
+    from sptrace.detect.collectives import RankIndex, fill_from_peers
     from sptrace.detect.timing import detect_timing
 
     run_ = load_quietly(args)
     frames, timing = [], []
     for trace in run_:
-        frame = detect_collectives(trace)
+        index = RankIndex(trace)
+        frame = detect_collectives(trace, index)
         frames.append(frame)
-        timing.append(detect_timing(trace, frame))
+        timing.append(detect_timing(trace, frame, index))
     import pandas as pd
 
     nonempty = [f for f in frames if not f.empty]

@@ -346,9 +346,10 @@ class _Row:
     anchor: str = "op"  # op | record | annotation | kernel | gloo
 
 
-def detect_collectives(trace: RankTrace) -> pd.DataFrame:
-    """One row per collective this rank issued (COLUMNS), in issue order."""
-    idx = RankIndex(trace)
+def detect_collectives(trace: RankTrace, index: RankIndex | None = None) -> pd.DataFrame:
+    """One row per collective this rank issued (COLUMNS), in issue order. ``index``: the rank's
+    RankIndex when the caller has built it already."""
+    idx = index or RankIndex(trace)
     names = idx.events["name"].astype(str)
     cpu = idx.cpu_ops
     cpu_names = names[cpu.index]
