@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,24 @@ class RunFactory:
             assert code == 0, f"profiling {name} failed; see {out}/logs"
             self._done[name] = out
         return self._done[name]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache() -> Iterator[Path]:
+    """The suite never writes to the user's cache: every test (and every process it starts)
+    caches parsed traces in a session folder, deleted with the session's temporary files."""
+    import tempfile
+
+    old = os.environ.get("XDG_CACHE_HOME")
+    with tempfile.TemporaryDirectory(prefix="sptrace-test-cache-") as directory:
+        os.environ["XDG_CACHE_HOME"] = directory
+        try:
+            yield Path(directory)
+        finally:
+            if old is None:
+                os.environ.pop("XDG_CACHE_HOME", None)
+            else:
+                os.environ["XDG_CACHE_HOME"] = old
 
 
 @pytest.fixture(scope="session")

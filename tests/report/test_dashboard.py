@@ -118,3 +118,19 @@ def test_gpu_page_runs_hta_only_where_there_are_kernels(corpus, app):
     assert not any(p.name.endswith("_with_counters.json") for p in (corpus / "param_dlrm_kineto").iterdir())
     message = json.dumps(gpu.view(app.sptrace_store, 0)[0].to_plotly_json())
     assert "no GPU kernels in this run" in message
+
+
+def test_an_unknown_url_is_a_404_that_links_back(tmp_path):
+    app = create_app([tmp_path])  # nothing is analysed until a page asks
+    client = app.server.test_client()
+    response = client.get("/no/such/page")
+    assert response.status_code == 404 and b'<a href="/">' in response.data
+    assert client.get("/memory").status_code == 200 and client.get("/_dash-layout").status_code == 200
+
+
+def test_debug_mode_only_on_loopback(capsys, tmp_path):
+    from sptrace.cli import main
+
+    assert main(["dash", str(tmp_path), "--host", "0.0.0.0", "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--debug" in err and "0.0.0.0" in err
