@@ -192,9 +192,9 @@ def _phases(run: RunTrace) -> pd.DataFrame:
         marked = ev[names.str.startswith(markers.PHASE) & (ev["ph"].astype(str) == "X")]
         if marked.empty:
             marked = ev[names.str.startswith("ProfilerStep#")]
-        for name, ts, dur in zip(marked["name"].astype(str), marked["ts_ns"], marked["dur_ns"]):
+        for name, ts, dur in zip(marked["name"].astype(str), marked["ts_ns"], marked["dur_ns"].fillna(0)):
             phase = name[len(markers.PHASE) :] if name.startswith(markers.PHASE) else "step"
-            rows.append({"rank": trace.rank, "phase": phase, "start_us": ts / 1e3, "dur_us": (dur or 0) / 1e3})
+            rows.append({"rank": trace.rank, "phase": phase, "start_us": ts / 1e3, "dur_us": dur / 1e3})
     return pd.DataFrame(rows, columns=["rank", "phase", "start_us", "dur_us"])
 
 

@@ -141,6 +141,9 @@ def match_collectives(frame: pd.DataFrame) -> Matching:
     )
     rows = []
     for (group, key), m in f.groupby(["group", "key"], sort=False):
+        m = m[m["start_al"].notna() & m["end_al"].notna()]
+        if m.empty:
+            continue
         n = int(m["rank"].nunique())
         arrive = m.set_index("rank")["start_al"]
         last = float(arrive.max())

@@ -222,12 +222,18 @@ def _decode_tolerant(path: Path, data: bytes) -> tuple[dict[str, Any], pa.Table]
     raw_events = top.pop("traceEvents", None)
     if raw_events is None:
         raise TraceError(path, "no traceEvents: not a Kineto/Chrome trace (is it a different JSON file?)")
-    metadata = {key: _ANY.decode(value) for key, value in top.items()}
-    try:  # the timestamps' text, for exact nanoseconds whatever their size
-        times = [(_raw_text(t.ts), _raw_text(t.dur)) for t in _TIMES.decode(raw_events)]
-    except msgspec.ValidationError:
-        times = None
-    return metadata, _table_from_dicts(path, _decode_any_events(path, raw_events), times)
+    try:  # the top level skipped what it did not need: what is inside may still be broken
+        metadata = {key: _ANY.decode(value) for key, value in top.items()}
+        try:  # the timestamps' text, for exact nanoseconds whatever their size
+            times = [(_raw_text(t.ts), _raw_text(t.dur)) for t in _TIMES.decode(raw_events)]
+        except msgspec.ValidationError:
+            times = None
+        events = _decode_any_events(path, raw_events)
+    except msgspec.DecodeError as exc:  # (not a ValidationError: those are caught above)
+        raise TraceError(path, f"invalid JSON: {_json_problem(exc, len(data))}") from None
+    except UnicodeDecodeError:
+        raise TraceError(path, "invalid JSON: a string is not valid UTF-8") from None
+    return metadata, _table_from_dicts(path, events, times)
 
 
 def _decode_any_events(path: Path, raw: msgspec.Raw) -> list[Any]:
@@ -259,16 +265,35 @@ def _us_to_ns(values: Sequence[int | float | None], path: Path, what: str, exact
     floor + round(fraction * 1000) recovers the written nanoseconds. Above that, only the text
     is exact: the caller re-decodes (``_NeedsExactTime``)."""
     if exact_text:
-        return pa.array([_text_us_to_ns(v) for v in values], type=pa.int64())
-    arr = pa.array(values, type=pa.float64(), from_pandas=True)
+        ns = [_text_us_to_ns(v) for v in values]
+        bad = next((v for v, n in zip(values, ns) if n is not None and not _INT64_MIN <= n <= _INT64_MAX), None)
+        if bad is not None:
+            raise TraceError(path, f"an event's {what} ({bad} us) is beyond any time a 64-bit clock can hold")
+        return pa.array(ns, type=pa.int64())
+    try:
+        arr = pa.array(values, type=pa.float64(), from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        raise _NeedsExactTime(what) from None
     x = arr.to_numpy(zero_copy_only=False)
     finite = np.isfinite(x)
+    if finite.any() and np.abs(x[finite]).max() >= _MAX_US:
+        bad = x[finite][np.argmax(np.abs(x[finite]))]
+        raise TraceError(path, f"an event's {what} ({bad:g} us) is beyond any time a 64-bit clock can hold")
     whole = np.floor(np.where(finite, x, 0.0))
     frac = np.where(finite, x, 0.0) - whole
     if np.any((frac != 0) & (np.abs(x) >= _EXACT_FLOAT_US)):
         raise _NeedsExactTime(what)
     ns = whole.astype(np.int64) * 1000 + np.round(frac * 1000).astype(np.int64)
     return pa.array(ns, type=pa.int64(), mask=~finite)
+
+
+_INT64_MIN, _INT64_MAX = -(2**63) + 1, 2**63 - 1  # -2**63 is the typed decoder's "absent"
+_MAX_US = 2**63 / 1000
+
+
+def _int64(value: Any) -> int | None:
+    """An int within int64, else None: a value no 64-bit counter can hold is not a measurement."""
+    return value if type(value) is int and _INT64_MIN <= value <= _INT64_MAX else None
 
 
 def _text_us_to_ns(value: Any) -> int | None:
@@ -321,16 +346,16 @@ def _ints(values: Sequence[Any]) -> pa.Array:
     try:
         return pa.array(np.array(values, dtype=np.int64))
     except (TypeError, ValueError, OverflowError):
-        return pa.array([v if type(v) is int else _to_int(v) for v in values], type=pa.int64())
+        return pa.array([_int64(v if type(v) is int else _to_int(v)) for v in values], type=pa.int64())
 
 
 def _sentinel_ints(objects: Sequence[Any], attr: str, n: int) -> pa.Array:
     """int64 column of a typed-Struct field whose absent value is ``_ABSENT``."""
     try:
         arr = np.fromiter(map(operator.attrgetter(attr), objects), dtype=np.int64, count=n)
-    except TypeError:  # a JSON null somewhere: None and _ABSENT both become nulls
+    except (TypeError, OverflowError):  # a JSON null, or an int beyond 64 bits: both become nulls
         values = list(map(operator.attrgetter(attr), objects))
-        return pa.array([None if v is None or v == _ABSENT else v for v in values], type=pa.int64())
+        return pa.array([None if v is None or v == _ABSENT else _int64(v) for v in values], type=pa.int64())
     absent = arr == _ABSENT
     return pa.array(arr, mask=absent) if absent.any() else pa.array(arr)
 
@@ -393,6 +418,8 @@ def _finish(path: Path, columns: dict[str, pa.Array]) -> pa.Table:
         first = pc.index(missing, True).as_py()
         noun = "event has" if n_missing == 1 else "events have"
         raise TraceError(path, f"{n_missing} {noun} no ts (the first: {_plain(name)[first]})")
+    if pc.sum(pc.is_valid(ts)).as_py() in (0, None):
+        raise TraceError(path, "no timed events: the trace is empty")
     columns["cat"] = _categories(columns["raw_cat"], ph, name)
     columns["thread_name"] = _thread_names(columns["pid"], columns["tid"], ph, name, columns["meta"])
     arrays = []
@@ -511,14 +538,14 @@ def _table_from_dicts(path: Path, events: list[Any], times: list[tuple[Any, Any]
         if isinstance(v, bool):
             return int(v)
         if isinstance(v, int):
-            return v
+            return _int64(v)
         if isinstance(v, float) and math.isfinite(v) and v.is_integer():
-            return int(v)
+            return _int64(int(v))
         if isinstance(v, str):
             try:
-                return int(v, 0)
+                return _int64(int(v, 0))
             except ValueError:
-                return _to_int(v)
+                return _int64(_to_int(v))
         return None
 
     def as_time(v: Any) -> Any:
