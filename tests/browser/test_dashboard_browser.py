@@ -33,8 +33,11 @@ def server(profiled, tmp_path_factory) -> Iterator[str]:
         pytest.skip(reason)
     broken = tmp_path_factory.mktemp("broken")
     (broken / "rank0.json").write_text('{"traceEvents": [')
-    gpu = [CORPUS / "param_dlrm_kineto"] if CORPUS.is_dir() else []
-    app = create_app([profiled("megatron"), profiled("megatron-stray-full-save"), broken, *gpu])
+    from tests.trace_helpers import write_gpu_run
+
+    gpu = write_gpu_run(tmp_path_factory.mktemp("runs") / "gpu-run")  # written here: no corpus needed
+    corpus = [CORPUS / "param_dlrm_kineto"] if CORPUS.is_dir() else []
+    app = create_app([profiled("megatron"), profiled("megatron-stray-full-save"), broken, gpu, *corpus])
     httpd = make_server("127.0.0.1", 0, app.server, threaded=True)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -112,6 +115,25 @@ def test_run_selector_and_layer_zoom(browser, server):
     assert errors == []
 
 
+def test_gpu_page_on_a_gpu_run(browser, server):
+    page, errors = open_page(browser, server + "/gpu")
+    page.wait_for_selector(".no-gpu", timeout=TIMEOUT_MS)  # the default run is a gloo CPU run
+    _choose(page, "gpu-run", "gpu-run")
+    page.wait_for_selector("#gpu-temporal .main-svg", timeout=90_000)  # HTA parses the ranks first
+    page.wait_for_selector("#gpu-kernels .ag-row", timeout=TIMEOUT_MS)
+    assert "COMMUNICATION" in page.inner_text("#gpu-kernels")
+    # the overview shows its exposed communication (a GPU run has streams; the gloo runs say n/a)
+    page.goto(server + "/", timeout=TIMEOUT_MS)
+    page.wait_for_selector("#overview-grid .ag-row", timeout=TIMEOUT_MS)
+    assert "n/a" in page.inner_text("#overview-grid")
+    page.goto(server + "/memory", timeout=TIMEOUT_MS)
+    page.wait_for_selector("#memory-graph .main-svg, .run-error", timeout=TIMEOUT_MS)
+    _choose(page, "memory-run", "gpu-run")  # a trace without a run.json: explained, no crash
+    page.wait_for_selector("text=sharding not checked", timeout=TIMEOUT_MS)
+    assert "declared neither by run.json nor by a flag" in page.inner_text(".run-error")
+    assert errors == []
+
+
 def test_gpu_page_on_a_corpus_gpu_trace(browser, server):
     from tests.conftest import CORPUS, NO_CORPUS
 
@@ -120,14 +142,9 @@ def test_gpu_page_on_a_corpus_gpu_trace(browser, server):
             pytest.fail(NO_CORPUS)
         pytest.skip(NO_CORPUS)
     page, errors = open_page(browser, server + "/gpu")
-    page.wait_for_selector(".no-gpu", timeout=TIMEOUT_MS)  # the default run is a gloo CPU run
+    page.wait_for_selector("#gpu-body", timeout=TIMEOUT_MS)
     _choose(page, "gpu-run", "param_dlrm_kineto")
     page.wait_for_selector("#gpu-temporal .main-svg", timeout=90_000)  # HTA parses 8 ranks first
     page.wait_for_selector("#gpu-kernels .ag-row", timeout=TIMEOUT_MS)
     assert "COMMUNICATION" in page.inner_text("#gpu-kernels")
-    page.goto(server + "/memory", timeout=TIMEOUT_MS)
-    page.wait_for_selector("#memory-graph .main-svg", timeout=TIMEOUT_MS)
-    _choose(page, "memory-run", "param_dlrm_kineto")  # a trace without a run.json: explained, no crash
-    page.wait_for_selector("text=sharding not checked", timeout=TIMEOUT_MS)
-    assert "declared neither by run.json nor by a flag" in page.inner_text(".run-error")
     assert errors == []

@@ -101,23 +101,29 @@ def test_dash_binds_localhost_by_default():
     assert args.host == "127.0.0.1" and args.port == 8050 and not args.debug
 
 
-def test_gpu_page_runs_hta_only_where_there_are_kernels(corpus, app):
+def test_gpu_page_runs_hta_only_where_there_are_kernels(app, tmp_path):
     from dashboards.app import create_app
     from dashboards.pages import gpu
+    from tests.trace_helpers import write_gpu_run
 
-    gpu_app = create_app([corpus / "param_dlrm_kineto"])
+    run = write_gpu_run(tmp_path / "gpu-run")  # a GPU run the test writes itself
+    gpu_app = create_app([run])
     parts = gpu.view(gpu_app.sptrace_store, 0)
     temporal = parts[0].figure
     assert [t.name for t in temporal.data] == ["idle_time", "compute_time", "non_compute_time"]
-    assert list(temporal.data[0].x) == [f"rank {r}" for r in range(8)]
-    total = [sum(t.y[i] for t in temporal.data) for i in range(8)]
+    assert list(temporal.data[0].x) == ["rank 0", "rank 1"]
+    total = [sum(t.y[i] for t in temporal.data) for i in range(2)]
     assert all(abs(s - 100) < 1 for s in total)  # shares of each rank's GPU time
     first = gpu_app.sptrace_store.cached(0, "hta", lambda: None)
     gpu.view(gpu_app.sptrace_store, 0)
     assert first is not None and gpu_app.sptrace_store.cached(0, "hta", lambda: None) is first  # HTA ran once
-    assert not any(p.name.endswith("_with_counters.json") for p in (corpus / "param_dlrm_kineto").iterdir())
+    assert sorted(p.name for p in run.iterdir()) == ["rank0.json", "rank1.json"]  # HTA wrote nothing beside
     message = json.dumps(gpu.view(app.sptrace_store, 0)[0].to_plotly_json())
     assert "no GPU kernels in this run" in message
+    # the overview: transfer time from the NCCL kernels, and the part no compute kernel overlaps
+    row = overview.summary(gpu_app.sptrace_store).iloc[0]
+    assert row["comm ms (transfer, mean)"] == pytest.approx(0.2, abs=0.05)
+    assert row["exposed comm ms"] == pytest.approx(0.1, abs=0.05)
 
 
 def test_an_unknown_url_is_a_404_that_links_back(tmp_path):
