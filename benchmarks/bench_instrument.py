@@ -18,11 +18,11 @@ import statistics
 import time
 
 import torch
+from sptrace.reference_models.config import StepConfig
+from sptrace.reference_models.layers import DenseTransformer
 from torch.profiler import ProfilerActivity, profile
 
 import sptrace
-from reference_models.config import StepConfig
-from reference_models.layers import DenseTransformer
 
 
 def main() -> None:

@@ -8,9 +8,8 @@ from typing import Any
 
 import dash
 from dash import Dash, dcc, html
-
-from dashboards.pages import collectives, compare, gpu, memory, overview, timeline
-from dashboards.store import RunStore
+from sptrace.dashboards.pages import collectives, compare, gpu, memory, overview, timeline
+from sptrace.dashboards.store import RunStore
 
 PAGES = (
     ("overview", "/", "Overview", overview),

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import torch.distributed as dist
 import torch.nn.functional as F
+from sptrace.reference_models import comm_ops
+from sptrace.reference_models.megatron_sp import ColumnParallelLinear, MegatronBlock
 from torch import Tensor, nn
-
-from reference_models import comm_ops
-from reference_models.megatron_sp import ColumnParallelLinear, MegatronBlock
 
 
 class GatheredInputLinear(nn.Linear):

@@ -5,10 +5,9 @@ shards; its weights replicated, or sharded by FSDP2 with ``zero3``) plus a Megat
 from __future__ import annotations
 
 import torch.distributed as dist
-
-from reference_models.config import StepConfig
-from reference_models.megatron_sp import MegatronBlock
-from reference_models.ulysses import UlyssesAttention
+from sptrace.reference_models.config import StepConfig
+from sptrace.reference_models.megatron_sp import MegatronBlock
+from sptrace.reference_models.ulysses import UlyssesAttention
 
 
 class HybridBlock(MegatronBlock):

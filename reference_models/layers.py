@@ -7,10 +7,9 @@ import inspect
 
 import torch
 import torch.nn.functional as F
+from sptrace.reference_models.config import StepConfig
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
-
-from reference_models.config import StepConfig
 
 # torch >= 2.14: checkpointing can honour the surrounding saved_tensors_hooks, so that sptrace's
 # saved-tensor records see what a checkpointed region keeps (older torch bypasses them)

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from sptrace.reference_models import comm_ops, faults
+from sptrace.reference_models.config import StepConfig
+from sptrace.reference_models.hybrid import HybridBlock
+from sptrace.reference_models.layers import dense_layer_weights, torch_dtype
+from sptrace.reference_models.megatron_sp import MegatronBlock
+from sptrace.reference_models.ulysses import UlyssesBlock
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
-
-from reference_models import comm_ops, faults
-from reference_models.config import StepConfig
-from reference_models.hybrid import HybridBlock
-from reference_models.layers import dense_layer_weights, torch_dtype
-from reference_models.megatron_sp import MegatronBlock
-from reference_models.ulysses import UlyssesBlock
 
 BLOCKS = {"megatron": MegatronBlock, "ulysses": UlyssesBlock, "hybrid": HybridBlock}
 

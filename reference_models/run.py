@@ -1,6 +1,6 @@
 """One rank of a profiled reference-model step; ``sptrace profile`` launches it with torchrun:
 
-    python -m torch.distributed.run --standalone --nproc-per-node P -m reference_models.run \\
+    python -m torch.distributed.run --standalone --nproc-per-node P -m sptrace.reference_models.run \\
         --config '{"scheme": "megatron", ...}' --out DIR
 
 On failure the rank writes ``DIR/logs/rank{r}.error`` (one line) for the launcher to report.
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from sptrace.reference_models.config import StepConfig
+from sptrace.reference_models.layers import seq_shard, step_batch, step_loss, torch_dtype
+from sptrace.reference_models.model import build_model
 
 import sptrace
-from reference_models.config import StepConfig
-from reference_models.layers import seq_shard, step_batch, step_loss, torch_dtype
-from reference_models.model import build_model
 
 
 def run_rank(cfg: StepConfig, out: Path, warmup: int, device_kind: str, instrument: bool = True) -> None:

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import torch.distributed as dist
 import torch.nn.functional as F
+from sptrace.reference_models import comm_ops
+from sptrace.reference_models.config import StepConfig
+from sptrace.reference_models.layers import CoreAttention, apply_rope, split_grouped_qkv
 from torch import Tensor, nn
-
-from reference_models import comm_ops
-from reference_models.config import StepConfig
-from reference_models.layers import CoreAttention, apply_rope, split_grouped_qkv
 
 
 class UlyssesAttention(nn.Module):

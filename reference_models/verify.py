@@ -1,6 +1,6 @@
 """Numerical and communication self-check of the reference models, run under torchrun:
 
-    python -m torch.distributed.run --standalone --nproc-per-node 8 -m reference_models.verify --out DIR
+    python -m torch.distributed.run --standalone --nproc-per-node 8 -m sptrace.reference_models.verify --out DIR
 
 1. Equivalence: for every case (scheme x P in 1, 2, 4, 8 x MHA/GQA, ZeRO-3, selective
    recompute, faults), the world is split into groups of P ranks; each group runs the sharded
@@ -22,10 +22,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-from reference_models.config import StepConfig
-from reference_models.layers import DenseTransformer, seq_shard, step_batch, step_loss
-from reference_models.model import build_model
+from sptrace.reference_models.config import StepConfig
+from sptrace.reference_models.layers import DenseTransformer, seq_shard, step_batch, step_loss
+from sptrace.reference_models.model import build_model
 
 BASE = StepConfig(layers=2, batch=2, seq=32, hidden=64, heads=8, kv_heads=8, ffn=96)
 

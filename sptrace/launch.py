@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference_models.config import StepConfig
 from sptrace.errors import LaunchError, UsageError
 from sptrace.profiling import RUN_FILE, trace_name
+from sptrace.reference_models.config import StepConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ def profile_reference(
     (staging / "logs").mkdir(parents=True)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        "-m", "reference_models.run", "--config", json.dumps(cfg.to_dict()), "--out", str(staging),
+        "-m", "sptrace.reference_models.run", "--config", json.dumps(cfg.to_dict()), "--out", str(staging),
         "--warmup", str(warmup), "--device", kind, *([] if instrument else ["--no-instrument"]),
     ]  # fmt: skip
     env = dict(os.environ)

@@ -4,7 +4,7 @@ Every field is either declared (by run.json's ``config``, a flag, or read off th
 unknown, and remembers where its value came from. Nothing is filled in from the reference
 models' defaults: an analysis that needs a value the user did not declare names the flag to
 pass (``ModelShape.require``). The reference models' own run configuration, with its faults,
-seeds and buckets, is ``reference_models.config.StepConfig``; it declares a full ModelShape.
+seeds and buckets, is ``sptrace.reference_models.config.StepConfig``; it declares a full ModelShape.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from reference_models.config import StepConfig
 from sptrace.fileio import write_atomic
+from sptrace.reference_models.config import StepConfig
 
 TABLE = "comparison.csv"
 FIT = "regression.json"

@@ -104,11 +104,11 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> RunFactory:
 
 @pytest.fixture(scope="session")
 def verify_reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    """One 8-rank run of reference_models.verify: equivalence and CommDebugMode counts."""
+    """One 8-rank run of sptrace.reference_models.verify: equivalence and CommDebugMode counts."""
     out = tmp_path_factory.mktemp("verify")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
-           "-m", "reference_models.verify", "--out", str(out)]  # fmt: skip
+           "-m", "sptrace.reference_models.verify", "--out", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return [json.loads((out / f"verify_rank{r}.json").read_text()) for r in range(WORLD)]

@@ -7,8 +7,7 @@ from typing import Any
 import dash_ag_grid as dag
 import pandas as pd
 from dash import dcc, html
-
-from dashboards.store import RunStore
+from sptrace.dashboards.store import RunStore
 
 
 def run_selector(store: RunStore, page: str) -> Any:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from dash import dcc, html
+from sptrace.dashboards.pages.common import grid
+from sptrace.dashboards.pages.overview import summary
+from sptrace.dashboards.store import RunStore
+from sptrace.reference_models.config import StepConfig
 
-from dashboards.pages.common import grid
-from dashboards.pages.overview import summary
-from dashboards.store import RunStore
-from reference_models.config import StepConfig
 from sptrace.analysis import RunAnalysis
 from sptrace.costmodel.comm import NEEDS
 from sptrace.report import figures

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from dash import Input, Output, dcc, html
+from sptrace.dashboards.pages.common import error_box, grid, run_selector
+from sptrace.dashboards.store import RunStore
 
-from dashboards.pages.common import error_box, grid, run_selector
-from dashboards.store import RunStore
 from sptrace.errors import SptraceError
 from sptrace.report import figures
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pandas as pd
 from dash import html
+from sptrace.dashboards.pages.common import error_box, grid
+from sptrace.dashboards.store import RunStore
 
-from dashboards.pages.common import error_box, grid
-from dashboards.store import RunStore
 from sptrace.errors import SptraceError
 from sptrace.units import human_bytes
 

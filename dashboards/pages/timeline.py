@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from dash import Input, Output, dcc, html
+from sptrace.dashboards.pages.common import error_box, run_selector
+from sptrace.dashboards.store import RunStore
 
-from dashboards.pages.common import error_box, run_selector
-from dashboards.store import RunStore
 from sptrace.errors import SptraceError
 from sptrace.report import figures
 

@@ -43,7 +43,7 @@ def _preset(name: str | None) -> tuple[ModelShape, bool]:
     if name is None:
         return ModelShape(), False
     if name == "reference":
-        from reference_models.config import StepConfig
+        from sptrace.reference_models.config import StepConfig
 
         return StepConfig().shape(source="preset reference"), False
     values = dict(PRESETS[name])

@@ -1,15 +1,15 @@
 """The reference models: ``sptrace profile``, ``sptrace demo`` (the README's main job) and
-``sptrace sweep``. Every flag is checked (reference_models.config) before anything launches."""
+``sptrace sweep``. Every flag is checked (sptrace.reference_models.config) before anything launches."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from reference_models.config import FAULTS, StepConfig
 from sptrace.cli.common import log
 from sptrace.dtypes import ACTIVATION_DTYPES
 from sptrace.errors import UsageError
+from sptrace.reference_models.config import FAULTS, StepConfig
 from sptrace.shape import RECOMPUTE, SCHEME_CHOICES, SCHEMES
 
 DEMO_DIR = Path("sptrace-demo")
@@ -134,7 +134,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.no_serve:
         print(f"\nsptrace dash {' '.join(str(r.out_dir) for r in runs)}   # to browse them")
         return 0
-    from dashboards.app import serve
+    from sptrace.dashboards.app import serve
 
     print(f"\ndashboard: http://127.0.0.1:{args.port}/  (Ctrl-C stops it)", flush=True)
     serve([r.out_dir for r in runs], port=args.port, analyses=analyses)

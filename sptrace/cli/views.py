@@ -45,7 +45,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_dash(args: argparse.Namespace) -> int:
     """Serve the Dash dashboard over the runs named here (and only those)."""
-    from dashboards.app import serve
+    from sptrace.dashboards.app import serve
     from sptrace.sweep import TABLE, sweep_runs
 
     paths: list[Path] = []

@@ -10,9 +10,8 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from sptrace.dashboards.app import create_app
 from werkzeug.serving import make_server
-
-from dashboards.app import create_app
 
 pytestmark = pytest.mark.distributed
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from sptrace.reference_models.config import StepConfig
 
-from reference_models.config import StepConfig
 from sptrace.cli import main
 from sptrace.costmodel import PRESETS, estimate_comm, korthikanti_bytes_per_layer, wire_bytes
 

@@ -7,8 +7,8 @@ import dataclasses
 
 import pandas as pd
 import pytest
+from sptrace.reference_models.config import StepConfig
 
-from reference_models.config import StepConfig
 from sptrace.checks import check_collectives
 from sptrace.costmodel import estimate_comm
 from sptrace.detect import COLUMNS

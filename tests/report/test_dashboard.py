@@ -7,9 +7,9 @@ import json
 
 import dash
 import pytest
+from sptrace.dashboards.app import create_app
+from sptrace.dashboards.pages import compare, memory, overview, timeline
 
-from dashboards.app import create_app
-from dashboards.pages import compare, memory, overview, timeline
 from sptrace.cli import build_parser
 
 pytestmark = pytest.mark.distributed
@@ -102,8 +102,9 @@ def test_dash_binds_localhost_by_default():
 
 
 def test_gpu_page_runs_hta_only_where_there_are_kernels(app, tmp_path):
-    from dashboards.app import create_app
-    from dashboards.pages import gpu
+    from sptrace.dashboards.app import create_app
+    from sptrace.dashboards.pages import gpu
+
     from tests.trace_helpers import write_gpu_run
 
     run = write_gpu_run(tmp_path / "gpu-run")  # a GPU run the test writes itself

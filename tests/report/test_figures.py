@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from sptrace.reference_models.config import StepConfig
 
-from reference_models.config import StepConfig
 from sptrace.costmodel import estimate_comm
 from sptrace.report import figures
 

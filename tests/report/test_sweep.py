@@ -37,8 +37,9 @@ def test_sweep_end_to_end(tmp_path, capsys):
     assert main(["sweep", *flags, "--out", str(out)]) == 0
     assert (out / "megatron-S32" / "run.json").stat().st_mtime_ns == mtime
     # the Compare page of `sptrace dash SWEEP`
-    from dashboards.app import create_app
-    from dashboards.pages import compare
+    from sptrace.dashboards.app import create_app
+    from sptrace.dashboards.pages import compare
+
     from sptrace.sweep import sweep_runs
 
     app = create_app(sweep_runs(out), [out])

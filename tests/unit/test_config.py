@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from sptrace.reference_models.config import FAULTS, StepConfig
 
-from reference_models.config import FAULTS, StepConfig
 from sptrace.errors import ConfigError
 
 
