@@ -12,8 +12,9 @@
 3. Growth: synthetic traces of 2x, 4x, 8x the events (the real events replicated, shifted in
    time) loaded cold in fresh processes: CPU time, peak RSS, and the table they produce.
 
-Default trace: ../shared/corpus/hta_tests_data/df_index_resolver/df_index_resolver.json.gz
-(rank 1 of 2, 2x V100, 216k events, 53.7 MB of JSON).
+Default trace: df_index_resolver.json.gz from a corpus of real traces when one is there
+(SPTRACE_CORPUS, or ../shared/corpus beside the checkout: rank 1 of 2, 2x V100, 216k events,
+53.7 MB of JSON); otherwise a synthetic trace of the same size and mix of events, written here.
 """
 
 from __future__ import annotations
@@ -31,7 +32,106 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_TRACE = HERE.parent.parent / "shared/corpus/hta_tests_data/df_index_resolver/df_index_resolver.json.gz"
+CORPUS = Path(os.environ.get("SPTRACE_CORPUS") or HERE.parent.parent / "shared/corpus")
+CORPUS_TRACE = CORPUS / "hta_tests_data/df_index_resolver/df_index_resolver.json.gz"
+
+
+def synthetic_trace(path: Path, events: int = 216_000) -> Path:
+    """A gzip Kineto trace with a real trace's mix of events: CPU ops with shapes, runtime launches
+    and their kernels with ac2g flows, memory instants, python frames, NCCL all-reduces."""
+    import gzip
+    import random
+
+    rng = random.Random(0)
+    ev: list[dict] = []
+    t = 1_700_000_000_000.0
+    corr = 0
+    while len(ev) < events:
+        corr += 1
+        t += rng.uniform(5, 40)
+        shape = [rng.choice([256, 512, 1024]), rng.choice([768, 1024, 4096])]
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "python_function",
+                "name": "nn.Module: Linear_3",
+                "pid": 1,
+                "tid": 1,
+                "ts": t,
+                "dur": 30.5,
+                "args": {"Python id": corr, "Python parent id": corr - 1},
+            }
+        )
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "aten::mm",
+                "pid": 1,
+                "tid": 1,
+                "ts": t + 1.25,
+                "dur": 20.125,
+                "args": {
+                    "External id": corr,
+                    "Sequence number": corr,
+                    "Fwd thread id": 0,
+                    "Input Dims": [shape, shape[::-1]],
+                    "Input type": ["float", "float"],
+                },
+            }
+        )
+        ev.append(
+            {
+                "ph": "i",
+                "cat": "cpu_instant_event",
+                "name": "[memory]",
+                "pid": 1,
+                "tid": 1,
+                "ts": t + 2,
+                "s": "t",
+                "args": {
+                    "Addr": 2**40 + corr * 4096,
+                    "Bytes": shape[0] * shape[0] * 4,
+                    "Total Allocated": corr,
+                    "Total Reserved": 2**30,
+                    "Device Type": 1,
+                    "Device Id": 0,
+                    "Ev Idx": corr,
+                },
+            }
+        )
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": 1,
+                "tid": 1,
+                "ts": t + 3,
+                "dur": 4.5,
+                "args": {"External id": corr, "correlation": corr},
+            }
+        )
+        ev.append({"ph": "s", "cat": "ac2g", "name": "ac2g", "id": corr, "pid": 1, "tid": 1, "ts": t + 3})
+        name = "ncclKernel_AllReduce_RING_LL_Sum_float" if corr % 50 == 0 else "ampere_sgemm_128x64_nn"
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": name,
+                "pid": 0,
+                "tid": 7,
+                "ts": t + 9,
+                "dur": 25.75,
+                "args": {"External id": corr, "correlation": corr, "stream": 7, "device": 0, "grid": [80, 1, 1]},
+            }
+        )
+        ev.append({"ph": "f", "cat": "ac2g", "name": "ac2g", "id": corr, "pid": 0, "tid": 7, "ts": t + 9, "bp": "e"})
+    doc = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 1, "world_size": 2},
+           "traceEvents": ev[:events]}  # fmt: skip
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    return path
 
 
 def _rss_mb() -> float:
@@ -161,7 +261,9 @@ def decoders(path: Path, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument(
+        "--trace", type=Path, help="default: the corpus's df_index_resolver, else a synthetic trace of its size"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sizes", default="1,2,4,8", help="replication factors for the growth table ('' to skip)")
     parser.add_argument("--child", choices=("hta", "cold", "cached"), help=argparse.SUPPRESS)
@@ -171,7 +273,11 @@ def main() -> None:
         child(args.child, args.trace, args.cache_dir)
         return
     _quiet_hta()
-    path = args.trace
+    keep = tempfile.TemporaryDirectory(prefix="sptrace-bench-trace-")
+    path = args.trace or (CORPUS_TRACE if CORPUS_TRACE.is_file() else None)
+    if path is None:
+        path = synthetic_trace(Path(keep.name) / "synthetic.json.gz")
+        print(f"no corpus ({CORPUS_TRACE} is absent): a synthetic trace of 216k events, {path}")
     size_mb = path.stat().st_size / 2**20
     decoders(path, args.repeats)
     with tempfile.TemporaryDirectory(prefix="sptrace-bench-") as tmp:
