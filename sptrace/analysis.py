@@ -33,6 +33,8 @@ from sptrace.load.trace import RunTrace, load_run
 from sptrace.shape import ModelShape
 
 PARTS = ("collectives", "sharding")
+"""What analyse_run can compute: collectives (with matching, timing and the cost-model check) and
+the sharding check."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,6 @@ def analyse_run(
 ) -> RunAnalysis:
     """Analyse one run (a folder, a trace file, or a loaded RunTrace). ``flags``: ModelShape
     fields the user passed; ``parts``: which of collectives / sharding to compute."""
-    seen: list[str] = []
     if isinstance(source, RunTrace):
         run, path = source, source.root
         seen = list(run.warnings)
@@ -120,7 +121,7 @@ def analyse_run(
     indexes = {t.rank: RankIndex(t) for t in run}
     frames = []
     timing = []
-    if "collectives" in parts or "timing" in parts:
+    if "collectives" in parts:
         for trace in run:
             frame = detect_collectives(trace, indexes[trace.rank])
             frames.append(frame)
@@ -149,6 +150,9 @@ def analyse_run(
                 comm.notes.append(
                     f"ranks without a trace: {len(run.missing_ranks)} of {run.world_size}; analysed the rest"
                 )
+    expected_act = activation_bytes_per_layer(model)
+    if expected_act is not None and model.dtype_bytes:
+        expected_act = expected_act * model.dtype_bytes / 2  # Korthikanti counts 2-byte activations
     retained: tuple[Retention, ...] = ()
     sharding = None
     sharding_unavailable = None
@@ -158,15 +162,11 @@ def analyse_run(
             sharding_unavailable = f"seq {model.seq} is not divisible by the sequence-parallel size {model.sp_size}"
         if sharding_unavailable is None:
             retained = tuple(detect_retained(t, element_size=model.dtype_bytes, index=indexes[t.rank]) for t in run)
-            expected = activation_bytes_per_layer(model)
-            if expected is not None and model.dtype_bytes:
-                expected = expected * model.dtype_bytes / 2  # Korthikanti counts 2-byte activations
-            sharding = check_sharding(list(retained), model, allow=allow, strict=strict, expected_per_layer=expected)
+            sharding = check_sharding(
+                list(retained), model, allow=allow, strict=strict, expected_per_layer=expected_act
+            )
             if run.missing_ranks:
                 sharding.notes.append(f"ranks without a trace, not checked: {run.missing_ranks}")
-    expected_act = activation_bytes_per_layer(model)
-    if expected_act is not None and model.dtype_bytes:
-        expected_act = expected_act * model.dtype_bytes / 2
     return RunAnalysis(
         path=path, run=run, model=model, warnings=tuple(seen), collectives=collectives, matching=matching,
         timing=tuple(timing), estimate=estimate, comm=comm, comm_unavailable=comm_unavailable, retained=retained,
