@@ -4,11 +4,13 @@ and its traces are shared by every test that needs them."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,12 @@ import pytest
 from sptrace.cli import main as sptrace_main
 
 REPO = Path(__file__).resolve().parent.parent
+# The suite leaves nothing behind: parsed-trace caches (of this process and every process it
+# starts) and hypothesis's files go to a scratch folder removed when the session ends.
+_SCRATCH = tempfile.mkdtemp(prefix="sptrace-tests-")
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+os.environ["XDG_CACHE_HOME"] = os.path.join(_SCRATCH, "cache")
+os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = os.path.join(_SCRATCH, "hypothesis")
 # real GPU traces from public repositories, read in place (read-only): SPTRACE_CORPUS, else
 # ../shared/corpus beside the checkout (as in CI); tests that need them skip without them
 CORPUS = Path(os.environ.get("SPTRACE_CORPUS") or REPO.parent / "shared" / "corpus")
@@ -79,22 +87,10 @@ class RunFactory:
         return self._done[name]
 
 
-@pytest.fixture(scope="session", autouse=True)
-def private_cache() -> Iterator[Path]:
-    """The suite never writes to the user's cache: every test (and every process it starts)
-    caches parsed traces in a session folder, deleted with the session's temporary files."""
-    import tempfile
-
-    old = os.environ.get("XDG_CACHE_HOME")
-    with tempfile.TemporaryDirectory(prefix="sptrace-test-cache-") as directory:
-        os.environ["XDG_CACHE_HOME"] = directory
-        try:
-            yield Path(directory)
-        finally:
-            if old is None:
-                os.environ.pop("XDG_CACHE_HOME", None)
-            else:
-                os.environ["XDG_CACHE_HOME"] = old
+@pytest.fixture(scope="session")
+def private_cache() -> Path:
+    """Where the suite caches parsed traces (never the user's cache)."""
+    return Path(os.environ["XDG_CACHE_HOME"])
 
 
 @pytest.fixture(scope="session")

@@ -68,7 +68,7 @@ def write(directory: Path, name: str, data: bytes) -> Path:
     return path
 
 
-# database=None: the suite leaves nothing behind (no .hypothesis folder in the checkout)
+# database=None: no example database (the conftest sends hypothesis's other files to a scratch folder)
 FUZZ = settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 DOC = json.dumps(valid_trace()).encode()
 
