@@ -31,6 +31,8 @@ from sptrace.units import rank_ranges
 TRACE_SUFFIXES = (".json", ".json.gz")
 RUN_FILE = "run.json"
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+MAX_WORLD_SIZE = 2**20
+"""No job has more ranks than this; a larger world_size is a damaged trace."""
 PARALLEL_MIN_BYTES = 32 * 2**20
 """Below this much trace data, worker processes cost more than they save."""
 
@@ -320,6 +322,9 @@ def _assemble_run(root: Path | None, traces: list[RankTrace], notes: list[str]) 
     if len(backends) > 1:
         raise TraceError(root or traces[0].path, f"ranks come from different runs: backends {sorted(backends)}")
     world = worlds.pop() if worlds else max(by_rank) + 1
+    if not 0 < world <= MAX_WORLD_SIZE:
+        culprit = next((t.path for t in traces if t.world_size == world), traces[0].path)
+        raise TraceError(culprit, f"world_size {world} is not a number of ranks (1 to {MAX_WORLD_SIZE})")
     outside = [r for r in by_rank if not 0 <= r < world]
     if outside:
         raise TraceError(by_rank[outside[0]].path, f"rank {outside[0]} is outside the world of {world} ranks")

@@ -142,6 +142,8 @@ def test_runs_that_do_not_add_up(tmp_path):
         "duplicate": [("rank0.json", valid_trace(0)), ("rank1.json", valid_trace(0))],  # two claim rank 0
         "outside": [("rank0.json", valid_trace(0)), ("rank5.json", valid_trace(5))],  # world of 2
         "worlds": [("rank0.json", valid_trace(0, 2)), ("rank1.json", valid_trace(1, 4))],
+        "huge": [("rank0.json", valid_trace(0, 2**60))],  # listing its missing ranks would never end
+        "none": [("rank0.json", valid_trace(0, 0))],
     }
     for name, files in cases.items():
         root = tmp_path / name
