@@ -27,12 +27,13 @@ from sptrace.costmodel.comm import NEEDS as COMM_NEEDS
 from sptrace.detect.allocations import Retention, detect_retained
 from sptrace.detect.collectives import COLUMNS, RankIndex, detect_collectives, fill_from_peers
 from sptrace.detect.matching import Matching, match_collectives
-from sptrace.detect.timing import RankTiming, detect_timing
+from sptrace.detect.timing import RankTiming, detect_compute, detect_timing
 from sptrace.errors import SptraceError, UsageError
 from sptrace.load.trace import RunTrace, load_run
 from sptrace.shape import ModelShape
 
 PARTS = ("collectives", "sharding")
+COMPUTE_COLUMNS = ["rank", "start_us", "dur_us"]
 """What analyse_run can compute: collectives (with matching, timing and the cost-model check) and
 the sharding check."""
 
@@ -59,6 +60,17 @@ class RunAnalysis:
     """Korthikanti's activations per layer and rank for the declared scheme (bytes)."""
     phases: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
     memory: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
+    compute: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
+    """When each rank computed (GPU compute kernels, else its busiest thread's CPU ops), merged."""
+
+    def step_start_us(self, rank: int) -> float:
+        """Where a rank's step starts: its first phase (ProfilerStep or sptrace.phase), else its
+        first collective: the zero of "ms from the step start"."""
+        p = self.phases[self.phases["rank"] == rank] if len(self.phases) else self.phases
+        if len(p):
+            return float(p["start_us"].min())
+        c = self.collectives[self.collectives["rank"] == rank] if len(self.collectives) else self.collectives
+        return float(c["start_us"].min()) if len(c) else 0.0
 
     @property
     def name(self) -> str:
@@ -121,11 +133,13 @@ def analyse_run(
     indexes = {t.rank: RankIndex(t) for t in run}
     frames = []
     timing = []
+    compute = []
     if "collectives" in parts:
         for trace in run:
             frame = detect_collectives(trace, indexes[trace.rank])
             frames.append(frame)
             timing.append(detect_timing(trace, frame, indexes[trace.rank]))
+            compute.append(detect_compute(trace, indexes[trace.rank]))
     frames = [f for f in frames if not f.empty]
     collectives = fill_from_peers(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame(columns=COLUMNS)
     if model.layers is None:
@@ -172,6 +186,7 @@ def analyse_run(
         timing=tuple(timing), estimate=estimate, comm=comm, comm_unavailable=comm_unavailable, retained=retained,
         sharding=sharding, sharding_unavailable=sharding_unavailable, expected_activation_bytes=expected_act,
         phases=_phases(run), memory=_memory_series(run),
+        compute=pd.concat(compute, ignore_index=True) if compute else pd.DataFrame(columns=COMPUTE_COLUMNS),
     )  # fmt: skip
 
 

@@ -63,9 +63,9 @@ def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, f
     return [(a, b) for a, b in out]
 
 
-def subtract_length(keep: list[tuple[float, float]], remove: list[tuple[float, float]]) -> float:
-    """Length of the union ``keep`` not covered by the union ``remove`` (both merged, sorted)."""
-    total = 0.0
+def subtract(keep: list[tuple[float, float]], remove: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of the union ``keep`` that the union ``remove`` does not cover (both merged, sorted)."""
+    out: list[tuple[float, float]] = []
     j = 0
     for s, e in keep:
         cur = s
@@ -75,12 +75,17 @@ def subtract_length(keep: list[tuple[float, float]], remove: list[tuple[float, f
         while k < len(remove) and remove[k][0] < e:
             rs, re_ = remove[k]
             if rs > cur:
-                total += rs - cur
+                out.append((cur, rs))
             cur = max(cur, re_)
             k += 1
         if cur < e:
-            total += e - cur
-    return total
+            out.append((cur, e))
+    return out
+
+
+def subtract_length(keep: list[tuple[float, float]], remove: list[tuple[float, float]]) -> float:
+    """Length of the union ``keep`` not covered by the union ``remove`` (both merged, sorted)."""
+    return float(sum(e - s for s, e in subtract(keep, remove)))
 
 
 def detect_timing(trace: RankTrace, collectives: pd.DataFrame, index: RankIndex | None = None) -> RankTiming:
@@ -108,3 +113,51 @@ def detect_timing(trace: RankTrace, collectives: pd.DataFrame, index: RankIndex 
         rank=int(trace.rank) if trace.rank is not None else 0, step_ms=step_ms, comm_ms=comm_ms,
         exposed_ms=exposed, issue_only=int((~has_transfer).sum()) if len(mine) else 0,
     )  # fmt: skip
+
+
+def detect_compute(trace: RankTrace, index: RankIndex | None = None, max_segments: int = 2000) -> pd.DataFrame:
+    """When the rank computed: its GPU compute kernels, or on a CPU trace the aten ops of its
+    busiest thread (communication left out), merged so that at most ``max_segments``
+    remain (gaps shorter than the step's 1/``max_segments`` are closed). Columns: rank, start_us,
+    dur_us."""
+    idx = index or RankIndex(trace)
+    if len(idx.compute_kernels):
+        k = idx.compute_kernels
+        starts = k["ts_ns"].to_numpy(dtype=np.int64, na_value=0) / 1e3
+        ends = starts + k["dur_ns"].to_numpy(dtype=np.int64, na_value=0) / 1e3
+        merged = merge_intervals(starts, ends)
+    else:
+        cpu = idx.cpu_ops[idx.cpu_ops["cat"].astype(str) == "cpu_op"]
+        if cpu.empty:
+            return pd.DataFrame(columns=["rank", "start_us", "dur_us"])
+        busiest = cpu["tid"].value_counts().index[0]
+        cpu = cpu[cpu["tid"] == busiest]
+        comm = cpu["name"].astype(str).str.startswith(_NOT_COMPUTE).to_numpy()
+
+        def spans(frame: pd.DataFrame) -> list[tuple[float, float]]:
+            s = frame["ts_ns"].to_numpy(dtype=np.int64, na_value=0) / 1e3
+            return merge_intervals(s, s + frame["dur_ns"].to_numpy(dtype=np.int64, na_value=0) / 1e3)
+
+        # aten ops are the computation (a Python-level wait for a collective is inside no aten op);
+        # an aten op around a collective computes only around it
+        aten = cpu["name"].astype(str).str.startswith("aten::").to_numpy()
+        merged = subtract(spans(cpu[aten & ~comm]), spans(cpu[comm]))
+    if merged:
+        span = merged[-1][1] - merged[0][0]
+        gap = span / max_segments
+        closed: list[list[float]] = []
+        for s, e in merged:
+            if closed and s - closed[-1][1] <= gap:
+                closed[-1][1] = max(closed[-1][1], e)
+            else:
+                closed.append([s, e])
+        merged = [(a, b) for a, b in closed]
+    return pd.DataFrame(
+        {"rank": trace.rank, "start_us": [s for s, _ in merged], "dur_us": [e - s for s, e in merged]},
+        columns=["rank", "start_us", "dur_us"],
+    )
+
+
+_NOT_COMPUTE = ("c10d::", "_c10d_functional", "record_param_comms", "nccl:", "gloo:", "ProfilerStep", "sptrace.",
+                "Optimizer.", "aten::wait", "_c10d_functional::wait")  # fmt: skip
+"""CPU ops that are not computation: communication, and the step's and sptrace's own ranges."""
