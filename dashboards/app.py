@@ -1,59 +1,189 @@
-"""The Dash app over the runs named on the command line (``sptrace dash RUN...``)."""
+"""The Dash app over the runs named on the command line (``sptrace dash RUN...``).
+
+Components come from dash-mantine-components rather than dash-bootstrap-components: Mantine 2
+bundles its CSS inside the component JS that Dash serves from the installed package, while
+Bootstrap's CSS is a separate stylesheet that dbc points at a CDN (an air-gapped cluster would
+have to vendor it). Every figure uses sptrace.report.figures' template, whose fonts and colours
+match Mantine's theme. Nothing is fetched from outside the machine.
+
+Routing is this module's own (no ``dash.register_page``, whose registry is global to the
+process): one callback maps the URL (``/memory?run=2``) to a page, so each app created here has
+its own pages and store, links can be shared, and the back button works.
+"""
 
 from __future__ import annotations
 
-from functools import partial
+import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
-import dash
-from dash import Dash, dcc, html
+import dash_mantine_components as dmc
+from dash import MATCH, Dash, Input, Output, ctx, dcc, html, no_update
 from sptrace.dashboards.pages import collectives, compare, gpu, memory, overview, timeline
+from sptrace.dashboards.pages.common import View, error_box, href
 from sptrace.dashboards.store import RunStore
 
-PAGES = (
-    ("overview", "/", "Overview", overview),
-    ("timeline", "/timeline", "Timeline", timeline),
-    ("collectives", "/collectives", "Collectives", collectives),
-    ("memory", "/memory", "Memory", memory),
-    ("compare", "/compare", "Compare", compare),
-    ("gpu", "/gpu", "GPU (HTA)", gpu),
-)
+from sptrace.report.figures import FONT
+
+PAGES = {
+    "/": ("overview", "Overview", overview),
+    "/timeline": ("timeline", "Timeline", timeline),
+    "/collectives": ("collectives", "Collectives", collectives),
+    "/memory": ("memory", "Memory", memory),
+    "/compare": ("compare", "Compare", compare),
+    "/gpu": ("gpu", "GPU (HTA)", gpu),
+}
+ASSETS = Path(__file__).parent / "assets"
+THEME = {"fontFamily": FONT, "headings": {"fontFamily": FONT}, "primaryColor": "blue", "defaultRadius": "sm"}
+log = logging.getLogger(__name__)
+
+
+def parse_view(store: RunStore, pathname: str | None, search: str | None) -> View | None:
+    """The view a URL names, or None for a page that does not exist. A run index outside the
+    store falls back to run 0 here; the server answers such a full URL with a 404 first."""
+    page = PAGES.get(pathname or "/")
+    if page is None:
+        return None
+    query = {k: v[-1] for k, v in parse_qs((search or "").lstrip("?")).items()}
+    run = _index(query.pop("run", "0"), len(store)) or 0
+    runs_text = query.pop("runs", "")
+    runs = [i for i in (_index(x, len(store)) for x in runs_text.split(",")) if i is not None] if runs_text else None
+    return View(page[0], run, runs, query)
+
+
+def _index(text: str, n: int) -> int | None:
+    try:
+        i = int(text)
+    except ValueError:
+        return None
+    return i if 0 <= i < n else None
+
+
+def header(store: RunStore) -> Any:
+    nav = html.Nav(
+        [dcc.Link(title, href=path, id=f"nav-{key}", className="nav-link") for path, (key, title, _) in PAGES.items()],
+        className="sptrace-nav", style={"display": "flex", "gap": "2px"},
+    )  # fmt: skip
+    options = store.options()
+    run_select = dmc.Select(
+        id="header-run", data=options, value="0" if options else None, allowDeselect=False, w=340,
+        searchable=len(options) > 8, comboboxProps={"width": "max-content"}, size="sm", **{"aria-label": "run"},
+        leftSection=dmc.Text("run", size="xs", c="dimmed"), leftSectionWidth=40,
+    )  # fmt: skip
+    # runs to compare: a checkbox list in a popover, so that a dozen runs never crowd the header
+    runs_select = dmc.Popover(
+        [
+            dmc.PopoverTarget(dmc.Button(f"{len(options)} of {len(options)} runs", id="header-runs-label",
+                                         variant="default", size="sm", w=200)),
+            dmc.PopoverDropdown(dmc.CheckboxGroup(
+                dmc.Stack([dmc.Checkbox(label=o["label"], value=o["value"]) for o in options], gap=6),
+                id="header-runs", value=[o["value"] for o in options], label="runs to compare",
+            )),
+        ],
+        position="bottom-end", shadow="md", withArrow=True,
+    )  # fmt: skip
+    brand = dcc.Link(
+        dmc.Group([dmc.Text("sptrace", fw=800, size="xl", c="blue.7"),
+                   dmc.Text("sequence-parallel trace analyzer", size="xs", c="dimmed")], gap=8, align="baseline"),
+        href="/", style={"textDecoration": "none"},
+    )  # fmt: skip
+    selectors = dmc.Group([
+        html.Div(run_select, id="header-run-wrap"),
+        html.Div(runs_select, id="header-runs-wrap", style={"display": "none"}),
+    ], gap="sm")  # fmt: skip
+    return dmc.AppShellHeader(dmc.Group([dmc.Group([brand, nav], gap="xl"), selectors], justify="space-between",
+                                        h="100%", px="lg", wrap="nowrap"))  # fmt: skip
+
+
+def not_found(pathname: str) -> Any:
+    return dmc.Stack([
+        dmc.Title("No such page", order=2),
+        dmc.Text(f"{pathname} is not a page of this dashboard."),
+        dcc.Link("back to the overview", href="/", id="not-found-home", className="sptrace-link"),
+    ], className="not-found")  # fmt: skip
 
 
 def create_app(paths: list[Path], sweeps: list[Path] | None = None, analyses: list | None = None) -> Dash:
     """``paths``: the runs; ``sweeps``: sptrace sweep folders, shown on the Compare page;
     ``analyses``: the runs' analyses when the caller already has them (sptrace demo)."""
     store = RunStore(paths, sweeps or [], analyses)
-    app = Dash(__name__, use_pages=True, pages_folder="", suppress_callback_exceptions=True, title="sptrace")
-    for name, path, title, module in PAGES:
-        dash.register_page(f"sptrace.{name}", path=path, name=title, layout=partial(module.layout, store))
+    app = Dash(__name__, title="sptrace", update_title=None, suppress_callback_exceptions=True,
+               assets_folder=str(ASSETS), serve_locally=True)  # fmt: skip
+    app.layout = dmc.MantineProvider(
+        [
+            dcc.Location(id="url", refresh="callback-nav"),
+            dmc.AppShell(
+                [header(store), dmc.AppShellMain(html.Div(id="page", style={"padding": "20px 28px 40px"}))],
+                header={"height": 60}, padding=0,
+            ),
+        ],
+        theme=THEME, forceColorScheme="light",
+    )  # fmt: skip
+    keys = [key for key, _, _ in PAGES.values()]
+
+    @app.callback(
+        Output("page", "children"),
+        Output("url", "search", allow_duplicate=True),
+        Output("header-run", "value"),
+        Output("header-runs", "value"),
+        Output("header-run-wrap", "style"),
+        Output("header-runs-wrap", "style"),
+        Output("header-runs-label", "children"),
+        *[Output(f"nav-{k}", "href") for k in keys],
+        *[Output(f"nav-{k}", "className") for k in keys],
+        Input("url", "pathname"),
+        Input("url", "search"),
+        Input("header-run", "value"),
+        Input("header-runs", "value"),
+        prevent_initial_call="initial_duplicate",
+    )
+    def _route(pathname: str, search: str, run: str | None, runs: list[str] | None) -> tuple:
+        view = parse_view(store, pathname, search)
+        new_search: Any = no_update
+        if view is not None and ctx.triggered_id == "header-run" and run is not None and int(run) != view.run:
+            # another run: the page's own settings (a layer, a phase) belonged to the old one
+            view = replace(view, run=int(run), params={})
+            new_search = view.search()
+        elif view is not None and ctx.triggered_id == "header-runs" and runs is not None:
+            chosen = sorted(int(r) for r in runs)
+            view = replace(view, runs=None if chosen == list(range(len(store))) else chosen)
+            new_search = view.search()
+        if view is None:
+            content: Any = not_found(pathname)
+        else:
+            try:
+                content = PAGES[pathname or "/"][2].render(store, view)
+            except Exception as exc:  # a bug in one view must not take the app down: say what broke
+                log.exception("rendering %s%s", pathname, search)
+                content = error_box(f"{type(exc).__name__}: {exc}", title="this view failed")
+        current = view or View("overview")
+        on_compare = current.page == "compare"
+        return (
+            content,
+            new_search,
+            str(current.run),
+            [str(r) for r in current.chosen(len(store))],
+            {"display": "none"} if on_compare else {},
+            {} if on_compare else {"display": "none"},
+            f"{len(current.chosen(len(store)))} of {len(store)} runs",
+            *[href(k, current.run) for k in keys],
+            *["nav-link active" if k == current.page else "nav-link" for k in keys],
+        )
+
+    @app.callback(
+        Output({"type": "sptrace-grid", "name": MATCH}, "exportDataAsCsv"),
+        Input({"type": "sptrace-csv", "name": MATCH}, "n_clicks"),
+        prevent_initial_call=True,
+    )
+    def _csv(clicks: int | None) -> bool:
+        return bool(clicks)
+
+    for _, _, module in PAGES.values():
         if hasattr(module, "register"):
             module.register(app, store)
-    # a link the app does not know, followed inside the page: say so and link back
-    dash.register_page("not_found_404", layout=html.Div(
-        [html.H2("No such page"), dcc.Link("back to the overview", href="/", id="not-found-home")],
-        className="not-found",
-    ))  # fmt: skip
-    nav = [dcc.Link(title, href=path, style={"marginRight": "1.5em"}) for _, path, title, _ in PAGES]
-    app.layout = html.Div(
-        [html.H1("sptrace"), html.Nav(nav), html.Hr(), dash.page_container], style={"margin": "1em 2em"}
-    )
-    known = {path for _, path, _, _ in PAGES}
-
-    @app.server.before_request
-    def _not_found() -> Any:
-        """Dash answers every path with its page shell (200); an unknown one is a 404 here, with a
-        link back, so a mistyped or stale link says so to browsers and tools alike."""
-        from flask import request
-
-        path = request.path
-        if path in known or path.startswith(_DASH_PREFIXES):
-            return None
-        body = '<!DOCTYPE html><html><head><meta charset="utf-8"><title>sptrace: no such page</title></head>'
-        body += '<body><h1>No such page</h1><p><a href="/">back to the sptrace overview</a></p></body></html>'
-        return body, 404, {"Content-Type": "text/html; charset=utf-8"}
-
+    _serve_404(app, store)
     app.sptrace_store = store  # type: ignore[attr-defined]
     return app
 
@@ -62,9 +192,39 @@ _DASH_PREFIXES = ("/_dash", "/_reload-hash", "/_favicon", "/assets/", "/_alive")
 """Dash's own routes (layout, callbacks, component bundles, assets)."""
 
 
+def _serve_404(app: Dash, store: RunStore) -> None:
+    @app.server.before_request
+    def _not_found() -> Any:
+        """Dash answers every path with its page shell (200); an unknown page, or a run this
+        dashboard does not serve, is a 404 here with a link back, so a mistyped or stale link
+        says so to browsers and tools alike."""
+        from flask import request
+
+        path = request.path
+        if path.startswith(_DASH_PREFIXES):
+            return None
+        problem = None
+        if path not in PAGES:
+            problem = f"{path} is not a page of this dashboard"
+        else:
+            for key in ("run", "runs"):
+                for value in request.args.getlist(key):
+                    if any(_index(v, len(store)) is None for v in value.split(",")):
+                        problem = f"no run {value!r}: this dashboard serves runs 0 to {len(store) - 1}"
+        if problem is None:
+            return None
+        import html as html_escape
+
+        body = '<!DOCTYPE html><html><head><meta charset="utf-8"><title>sptrace: no such page</title></head>'
+        body += f"<body><h1>No such page</h1><p>{html_escape.escape(problem)}</p>"
+        body += '<p><a href="/">back to the sptrace overview</a></p></body></html>'
+        return body, 404, {"Content-Type": "text/html; charset=utf-8"}
+
+
 def serve(
     paths: list[Path], host: str = "127.0.0.1", port: int = 8050, debug: bool = False,
     sweeps: list[Path] | None = None, analyses: list | None = None,
 ) -> Any:  # fmt: skip
     app = create_app(paths, sweeps, analyses)
+    app.sptrace_store.warm()  # type: ignore[attr-defined]
     return app.run(host=host, port=port, debug=debug)

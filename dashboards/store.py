@@ -1,10 +1,14 @@
 """The runs a dashboard serves: only those named on the command line, analysed once each on
 first use (sptrace.analysis.analyse_run, the same analysis the CLI renders) and kept in memory.
-Pages refer to runs by index, so no path from the browser ever reaches the filesystem."""
+Pages refer to runs by index, so no path from the browser ever reaches the filesystem.
+
+Each app has its own store (nothing module-global), and each run its own lock: the first request
+for a slow run analyses it while requests for the other runs are answered."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,29 +22,56 @@ class RunStore:
     ) -> None:
         self.paths = [Path(p) for p in paths]
         self.sweeps = [Path(p) for p in sweeps or []]
-        self._cache: dict[int, RunAnalysis | SptraceError] = dict(enumerate(analyses or []))
-        self._extra: dict[tuple[int, str], Any] = {}
-        self._lock = threading.Lock()
+        self._cache: dict[tuple[int, str], Any] = {(i, "run"): a for i, a in enumerate(analyses or [])}
+        self._locks: dict[tuple[int, str], threading.Lock] = {}
+        self._guard = threading.Lock()  # held only to look up / create a per-run lock
 
-    def options(self) -> list[dict[str, Any]]:
-        return [{"label": p.name or str(p), "value": i} for i, p in enumerate(self.paths)]
+    def __len__(self) -> int:
+        return len(self.paths)
 
-    def cached(self, index: int, key: str, compute: Any) -> Any:
+    def name(self, index: int) -> str:
+        path = self.paths[index]
+        return path.name or str(path)
+
+    def options(self) -> list[dict[str, str]]:
+        """For Mantine's Select: values are strings."""
+        return [{"label": self.name(i), "value": str(i)} for i in range(len(self.paths))]
+
+    def _once(self, key: tuple[int, str], compute: Callable[[], Any]) -> Any:
+        with self._guard:
+            if key in self._cache:
+                return self._cache[key]
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:  # one computation per key; other keys go on meanwhile
+            if key not in self._cache:
+                self._cache[key] = compute()
+            return self._cache[key]
+
+    def cached(self, index: int, key: str, compute: Callable[[], Any]) -> Any:
         """A further analysis of one run (HTA's), computed once."""
-        with self._lock:
-            if (index, key) not in self._extra:
-                self._extra[(index, key)] = compute()
-            return self._extra[(index, key)]
+        return self._once((index, key), compute)
 
-    def get(self, index: int | None) -> RunAnalysis | SptraceError:
+    def warm(self) -> threading.Thread:
+        """Analyse every run in the background, in order, so that the first page is ready when
+        the browser asks (a page asking for a run first takes its turn: one lock per run)."""
+        thread = threading.Thread(target=lambda: [self.get(i) for i in range(len(self.paths))], daemon=True,
+                                  name="sptrace-warm")  # fmt: skip
+        thread.start()
+        return thread
+
+    def get(self, index: int | str | None) -> RunAnalysis | SptraceError:
         """The run's analysis, or the error that made it unusable."""
-        if index is None or not 0 <= int(index) < len(self.paths):
-            return SptraceError("no such run")
-        index = int(index)
-        with self._lock:
-            if index not in self._cache:
-                try:
-                    self._cache[index] = analyse_run(self.paths[index])
-                except SptraceError as exc:  # its message names the file and the problem
-                    self._cache[index] = exc
-            return self._cache[index]
+        try:
+            index = int(index)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return SptraceError(f"no such run: {index!r}")
+        if not 0 <= index < len(self.paths):
+            return SptraceError(f"no such run: {index} (this dashboard serves {len(self.paths)})")
+
+        def analyse() -> RunAnalysis | SptraceError:
+            try:
+                return analyse_run(self.paths[index])
+            except SptraceError as exc:  # its message names the file and the problem
+                return exc
+
+        return self._once((index, "run"), analyse)

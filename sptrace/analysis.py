@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,32 @@ class RunAnalysis:
             return float(p["start_us"].min())
         c = self.collectives[self.collectives["rank"] == rank] if len(self.collectives) else self.collectives
         return float(c["start_us"].min()) if len(c) else 0.0
+
+    @property
+    def offsets_us(self) -> dict[int, float]:
+        """Each rank's clock offset (matching's estimate): subtract it to align ranks' clocks."""
+        return dict(self.matching.offsets_us) if self.matching is not None else {}
+
+    @cached_property
+    def step_zero_us(self) -> float:
+        """The earliest rank's step start, on the aligned clock: 0 ms in every view."""
+        offsets = self.offsets_us
+        starts: dict[int, float] = {}
+        if len(self.collectives):  # a rank without phases starts at its first collective
+            starts.update(self.collectives.groupby("rank")["start_us"].min().items())
+        if len(self.phases):
+            starts.update(self.phases.groupby("rank")["start_us"].min().items())
+        aligned = [float(s) - offsets.get(int(r), 0.0) for r, s in starts.items()]
+        return min(aligned) if aligned else 0.0
+
+    def clock_ms(self, rank: Any, us: Any) -> Any:
+        """Milliseconds from the step start on clocks aligned across ranks, for a rank and a
+        trace timestamp in us (scalars, or pandas Series of equal length)."""
+        offsets = self.offsets_us
+        if isinstance(rank, pd.Series):
+            shift = rank.map(lambda r: offsets.get(int(r), 0.0) if pd.notna(r) else 0.0).astype(float)
+            return (pd.to_numeric(us, errors="coerce").astype(float) - shift - self.step_zero_us) / 1e3
+        return (float(us) - offsets.get(int(rank), 0.0) - self.step_zero_us) / 1e3
 
     @property
     def name(self) -> str:

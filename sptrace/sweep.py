@@ -18,6 +18,8 @@ from sptrace.reference_models.config import StepConfig
 TABLE = "comparison.csv"
 FIT = "regression.json"
 TERMS = ("intercept", "peak_GiB", "comm_GiB", "S_K", "S_K^2")
+UNDERDETERMINED = f"fewer runs than the {len(TERMS)} coefficients; the fit is not determined"
+"""What the CLI, the Compare page and the sweep figure say of a fit over too few runs."""
 
 
 def run_name(scheme: str, seq: int) -> str:

@@ -1,47 +1,131 @@
-"""Collectives: the table of every rank's collectives, per-kind bytes against the model, and
-the matched collectives with skew, straggler and bandwidth."""
+"""Collectives: wire bytes per kind and per layer against the model (a difference outlined red;
+clicking a bar filters the table to its collectives), bandwidth against size for the matched
+collectives, and the tables of every rank's and every matched collective."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from dash import Input, Output, dcc, html
-from sptrace.dashboards.pages.common import error_box, grid, run_selector
+import dash_mantine_components as dmc
+import pandas as pd
+from dash import Input, Output, State, ctx, no_update
+from sptrace.dashboards.pages.common import (
+    View,
+    error_box,
+    findings_list,
+    graph,
+    grid,
+    note_box,
+    page_title,
+    rank_text,
+    records,
+    verdict_badge,
+)  # fmt: skip
 from sptrace.dashboards.store import RunStore
 
+from sptrace.analysis import RunAnalysis
 from sptrace.errors import SptraceError
 from sptrace.report import figures
 
+ROW_COLUMNS = ["rank", "kind", "op", "phase", "layer", "module", "in_bytes", "wire_bytes", "start_ms", "transfer_ms",
+               "group_size", "peer", "dtype", "source"]  # fmt: skip
 
-def view(store: RunStore, index: int) -> list[Any]:
-    a = store.get(index)
+
+def collective_rows(a: RunAnalysis, frame: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The table of collectives: times in ms from the step start (aligned clocks), transfer
+    time (kernel or worker span, else the CPU span)."""
+    f = a.collectives if frame is None else frame
+    if f.empty:
+        return pd.DataFrame(columns=ROW_COLUMNS)
+    transfer = f["transfer_dur_us"].astype(float).where(f["transfer_dur_us"].notna(), f["dur_us"].astype(float))
+    out = f.assign(start_ms=a.clock_ms(f["rank"], f["start_us"]).round(3), transfer_ms=(transfer / 1e3).round(3))
+    out["layer"] = out["layer"].astype("Int64")
+    return out[ROW_COLUMNS]
+
+
+def matched_rows(a: RunAnalysis) -> pd.DataFrame:
+    m = a.matching.matched if a.matching is not None else pd.DataFrame()
+    if m.empty:
+        return m
+    out = pd.DataFrame({
+        "kind": m["kind"], "phase": m["phase"], "layer": m["layer"].astype("Int64"), "module": m["module"],
+        "ranks": m["ranks"].map(rank_text), "in_bytes": m["in_bytes"], "wire_bytes": m["wire_bytes"],
+        "start_ms": ((m["start_us"] - a.step_zero_us) / 1e3).round(3),
+        "arrival_skew_ms": (m["arrival_skew_us"] / 1e3).round(3), "straggler": m["straggler"],
+        "transfer_ms": (m["transfer_us"] / 1e3).round(3), "algbw_gbps": m["algbw_gbps"], "busbw_gbps": m["busbw_gbps"],
+    })  # fmt: skip
+    return out
+
+
+def select(a: RunAnalysis, kind: str | None = None, layer: str | None = None, phase: str | None = None) -> pd.DataFrame:
+    """The collectives a clicked bar stands for: a kind, or a layer ("layer 3" / "outside
+    layers") and phase."""
+    f = a.collectives
+    if kind is not None:
+        f = f[f["kind"] == kind]
+    if layer is not None:
+        f = f[f["layer"].isna()] if layer == "outside layers" else f[f["layer"] == int(layer.split()[-1])]
+    if phase is not None:
+        f = f[f["phase"] == phase]
+    return f
+
+
+def render(store: RunStore, view: View) -> Any:
+    a = store.get(view.run)
+    head = page_title("Collectives", "Wire bytes against the cost model (a difference is outlined red). "
+                      "Click a bar to list its collectives.")  # fmt: skip
     if isinstance(a, SptraceError):
-        return [error_box(str(a))]
-    frame = a.collectives
+        return [head, error_box(str(a))]
+    verdict = a.comm.verdict if a.comm is not None else None
+    summary = verdict.line() if verdict else f"not checked against the cost model: {a.comm_unavailable}"
     parts: list[Any] = [
-        dcc.Graph(id="collectives-wire", figure=figures.wire_by_kind(frame, a.estimate)),
-        dcc.Graph(id="collectives-layers", figure=figures.wire_by_layer(frame)),
-    ]
+        head,
+        dmc.Group([verdict_badge("collectives", verdict, a.comm_unavailable), dmc.Text(summary, size="sm")],
+                  mb="sm", className="verdict"),
+    ]  # fmt: skip
+    parts += [note_box(n, color="gray") for n in (a.comm.notes if a.comm else [])]
+    parts.append(dmc.SimpleGrid([
+        graph("collectives-wire", figures.wire_by_kind(a.collectives, a.estimate)),
+        graph("collectives-layers", figures.wire_by_layer(a.collectives, a.estimate)),
+    ], cols={"base": 1, "lg": 2}))  # fmt: skip
     if a.comm is not None:
-        parts.append(html.P(a.comm.verdict.line(), className="verdict"))
-        findings = [html.Li(f.text()) for f in a.comm.findings[:100]]
-        parts.append(html.Div([html.H4(f"findings ({len(a.comm.findings)})"), html.Ul(findings)]))
-    else:
-        parts.append(html.P(f"not checked against the cost model: {a.comm_unavailable}", className="verdict"))
-    parts.append(html.H4("every collective"))
-    parts.append(grid(frame, "collectives-grid"))
-    matched = a.matching.matched if a.matching is not None else frame.iloc[0:0]
-    if not matched.empty:
-        parts.append(html.H4("matched across ranks"))
-        parts.append(grid(matched.drop(columns=["ranks"]), "matched-grid"))
+        parts.append(dmc.Title(f"findings ({len(a.comm.findings)})", order=4, mt="md", mb="xs"))
+        parts.append(findings_list(a.comm.findings, view.run, limit=50))
+    parts += [
+        dmc.Group([
+            dmc.Text("showing every collective", id="collectives-filter", size="sm", fw=600),
+            dmc.Button("show all", id="collectives-clear", size="compact-xs", variant="subtle"),
+        ], mt="lg", mb=4),
+        grid(collective_rows(a), "collectives-grid", "collectives"),
+    ]  # fmt: skip
+    matched = matched_rows(a)
+    if len(matched):
+        parts.append(graph("collectives-bandwidth", figures.bandwidth_vs_size(a.matching.matched)))
+        parts.append(grid(matched, "matched-grid", "matched across ranks: skew, straggler, bandwidth"))
     return parts
 
 
-def layout(store: RunStore) -> Any:
-    return html.Div([html.H2("Collectives"), run_selector(store, "collectives"), html.Div(id="collectives-body")])
-
-
 def register(app: Any, store: RunStore) -> None:
-    @app.callback(Output("collectives-body", "children"), Input("collectives-run", "value"))
-    def _show(index: int) -> list[Any]:
-        return view(store, index)
+    @app.callback(
+        Output({"type": "sptrace-grid", "name": "collectives-grid"}, "rowData"),
+        Output("collectives-filter", "children"),
+        Input("collectives-wire", "clickData"),
+        Input("collectives-layers", "clickData"),
+        Input("collectives-clear", "n_clicks"),
+        State("header-run", "value"),
+        prevent_initial_call=True,
+    )
+    def _filter(by_kind: dict | None, by_layer: dict | None, _clear: int | None, run: str | None) -> Any:
+        a = store.get(run)
+        if isinstance(a, SptraceError):
+            return no_update, no_update
+        trigger = ctx.triggered_id
+        if trigger == "collectives-wire" and by_kind:
+            kind = by_kind["points"][0]["x"]
+            return records(collective_rows(a, select(a, kind=kind))), f"showing the {kind} collectives"
+        if trigger == "collectives-layers" and by_layer:
+            point = by_layer["points"][0]
+            phase = point.get("customdata")
+            chosen = select(a, layer=point["x"], phase=phase)
+            return records(collective_rows(a, chosen)), f"showing {point['x']}, {phase}"
+        return records(collective_rows(a)), "showing every collective"

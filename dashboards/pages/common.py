@@ -1,33 +1,207 @@
-"""Pieces every page uses: the run selector, error boxes, grids."""
+"""Pieces every page uses: the view a URL asks for, verdict badges, alerts, grids with a CSV
+download, and links that keep the chosen run."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import dash_ag_grid as dag
+import dash_mantine_components as dmc
+import numpy as np
 import pandas as pd
 from dash import dcc, html
-from sptrace.dashboards.store import RunStore
+
+from sptrace.checks.findings import Finding, Verdict
+from sptrace.report.figures import SEVERITY_COLORS, VERDICT_COLORS
+from sptrace.units import rank_ranges
 
 
-def run_selector(store: RunStore, page: str) -> Any:
-    return dcc.Dropdown(id=f"{page}-run", options=store.options(), value=0, clearable=False, style={"width": "420px"})
+@dataclass
+class View:
+    """What the URL asks for: ``/memory?run=2``, ``/compare?runs=0,2``, ``/timeline?run=0&layer=1``."""
+
+    page: str
+    run: int = 0
+    runs: list[int] | None = None
+    """The runs to compare; None: every run."""
+    params: dict[str, str] = field(default_factory=dict)
+
+    def chosen(self, n: int) -> list[int]:
+        return list(range(n)) if self.runs is None else self.runs
+
+    def search(self) -> str:
+        query: dict[str, str] = {"run": str(self.run)}
+        if self.runs is not None:
+            query["runs"] = ",".join(map(str, self.runs))
+        query.update({k: v for k, v in self.params.items() if v not in (None, "")})
+        return "?" + urlencode(query)
 
 
-def error_box(message: str) -> Any:
-    return html.Div(message, className="run-error", style={"color": "#b00", "fontWeight": "bold"})
+def href(page: str, run: int, **params: Any) -> str:
+    path = "/" if page == "overview" else f"/{page}"
+    query = {"run": run, **{k: v for k, v in params.items() if v is not None}}
+    return f"{path}?{urlencode(query)}"
 
 
-def grid(frame: pd.DataFrame, grid_id: str, max_rows: int = 5000) -> Any:
-    shown = frame.head(max_rows).copy()
-    for col in shown.columns:
-        if shown[col].dtype == object:
-            shown[col] = shown[col].map(lambda v: v if isinstance(v, (str, int, float, type(None))) else str(v))
-    return dag.AgGrid(
-        id=grid_id,
-        rowData=shown.to_dict(orient="records"),
-        columnDefs=[{"field": c, "filter": True, "sortable": True, "resizable": True} for c in shown.columns],
-        dashGridOptions={"pagination": True, "paginationPageSize": 50},
-        columnSize="responsiveSizeToFit",  # every column in view
-        style={"height": "420px"},
-    )
+def page_title(title: str, subtitle: str | None = None) -> Any:
+    parts = [dmc.Title(title, order=2)]
+    if subtitle:
+        parts.append(dmc.Text(subtitle, c="dimmed", size="sm"))
+    return dmc.Stack(parts, gap=2, mb="md")
+
+
+def error_box(message: str, title: str = "this run cannot be shown") -> Any:
+    """A run that could not be analysed, or a view that cannot be drawn: the reason, in red."""
+    return dmc.Alert(message, title=title, color="red", variant="light", className="run-error", mb="md")
+
+
+def note_box(message: Any, title: str | None = None, color: str = "yellow", class_name: str = "note") -> Any:
+    return dmc.Alert(message, title=title, color=color, variant="light", className=class_name, mb="sm")
+
+
+def verdict_badge(check: str, verdict: Verdict | None, unavailable: str | None = None, size: str = "md") -> Any:
+    """The one badge every page uses: green MATCH/PASS, red MISMATCH/FAIL, amber CANNOT DECIDE,
+    grey "not checked"; hovering it gives the summary and, when it could not decide, the reasons."""
+    if verdict is None:
+        status, label, tip = "unavailable", "NOT CHECKED", f"{check} not checked: {unavailable or 'no data'}"
+    else:
+        status, label = verdict.status, verdict.label
+        tip = verdict.summary + "".join(f"\n• {r}" for r in verdict.reasons)
+    badge = dmc.Badge(
+        label, color=VERDICT_COLORS[status], variant="filled", size=size, radius="sm",
+        className=f"verdict-badge verdict-{status}", **{"data-check": check},
+    )  # fmt: skip
+    return dmc.Tooltip(badge, label=tip, multiline=True, w=420, withArrow=True, style={"whiteSpace": "pre-line"})
+
+
+def finding_item(f: Finding, run: int) -> Any:
+    """One finding, merged across ranks ("ranks 0-7"), linking to the page that shows it."""
+    page = f.page or ("memory" if f.check == "sharding" else "collectives")
+    params = {"layer": f.layer} if page == "timeline" and f.layer is not None else {}
+    where = f.where or "run"
+    link = dcc.Link(f"show on {page} →", href=href(page, run, **params), className="sptrace-link finding-link")
+    return dmc.Group(
+        [
+            dmc.Badge(f.severity, color=SEVERITY_COLORS[f.severity], variant="light", size="sm", miw=64),
+            dmc.Text([dmc.Text(where, span=True, fw=600), ": ", f.message, " ", link], size="sm",
+                     style={"flex": 1, "overflowWrap": "anywhere"}),
+        ],
+        gap="sm", wrap="nowrap", align="flex-start", className="finding",
+    )  # fmt: skip
+
+
+def findings_list(findings: list[Finding], run: int, limit: int = 8) -> Any:
+    if not findings:
+        return dmc.Text("no findings", c="dimmed", size="sm")
+    order = {"error": 0, "warning": 1, "info": 2}
+    shown = sorted(findings, key=lambda f: order[f.severity])[:limit]
+    items = [finding_item(f, run) for f in shown]
+    if len(findings) > limit:
+        items.append(dmc.Text(f"and {len(findings) - limit} more", c="dimmed", size="sm"))
+    return dmc.Stack(items, gap=6)
+
+
+# ---- grids -------------------------------------------------------------------------------------
+
+HEADERS = {
+    "in_bytes": "input", "out_bytes": "output", "wire_bytes": "on the wire", "storage_bytes": "storage",
+    "nbytes": "tensor bytes", "start_ms": "issued (ms)", "transfer_start_ms": "transfer starts (ms)",
+    "dur_ms": "CPU span (ms)", "transfer_ms": "transfer (ms)", "alloc_ms": "allocated (ms)", "free_ms": "freed (ms)",
+    "group_size": "group size", "arrival_skew_ms": "arrival skew (ms)", "max_wait_ms": "longest wait (ms)",
+    "algbw_gbps": "algbw (GB/s)", "busbw_gbps": "busbw (GB/s)", "n_ranks": "ranks", "expected": "model",
+    "observed": "measured", "expected_wire_bytes": "model wire", "observed_wire_bytes": "measured wire",
+}  # fmt: skip
+"""Header text for column names; others show their name with spaces."""
+LONG_TEXT = ("module", "why", "holder", "message", "source", "op", "producer", "group_ranks")
+"""Columns whose values can be long: capped width, full text on hover."""
+
+
+def column_defs(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    defs = []
+    for col in frame.columns:
+        d: dict[str, Any] = {"field": col, "headerName": HEADERS.get(col, col.replace("_", " "))}
+        numeric = pd.api.types.is_numeric_dtype(frame[col]) and not pd.api.types.is_bool_dtype(frame[col])
+        if col.endswith("bytes"):
+            d.update(valueFormatter={"function": "sptraceBytes(params.value)"}, filter="agNumberColumnFilter",
+                     type="rightAligned")  # fmt: skip
+        elif col.endswith(("_ms", "_gbps")):
+            d.update(valueFormatter={"function": "sptraceNumber(params.value, 3)"}, filter="agNumberColumnFilter",
+                     type="rightAligned")  # fmt: skip
+        elif numeric:
+            d.update(filter="agNumberColumnFilter", type="rightAligned")
+        if col in LONG_TEXT:
+            d.update(tooltipField=col, maxWidth=380)
+        defs.append(d)
+    return defs
+
+
+def _cell(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return None
+    if isinstance(v, (tuple, list)):
+        if v and all(isinstance(x, (int, np.integer)) for x in v):
+            return "×".join(map(str, v))
+        return ", ".join(map(str, v))
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (str, int, float, bool)):
+        return v
+    return str(v)
+
+
+def records(frame: pd.DataFrame, max_rows: int = 5000) -> list[dict[str, Any]]:
+    shown = frame.head(max_rows)
+    return [{k: _cell(v) for k, v in row.items()} for row in shown.to_dict(orient="records")]
+
+
+def grid(frame: pd.DataFrame, name: str, title: str, *, height: int = 420, max_rows: int = 5000) -> Any:
+    """An AG Grid over ``frame``: human units (numbers kept, so sorting stays numeric), headers
+    wrapped and sized to fit, long text on hover, and a CSV download of what the grid holds."""
+    note = f" (the first {max_rows} of {len(frame)})" if len(frame) > max_rows else ""
+    short = len(frame) <= 12  # a short table takes its own height, without pages
+    return html.Div(
+        [
+            dmc.Group(
+                [
+                    dmc.Text([dmc.Text(title, span=True, fw=600), f" · {min(len(frame), max_rows)} rows{note}"],
+                             size="sm"),
+                    dmc.Button("Download CSV", id={"type": "sptrace-csv", "name": name}, size="compact-sm",
+                               variant="light", className="csv-button"),
+                ],
+                justify="space-between", mb=6,
+            ),
+            dag.AgGrid(
+                id={"type": "sptrace-grid", "name": name},
+                rowData=records(frame, max_rows),
+                columnDefs=column_defs(frame),
+                defaultColDef={"sortable": True, "filter": True, "resizable": True, "wrapHeaderText": True,
+                               "autoHeaderHeight": True, "minWidth": 70},
+                dashGridOptions={"tooltipShowDelay": 300, "enableCellTextSelection": True,
+                                 "suppressColumnVirtualisation": True,
+                                 **({"domLayout": "autoHeight"} if short else {"pagination": True,
+                                                                               "paginationPageSize": 50})},
+                columnSize="autoSize",  # every column as wide as its content and its (wrapped) header
+                csvExportParams={"fileName": f"sptrace-{name}.csv"},
+                className="ag-theme-alpine",
+                style={"width": "100%"} if short else {"height": f"{height}px", "width": "100%"},
+            ),
+        ],
+        id=name, className="sptrace-grid", style={"marginBottom": "1.5rem"},
+    )  # fmt: skip
+
+
+def rank_text(ranks: Any) -> str:
+    ranks = [int(r) for r in ranks]
+    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks) if ranks else "no rank"
+
+
+def graph(graph_id: str, figure: Any, **kwargs: Any) -> Any:
+    return dcc.Graph(id=graph_id, figure=figure, config={"displaylogo": False, "toImageButtonOptions":
+                                                          {"filename": f"sptrace-{graph_id}"}}, **kwargs)  # fmt: skip
+
+
+def card(children: Any, **kwargs: Any) -> Any:
+    options = {"withBorder": True, "radius": "md", "padding": "lg", "shadow": "xs", **kwargs}
+    return dmc.Card(children, **options)

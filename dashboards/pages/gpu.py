@@ -8,8 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dash import Input, Output, dcc, html
-from sptrace.dashboards.pages.common import error_box, grid, run_selector
+from sptrace.dashboards.pages.common import View, error_box, graph, grid, note_box, page_title
 from sptrace.dashboards.store import RunStore
 
 from sptrace.errors import SptraceError
@@ -33,29 +32,23 @@ def hta_analyses(run: Any) -> dict[str, Any]:
     return {"temporal": temporal, "overlap": overlap, "kernel_types": kernel_types}
 
 
-def view(store: RunStore, index: int) -> list[Any]:
-    a = store.get(index)
+def render(store: RunStore, view: View) -> Any:
+    a = store.get(view.run)
+    head = page_title("GPU (HTA)", "HolisticTraceAnalysis over the run's GPU kernels: where each rank's GPU time "
+                      "goes, and how much communication compute hides.")  # fmt: skip
     if isinstance(a, SptraceError):
-        return [error_box(str(a))]
+        return [head, error_box(str(a))]
     run = a.run
     if not any(t.category_counts().get("kernel", 0) for t in run):
-        return [html.P("no GPU kernels in this run (a CPU / gloo trace): HTA's analyses need them", className="no-gpu")]
+        return [head, note_box("no GPU kernels in this run (a CPU / gloo trace): HTA's analyses need them",
+                               color="gray", class_name="no-gpu")]  # fmt: skip
     try:
-        hta = store.cached(index, "hta", lambda: hta_analyses(run))
+        hta = store.cached(view.run, "hta", lambda: hta_analyses(run))
     except Exception as exc:  # HTA is a third party: its failure is shown, not raised
-        return [error_box(f"HTA failed on this run: {type(exc).__name__}: {exc}")]
+        return [head, error_box(f"HTA failed on this run: {type(exc).__name__}: {exc}")]
     return [
-        dcc.Graph(id="gpu-temporal", figure=figures.temporal_breakdown(hta["temporal"])),
-        html.H4("communication / computation overlap (HTA)"), grid(hta["overlap"], "gpu-overlap"),
-        html.H4("GPU time by kernel type (HTA)"), grid(hta["kernel_types"], "gpu-kernels"),
-    ]  # fmt: skip
-
-
-def layout(store: RunStore) -> Any:
-    return html.Div([html.H2("GPU (HTA)"), run_selector(store, "gpu"), dcc.Loading(html.Div(id="gpu-body"))])
-
-
-def register(app: Any, store: RunStore) -> None:
-    @app.callback(Output("gpu-body", "children"), Input("gpu-run", "value"))
-    def _show(index: int) -> list[Any]:
-        return view(store, index)
+        head,
+        graph("gpu-temporal", figures.temporal_breakdown(hta["temporal"])),
+        grid(hta["overlap"], "gpu-overlap", "communication / computation overlap (HTA)", height=300),
+        grid(hta["kernel_types"], "gpu-kernels", "GPU time by kernel type (HTA)", height=300),
+    ]

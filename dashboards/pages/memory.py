@@ -1,56 +1,105 @@
-"""Memory: activations kept for backward per rank, by module and sharding class, per layer."""
+"""Memory: what each layer keeps for backward, stacked sharded / ambiguous / full against
+Korthikanti's figure (click a bar to list those tensors, with shape, op, module and holder), and
+allocated memory over the step per rank with the forward -> backward boundary."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from dash import Input, Output, dcc, html
-from sptrace.dashboards.pages.common import error_box, grid, run_selector
+import dash_mantine_components as dmc
+import pandas as pd
+from dash import Input, Output, State, ctx, no_update
+from sptrace.dashboards.pages.common import (
+    View,
+    error_box,
+    findings_list,
+    graph,
+    grid,
+    note_box,
+    page_title,
+    records,
+    verdict_badge,
+)  # fmt: skip
 from sptrace.dashboards.store import RunStore
 
+from sptrace.analysis import RunAnalysis
 from sptrace.errors import SptraceError
 from sptrace.report import figures
 
+TENSOR_COLUMNS = ["rank", "layer", "module", "shape", "dtype", "nbytes", "storage_bytes", "class", "why", "op",
+                  "holder", "saved_by", "alloc_ms", "free_ms"]  # fmt: skip
 
-def view(store: RunStore, index: int) -> list[Any]:
-    a = store.get(index)
+
+def tensor_rows(a: RunAnalysis, saved: pd.DataFrame | None = None) -> pd.DataFrame:
+    s = a.sharding.saved if saved is None else saved
+    if s.empty:
+        return pd.DataFrame(columns=TENSOR_COLUMNS)
+    out = s.assign(
+        op=s["producer"].fillna(s["alloc_op"]),
+        alloc_ms=a.clock_ms(s["rank"], s["alloc_ns"].astype(float) / 1e3).round(3),
+        free_ms=a.clock_ms(s["rank"], s["free_ns"].astype(float) / 1e3).round(3),
+        layer=s["layer"].astype("Int64"),
+    )
+    return out[TENSOR_COLUMNS]
+
+
+def select(a: RunAnalysis, layer: str | None, group: str | None) -> pd.DataFrame:
+    """The tensors a clicked bar stands for: a layer ("layer 3" / "outside layers") and a group
+    of sharding classes (figures.RETAINED_GROUPS)."""
+    s = a.sharding.saved
+    if layer is not None:
+        s = s[s["layer"].isna()] if layer == "outside layers" else s[s["layer"] == int(layer.split()[-1])]
+    if group in figures.RETAINED_GROUPS:
+        s = s[s["class"].isin(figures.RETAINED_GROUPS[group])]
+    return s
+
+
+def render(store: RunStore, view: View) -> Any:
+    a = store.get(view.run)
+    head = page_title("Memory", "Activations kept for backward, per layer and rank, against Korthikanti et al.; "
+                      "click a bar to list its tensors.")  # fmt: skip
     if isinstance(a, SptraceError):
-        return [error_box(str(a))]
-    memory = dcc.Graph(id="memory-over-step", figure=figures.memory_over_step(a.memory))
+        return [head, error_box(str(a))]
+    over_step = graph("memory-over-step", figures.memory_over_step(a))
     if a.sharding is None:
-        return [error_box(f"sharding not checked: {a.sharding_unavailable}"), memory]
+        return [head, error_box(f"sharding not checked: {a.sharding_unavailable}", title="sharding not checked"),
+                over_step]  # fmt: skip
     report = a.sharding
-    saved = report.saved.copy()
-    saved["shape"] = saved["shape"].map(lambda s: "x".join(map(str, s)) if isinstance(s, (tuple, list)) else "")
-    columns = [
-        "rank",
-        "module",
-        "layer",
-        "shape",
-        "dtype",
-        "nbytes",
-        "storage_bytes",
-        "class",
-        "why",
-        "holder",
-        "source",
-    ]
     parts: list[Any] = [
-        html.P(report.verdict.line(), className="verdict"),
-        *[html.P(f"note: {n}") for n in report.notes],
-        dcc.Graph(id="memory-graph", figure=figures.saved_by_layer(report.saved)),
-        memory,
-        html.Ul([html.Li(f.text()) for f in report.findings[:100]]),
-        grid(saved[columns], "memory-grid"),
-    ]
+        head,
+        dmc.Group([verdict_badge("sharding", report.verdict), dmc.Text(report.verdict.line(), size="sm")], mb="sm",
+                  className="verdict"),
+        *[note_box(n, color="gray") for n in report.notes],
+        dmc.SimpleGrid([
+            graph("memory-graph", figures.retained_by_layer(report.saved, a.expected_activation_bytes)),
+            over_step,
+        ], cols={"base": 1, "lg": 2}),
+        dmc.Title(f"findings ({len(report.findings)})", order=4, mt="md", mb="xs"),
+        findings_list(report.findings, view.run, limit=50),
+        dmc.Group([
+            dmc.Text("showing every retained tensor", id="memory-filter", size="sm", fw=600),
+            dmc.Button("show all", id="memory-clear", size="compact-xs", variant="subtle"),
+        ], mt="lg", mb=4),
+        grid(tensor_rows(a), "memory-grid", "tensors kept for backward"),
+    ]  # fmt: skip
     return parts
 
 
-def layout(store: RunStore) -> Any:
-    return html.Div([html.H2("Memory"), run_selector(store, "memory"), html.Div(id="memory-body")])
-
-
 def register(app: Any, store: RunStore) -> None:
-    @app.callback(Output("memory-body", "children"), Input("memory-run", "value"))
-    def _show(index: int) -> list[Any]:
-        return view(store, index)
+    @app.callback(
+        Output({"type": "sptrace-grid", "name": "memory-grid"}, "rowData"),
+        Output("memory-filter", "children"),
+        Input("memory-graph", "clickData"),
+        Input("memory-clear", "n_clicks"),
+        State("header-run", "value"),
+        prevent_initial_call=True,
+    )
+    def _filter(clicked: dict | None, _clear: int | None, run: str | None) -> Any:
+        a = store.get(run)
+        if isinstance(a, SptraceError) or a.sharding is None:
+            return no_update, no_update
+        if ctx.triggered_id == "memory-graph" and clicked:
+            point = clicked["points"][0]
+            chosen = select(a, point["x"], point.get("customdata"))
+            return records(tensor_rows(a, chosen)), f"showing {point['x']}: {point.get('customdata')} tensors"
+        return records(tensor_rows(a)), "showing every retained tensor"

@@ -1,56 +1,138 @@
-"""Overview: every run with its verdicts, ranks, step time and wire bytes against the model."""
+"""Overview: a card per run answering "where does my step's time go, and is my memory
+sharded?": step time, communication share (transfer time), exposed communication, wire bytes
+against the model and retained bytes per layer against Korthikanti's figure, each with its
+verdict, and the run's findings merged across ranks, each linking to the page that shows it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
-from dash import html
-from sptrace.dashboards.pages.common import error_box, grid
+import dash_mantine_components as dmc
+from dash import dcc, html
+from sptrace.dashboards.pages.common import View, card, error_box, findings_list, href, page_title, verdict_badge
 from sptrace.dashboards.store import RunStore
 
+from sptrace.analysis import RunAnalysis
 from sptrace.errors import SptraceError
+from sptrace.report.figures import COLORS
 from sptrace.units import human_bytes
 
 
-def summary(store: RunStore) -> pd.DataFrame:
-    rows = []
-    for i, path in enumerate(store.paths):
-        a = store.get(i)
-        if isinstance(a, SptraceError):
-            rows.append({"run": str(path), "error": str(a)})
-            continue
-        run, model = a.run, a.model
-        row: dict[str, Any] = {"run": str(path), "ranks": f"{len(run)} / {run.world_size}", "backend": run.backend}
-        row["scheme"] = model.label
-        row["S"] = model.seq
-        times = a.time_summary()
-        if times["step_ms"] is not None:
-            row["step ms (max rank)"] = round(times["step_ms"], 1)
-        if times["comm_ms"] is not None:
-            row["comm ms (transfer, mean)"] = round(times["comm_ms"], 1)
-        if times["comm_share"] is not None:
-            row["comm %"] = round(100 * times["comm_share"], 1)
-        row["exposed comm ms"] = "n/a" if times["exposed_ms"] is None else round(times["exposed_ms"], 1)
-        frame = a.collectives
-        ranks = max(frame["rank"].nunique(), 1) if not frame.empty else 1
-        row["collectives / rank"] = round(len(frame) / ranks, 1)
-        row["wire / rank"] = human_bytes(float(frame["wire_bytes"].dropna().sum()) / ranks)
-        if a.comm is not None:
-            row["model wire / rank"] = human_bytes(a.comm.ranks["expected_wire_bytes"].iloc[0])
-            row["collectives"] = a.comm.verdict.label
-        else:
-            row["collectives"] = "not checked"
-        row["sharding"] = a.sharding.verdict.label if a.sharding is not None else "not checked"
-        rows.append(row)
-    return pd.DataFrame(rows)
+def run_facts(a: RunAnalysis) -> dict[str, Any]:
+    """The card's numbers (None where the run cannot tell)."""
+    t = a.time_summary()
+    frame = a.collectives
+    ranks = max(frame["rank"].nunique(), 1) if len(frame) else 1
+    layers = a.sharding.layers if a.sharding is not None else None
+    return {
+        "step_ms": t["step_ms"], "comm_ms": t["comm_ms"], "comm_share": t["comm_share"],
+        "exposed_ms": t["exposed_ms"],
+        "wire_bytes": float(frame["wire_bytes"].dropna().sum()) / ranks if len(frame) else 0.0,
+        "model_wire_bytes": a.estimate.wire_per_step() if a.estimate is not None else None,
+        "retained_per_layer": float(layers["measured_bytes"].mean()) if layers is not None and len(layers) else None,
+        "korthikanti_per_layer": a.expected_activation_bytes,
+    }  # fmt: skip
 
 
-def layout(store: RunStore) -> Any:
-    table = summary(store)
-    errors = [
-        error_box(f"{r['run']}: {r['error']}")
-        for r in table.to_dict(orient="records")
-        if isinstance(r.get("error"), str)
-    ]
-    return html.Div([html.H2("Runs"), *errors, grid(table, "overview-grid")])
+def _stat(label: str, value: str, detail: str | None = None, badge: Any = None, stat_id: str | None = None) -> Any:
+    row = [dmc.Text(value, fw=700, size="lg", className="stat-value")]
+    if badge is not None:
+        row.append(badge)
+    body = [dmc.Text(label, size="xs", c="dimmed", tt="uppercase", fw=600), dmc.Group(row, gap="xs")]
+    if detail:
+        body.append(dmc.Text(detail, size="xs", c="dimmed"))
+    kwargs = {"id": stat_id} if stat_id else {}
+    return dmc.Stack(body, gap=2, className="stat", **kwargs)
+
+
+def _swatch(color: str) -> Any:
+    return html.Span(style={"display": "inline-block", "width": 10, "height": 10, "borderRadius": 2,
+                            "background": color})  # fmt: skip
+
+
+def time_bar(facts: dict[str, Any]) -> Any:
+    """The step split into exposed communication, overlapped communication and the rest."""
+    step, comm, exposed = facts["step_ms"], facts["comm_ms"], facts["exposed_ms"]
+    if not step or comm is None:
+        return dmc.Text("no step time in this trace", size="xs", c="dimmed")
+    sections = []
+    if exposed is not None:
+        sections.append(("exposed communication", exposed, COLORS["red"]))
+        sections.append(("communication overlapped by compute", max(comm - exposed, 0.0), COLORS["orange"]))
+    else:
+        sections.append(("communication (transfer)", comm, COLORS["orange"]))
+    rest = max(step - sum(v for _, v, _ in sections), 0.0)
+    sections.append(("everything else (compute, idle)", rest, "#ced4da"))
+    bars = [dmc.ProgressSection(value=100 * v / step, color=color) for _, v, color in sections if v > 0]
+    legend = dmc.Group(
+        [dmc.Group([_swatch(c), dmc.Text(f"{n} {v:.1f} ms", size="xs")], gap=4)
+         for n, v, c in sections],
+        gap="sm",
+    )  # fmt: skip
+    return dmc.Stack([dmc.ProgressRoot(bars, size="xl", className="time-bar"), legend], gap=4)
+
+
+def run_card(store: RunStore, i: int, selected: bool) -> Any:
+    a = store.get(i)
+    name = dmc.Text(store.name(i), fw=700, size="lg", className="run-name")
+    if isinstance(a, SptraceError):
+        return card([name, error_box(str(a))], className="run-card", id=f"run-card-{i}")
+    run, model = a.run, a.model
+    facts = run_facts(a)
+    desc = f"{len(run)} of {run.world_size} ranks · {run.backend or 'unknown backend'}"
+    shape_bits = [f"{k} {v}" for k, v in (("S", model.seq), ("P", model.sp_size), ("L", model.layers)) if v]
+    step = facts["step_ms"]
+    share = facts["comm_share"]
+    exposed = facts["exposed_ms"]
+    wire, model_wire = facts["wire_bytes"], facts["model_wire_bytes"]
+    kept, korth = facts["retained_per_layer"], facts["korthikanti_per_layer"]
+    stats = dmc.SimpleGrid([
+        _stat("step time", "n/a" if step is None else f"{step:.1f} ms", "slowest rank", stat_id=f"step-{i}"),
+        _stat("communication", "n/a" if share is None else f"{100 * share:.1f} %",
+              None if facts["comm_ms"] is None else f"{facts['comm_ms']:.1f} ms of transfer per rank",
+              stat_id=f"comm-{i}"),
+        _stat("exposed communication", "n/a" if exposed is None else f"{exposed:.1f} ms",
+              "no GPU streams: nothing to overlap with" if exposed is None else "not overlapped by compute kernels",
+              stat_id=f"exposed-{i}"),
+        _stat("wire bytes per rank", human_bytes(wire),
+              f"model {human_bytes(model_wire)}" if model_wire is not None else "no model: shape not declared",
+              verdict_badge("collectives", a.comm.verdict if a.comm else None, a.comm_unavailable),
+              stat_id=f"wire-{i}"),
+        _stat("retained per layer", "n/a" if kept is None else human_bytes(kept),
+              f"Korthikanti et al. {human_bytes(korth)}" if korth else None,
+              verdict_badge("sharding", a.sharding.verdict if a.sharding else None, a.sharding_unavailable),
+              stat_id=f"retained-{i}"),
+    ], cols=2, spacing="md", verticalSpacing="sm")  # fmt: skip
+    links = dmc.Group(
+        [dcc.Link(title, href=href(page, i), className="sptrace-link")
+         for page, title in (("timeline", "Timeline"), ("collectives", "Collectives"), ("memory", "Memory"))],
+        gap="md",
+    )  # fmt: skip
+    warn = [dmc.Text(w, size="xs", c="orange.8") for w in a.warnings[:3]]
+    return card(
+        [
+            dmc.Group([name, dmc.Badge(model.label, variant="light", color="gray")], justify="space-between",
+                      align="flex-start", wrap="nowrap"),
+            dmc.Text(" · ".join([desc, *shape_bits]), size="sm", c="dimmed", mb="sm"),
+            time_bar(facts),
+            dmc.Divider(my="sm"),
+            stats,
+            dmc.Divider(my="sm", label="findings", labelPosition="left"),
+            findings_list(a.findings(), i, limit=6),
+            *warn,
+            dmc.Divider(my="sm"),
+            links,
+        ],
+        className="run-card" + (" selected" if selected else ""), id=f"run-card-{i}",
+        style={"borderColor": "var(--mantine-color-blue-4)"} if selected else None,
+    )  # fmt: skip
+
+
+def render(store: RunStore, view: View) -> Any:
+    n = len(store)
+    cards = [run_card(store, i, selected=(i == view.run and n > 1)) for i in range(n)]
+    return dmc.Stack([
+        page_title("Overview", f"{n} run{'s' if n != 1 else ''}: where each step's time goes, and whether "
+                   "activations stay sharded. Hover a badge for its reasons."),
+        dmc.SimpleGrid(cards, cols={"base": 1, "md": 2, "xl": 3}, spacing="lg", id="overview-cards"),
+    ], gap=0)  # fmt: skip

@@ -1,56 +1,80 @@
-"""Timeline: ranks as rows, collectives on a clock aligned across ranks; zoom to one layer.
-Only collectives are drawn (hundreds per step, not the trace's hundreds of thousands of events),
-at most 5000 of them."""
+"""Timeline: one lane per rank on clocks aligned across ranks, collectives over their transfer
+and compute beneath them, the step's phases as background bands; zoom to a layer or a phase
+(kept in the URL: ``/timeline?run=0&layer=1``)."""
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs, urlencode
 
-from dash import Input, Output, dcc, html
-from sptrace.dashboards.pages.common import error_box, run_selector
+import dash_mantine_components as dmc
+from dash import Input, Output, State, ctx, no_update
+from sptrace.dashboards.pages.common import View, error_box, graph, page_title, verdict_badge
 from sptrace.dashboards.store import RunStore
 
 from sptrace.errors import SptraceError
 from sptrace.report import figures
 
-
-def layer_options(store: RunStore, index: int) -> list[dict[str, Any]]:
-    a = store.get(index)
-    if isinstance(a, SptraceError) or a.collectives.empty:
-        return [{"label": "all layers", "value": "all"}]
-    layers = sorted(int(x) for x in a.collectives["layer"].dropna().unique())
-    return [{"label": "all layers", "value": "all"}] + [{"label": f"layer {i}", "value": i} for i in layers]
+PHASES = ("forward", "backward", "optimizer")
 
 
-def view(store: RunStore, index: int, layer: Any = "all") -> Any:
-    a = store.get(index)
+def layer_options(a: Any) -> list[dict[str, str]]:
+    layers = sorted(int(x) for x in a.collectives["layer"].dropna().unique()) if len(a.collectives) else []
+    return [{"label": "all layers", "value": "all"}] + [{"label": f"layer {i}", "value": str(i)} for i in layers]
+
+
+def zoom(view: View) -> tuple[int | None, str | None]:
+    layer = view.params.get("layer")
+    phase = view.params.get("phase")
+    return (int(layer) if layer and layer.isdigit() else None), (phase if phase in PHASES else None)
+
+
+def render(store: RunStore, view: View) -> Any:
+    a = store.get(view.run)
+    head = page_title("Timeline", "Each rank's lane: collectives over their transfer, compute beneath, phases behind. "
+                      "Hover a collective for its bytes, bandwidth, layer, module and peers.")  # fmt: skip
     if isinstance(a, SptraceError):
-        return error_box(str(a))
-    frame = a.collectives
-    if layer not in (None, "all"):
-        frame = frame[frame["layer"] == int(layer)]
-    phases = a.phases if layer in (None, "all") else None
-    m = a.matching
-    figure = figures.collective_timeline(
-        frame, m.offsets_us if m else {}, phases=phases, links=m.members if m else None
-    )
-    return dcc.Graph(id="timeline-graph", figure=figure)
-
-
-def layout(store: RunStore) -> Any:
-    return html.Div([
-        html.H2("Timeline"), run_selector(store, "timeline"),
-        dcc.Dropdown(id="timeline-layer", options=[{"label": "all layers", "value": "all"}], value="all",
-                     clearable=False, style={"width": "200px"}),
-        html.Div(id="timeline-body"),
-    ])  # fmt: skip
+        return [head, error_box(str(a))]
+    layer, phase = zoom(view)
+    present = sorted(set(a.phases["phase"])) if len(a.phases) else []
+    controls = dmc.Group([
+        dmc.Select(id="timeline-layer", data=layer_options(a), value="all" if layer is None else str(layer),
+                   allowDeselect=False, w=160, size="sm", label="zoom to a layer"),
+        dmc.SegmentedControl(id="timeline-phase", value=phase or "step", size="sm",
+                             data=[{"label": "whole step", "value": "step"}]
+                             + [{"label": p, "value": p} for p in PHASES if p in present]),
+        verdict_badge("collectives", a.comm.verdict if a.comm else None, a.comm_unavailable),
+    ], align="flex-end", gap="lg", mb="sm")  # fmt: skip
+    t = a.time_summary()
+    facts = []
+    if t["step_ms"] is not None:
+        facts.append(f"step {t['step_ms']:.1f} ms (slowest rank)")
+    if t["comm_ms"] is not None:
+        facts.append(f"{t['comm_ms']:.1f} ms of transfer per rank")
+    facts.append(f"{len(a.collectives)} collectives on {a.collectives['rank'].nunique() if len(a.collectives) else 0} "
+                 "ranks")  # fmt: skip
+    return [
+        head, controls, dmc.Text(" · ".join(facts), size="sm", c="dimmed"),
+        graph("timeline-graph", figures.timeline(a, layer=layer, phase=None if layer is not None else phase)),
+    ]  # fmt: skip
 
 
 def register(app: Any, store: RunStore) -> None:
-    @app.callback(Output("timeline-layer", "options"), Input("timeline-run", "value"))
-    def _layers(index: int) -> list[dict[str, Any]]:
-        return layer_options(store, index)
-
-    @app.callback(Output("timeline-body", "children"), Input("timeline-run", "value"), Input("timeline-layer", "value"))
-    def _show(index: int, layer: Any) -> Any:
-        return view(store, index, layer)
+    @app.callback(
+        Output("url", "search", allow_duplicate=True),
+        Input("timeline-layer", "value"),
+        Input("timeline-phase", "value"),
+        State("url", "search"),
+        prevent_initial_call=True,
+    )
+    def _zoom(layer: str | None, phase: str | None, search: str | None) -> Any:
+        """A zoom is part of the URL: the router redraws the page from it, and the link shares it."""
+        query = {k: v[-1] for k, v in parse_qs((search or "").lstrip("?")).items()}
+        query.pop("layer", None)
+        query.pop("phase", None)
+        if ctx.triggered_id == "timeline-layer" and layer not in (None, "all"):
+            query["layer"] = layer
+        elif ctx.triggered_id == "timeline-phase" and phase not in (None, "step"):
+            query["phase"] = phase
+        new = "?" + urlencode(query)
+        return new if new != (search or "") else no_update

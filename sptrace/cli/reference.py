@@ -153,7 +153,7 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Profile every scheme x sequence length, then the comparison table and the regression."""
-    from sptrace.sweep import FIT, TABLE, run_sweep
+    from sptrace.sweep import FIT, TABLE, UNDERDETERMINED, run_sweep
 
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     for s in schemes:
@@ -174,6 +174,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         r2 = "n/a" if fit["r2"] is None else f"{fit['r2']:.4f}"
         print(f"\nfit over {fit['runs']} runs: time_ms = {c['intercept']:.4g} + {terms}  (R^2 {r2})")
         if fit["underdetermined"]:
-            print("note: fewer runs than the 5 coefficients; the fit is not determined")
+            print(f"note: {UNDERDETERMINED}")
     print(f"\nwrote {out / TABLE} and {out / FIT}; sptrace dash {out} opens the Compare page")
     return 0

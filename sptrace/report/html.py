@@ -7,12 +7,13 @@ from __future__ import annotations
 import html
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from sptrace import __version__
 from sptrace.analysis import RunAnalysis, try_analyse
-from sptrace.checks.findings import Finding
+from sptrace.checks.findings import Finding, Verdict
 from sptrace.costmodel import PRESETS
 from sptrace.shape import ModelShape
 from sptrace.units import human_bytes
@@ -37,11 +38,12 @@ def render_html(paths: list[Path]) -> tuple[str, int]:
             continue
         usable += 1
         run, model = a.run, a.model
-        verdicts = [
-            f"collectives {a.comm.verdict.label}" if a.comm else "collectives not checked",
-            f"sharding {a.sharding.verdict.label}" if a.sharding else "sharding not checked",
-        ]
-        index.append(f'<li><a href="#run{i}">{html.escape(str(path))}</a>: {html.escape("; ".join(verdicts))}</li>')
+        badges = "; ".join(
+            f"{check} {badge(check, report.verdict if report else None, why)}"
+            for check, report, why in (("collectives", a.comm, a.comm_unavailable),
+                                       ("sharding", a.sharding, a.sharding_unavailable))
+        )  # fmt: skip
+        index.append(f'<li><a href="#run{i}">{html.escape(str(path))}</a>: {badges}</li>')
         parts = [f'<section id="run{i}"><h2>{html.escape(str(path))}</h2>']
         desc = f"{len(run)} of {run.world_size} ranks, backend {run.backend or 'unknown'}; "
         desc += f"{model.label} {model.describe()}"
@@ -49,7 +51,8 @@ def render_html(paths: list[Path]) -> tuple[str, int]:
         for label, report, why in (("collectives", a.comm, a.comm_unavailable),
                                    ("sharding", a.sharding, a.sharding_unavailable)):  # fmt: skip
             line = report.verdict.line() if report is not None else f"not checked: {why}"
-            parts.append(f'<p class="verdict">{html.escape(label)}: {html.escape(line)}</p>')
+            tag = badge(label, report.verdict if report else None, why)
+            parts.append(f'<p class="verdict">{tag} {html.escape(label)}: {html.escape(line)}</p>')
         t = a.time_summary()
         if t["step_ms"] is not None:
             exposed = "n/a (no GPU streams)" if t["exposed_ms"] is None else f"{t['exposed_ms']:.1f} ms"
@@ -59,14 +62,15 @@ def render_html(paths: list[Path]) -> tuple[str, int]:
                 f"per rank{share}; exposed {exposed}"
             ))  # fmt: skip
         frame = a.collectives
-        offsets = a.matching.offsets_us if a.matching else {}
-        parts.append(figures.collective_timeline(frame, offsets).to_html(full_html=False, include_plotlyjs=False))
-        parts.append(figures.wire_by_kind(frame, a.estimate).to_html(full_html=False, include_plotlyjs=False))
+        parts.append(_figure(figures.timeline(a)))
+        parts.append(_figure(figures.wire_by_kind(frame, a.estimate)))
+        parts.append(_figure(figures.wire_by_layer(frame, a.estimate)))
         if a.comm is not None:
             parts.append(_findings_table("collective findings", a.comm.findings))
             parts.append(_table(a.comm.ranks, "per rank: collectives and wire bytes against the model"))
         if a.sharding is not None:
-            parts.append(figures.saved_by_layer(a.sharding.saved).to_html(full_html=False, include_plotlyjs=False))
+            parts.append(_figure(figures.retained_by_layer(a.sharding.saved, a.expected_activation_bytes)))
+            parts.append(_figure(figures.memory_over_step(a)))
             parts.append(_findings_table("sharding findings", a.sharding.findings))
             parts += [html_p(f"note: {n}") for n in a.sharding.notes]
         if a.matching is not None and not a.matching.matched.empty:
@@ -78,12 +82,30 @@ def render_html(paths: list[Path]) -> tuple[str, int]:
         sections.append("\n".join(parts))
     article = {k: v for k, v in PRESETS["seed-3.6b"].items() if k != "attention_only"}
     base = ModelShape.from_mapping({**article, "scheme": "megatron", "recompute": "none"}, "preset seed-3.6b")
-    sweep = figures.model_sweep(base, [8192 * 2**i for i in range(6)]).to_html(full_html=False, include_plotlyjs=False)
+    sweep = _figure(figures.model_sweep(base, [8192 * 2**i for i in range(6)]))
     page = _PAGE.format(
+        font=figures.FONT,
         version=__version__, created=time.strftime("%Y-%m-%d %H:%M"), plotly=plotly.offline.get_plotlyjs(),
         index="\n".join(index), sections="\n".join(sections), sweep=sweep,
     )  # fmt: skip
     return page, usable
+
+
+def _figure(fig: Any) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False})
+
+
+def badge(check: str, verdict: Verdict | None, why: str | None = None) -> str:
+    """The dashboard's verdict badge: same labels and colours, the reasons on hover."""
+    from sptrace.report.figures import VERDICT_COLORS
+
+    if verdict is None:
+        status, label, tip = "unavailable", "NOT CHECKED", f"{check} not checked: {why or 'no data'}"
+    else:
+        status, label = verdict.status, verdict.label
+        tip = "\n".join([verdict.summary, *verdict.reasons])
+    return (f'<span class="badge verdict-{status}" style="background:{VERDICT_COLORS[status]}" '
+            f'title="{html.escape(tip)}">{html.escape(label)}</span>')  # fmt: skip
 
 
 def html_p(text: str) -> str:
@@ -114,9 +136,13 @@ def _findings_table(title: str, findings: list[Finding]) -> str:
 _PAGE = """<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>sptrace report</title>
 <script type="text/javascript">{plotly}</script>
-<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;font-size:12px}}
-td,th{{padding:2px 8px;border-bottom:1px solid #ddd}} .error{{color:#b00}} .warning{{color:#a60}}
-.verdict{{font-weight:bold}}</style></head>
+<style>body{{font-family:{font};margin:2em;color:#212529}} h1,h2,h3{{font-weight:700}}
+table{{border-collapse:collapse;font-size:13px}}
+td,th{{padding:3px 10px;border-bottom:1px solid #dee2e6;text-align:left}}
+th{{background:#f8f9fa}} .error{{color:#e03131}} .warning{{color:#e8590c}} .verdict{{font-weight:600}}
+a{{color:#1971c2;text-decoration:none}} a:hover{{text-decoration:underline}}
+.badge{{display:inline-block;color:#fff;font-size:11px;font-weight:700;padding:2px 8px;border-radius:4px;
+letter-spacing:.03em;vertical-align:middle}}</style></head>
 <body><h1>sptrace report</h1><p>sptrace {version}, {created}</p>
 <ul>{index}</ul>
 {sections}

@@ -1,82 +1,205 @@
-"""Figure functions on plain data: what they plot must be the numbers they were given."""
+"""Figure functions: pure functions of a RunAnalysis's tables, so each is checked here on tables
+written by hand: what they plot must be the numbers they were given."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 from sptrace.reference_models.config import StepConfig
 
+from sptrace.analysis import RunAnalysis
 from sptrace.costmodel import estimate_comm
+from sptrace.detect.collectives import COLUMNS
+from sptrace.detect.matching import Matching
+from sptrace.detect.timing import RankTiming
 from sptrace.report import figures
+
+
+def analysis(collectives: pd.DataFrame, *, offsets=None, phases=None, compute=None, matched=None, members=None,
+             memory=None, retained=(), timing=(), estimate=None, name="run") -> RunAnalysis:  # fmt: skip
+    """A RunAnalysis around hand-written tables (only what the figures read)."""
+    from pathlib import Path
+
+    frame = collectives.reindex(columns=COLUMNS)
+    matching = Matching(
+        matched if matched is not None else pd.DataFrame(columns=["group", "key", "ranks", "straggler", "algbw_gbps",
+                                                                  "busbw_gbps", "kind", "in_bytes"]),
+        offsets or {},
+        members if members is not None else pd.DataFrame(columns=["rank", "group", "key", "start_us"]),
+    )  # fmt: skip
+    return RunAnalysis(
+        path=Path(name), run=None, model=None, warnings=(), collectives=frame, matching=matching, timing=tuple(timing),
+        estimate=estimate, comm=None, comm_unavailable=None, retained=tuple(retained), sharding=None,
+        sharding_unavailable=None, expected_activation_bytes=None,
+        phases=phases if phases is not None else pd.DataFrame(columns=["rank", "phase", "start_us", "dur_us"]),
+        memory=memory if memory is not None else pd.DataFrame(columns=["rank", "ts_us", "allocated_bytes"]),
+        compute=compute if compute is not None else pd.DataFrame(columns=["rank", "start_us", "dur_us"]),
+    )  # fmt: skip
 
 
 @pytest.fixture
 def frame():
     return pd.DataFrame({
         "rank": [0, 0, 1, 1], "kind": ["all_gather", "all_reduce", "all_gather", "all_reduce"],
+        "op": ["c10d::_allgather_base_", "c10d::allreduce_"] * 2,
         "start_us": [100.0, 300.0, 150.0, 320.0], "dur_us": [10.0, 20.0, 10.0, 20.0],
         "transfer_start_us": [101.0, None, 151.0, None], "transfer_dur_us": [30.0, None, 30.0, None],
         "module": ["a", "b", "a", "b"], "phase": ["forward", "backward"] * 2, "in_bytes": [8, 16, 8, 16],
-        "wire_bytes": [7 * 2**20, 28 * 2**20, 7 * 2**20, 28 * 2**20],
+        "wire_bytes": [7 * 2**20, 28 * 2**20, 7 * 2**20, 28 * 2**20], "layer": [0, None, 0, None],
     })  # fmt: skip
 
 
-def test_timeline_aligns_ranks(frame):
-    fig = figures.collective_timeline(frame, {0: 0.0, 1: 50.0})
-    assert sorted(t.name for t in fig.data) == ["all_gather", "all_reduce"]
-    ag = next(t for t in fig.data if t.name == "all_gather")
-    assert list(ag.base) == [0.0, 0.0]  # rank 1's clock is 50 us ahead: both start together
-    assert list(ag.y) == ["rank 0", "rank 1"]
-    assert list(ag.x) == [0.03, 0.03]  # a bar spans the transfer (30 us), not the CPU issue (10 us)
-    ar = next(t for t in fig.data if t.name == "all_reduce")
-    assert list(ar.x) == [0.02, 0.02]  # no transfer record: the issue span
-    assert figures.collective_timeline(frame.iloc[:0]).layout.title.text == "no collectives"
+def bars(fig, name):
+    return next(t for t in fig.data if t.name == name)
 
 
-def test_wire_by_kind_against_the_model(frame):
+def test_timeline_lanes_on_aligned_clocks(frame):
+    fig = figures.timeline(analysis(frame, offsets={0: 0.0, 1: 50.0}))
+    assert [t.name for t in fig.data] == ["all_gather", "all_reduce"]
+    ag = bars(fig, "all_gather")
+    # rank 1's clock runs 50 us ahead: both transfers start together, 1 us after the step's zero
+    assert list(ag.base) == pytest.approx([0.001, 0.001])
+    assert [round(y) for y in ag.y] == [0, 1]  # one lane per rank
+    assert list(ag.x) == pytest.approx([0.03, 0.03])  # a bar spans the transfer (30 us), not the issue (10 us)
+    assert list(bars(fig, "all_reduce").x) == pytest.approx([0.02, 0.02])  # no transfer record: the CPU span
+    assert list(fig.layout.yaxis.ticktext) == ["rank 0", "rank 1"]
+    # the hover names kind, bytes, layer, module, phase
+    custom = ag.customdata[0]
+    assert custom[0] == 0 and custom[2] == "8 B" and custom[3] == "7.00 MiB" and custom[6] == "0" and custom[7] == "a"
+
+
+def test_timeline_keeps_short_collectives_visible_on_a_445_ms_step():
+    step = pd.DataFrame({"rank": [0], "phase": ["step"], "start_us": [0.0], "dur_us": [445_000.0]})
+    tiny = pd.DataFrame({"rank": [0], "kind": ["all_gather"], "start_us": [1000.0], "dur_us": [5.0],
+                         "transfer_start_us": [1001.0], "transfer_dur_us": [3.0], "phase": ["forward"]})  # fmt: skip
+    fig = figures.timeline(analysis(tiny, phases=step))
+    (width,) = bars(fig, "all_gather").x
+    assert width == pytest.approx(445 / 400)  # 3 us drawn as 1/400 of the view: a few pixels, never zero
+    assert fig.layout.xaxis.range[1] >= 445
+
+
+def test_timeline_phases_are_bands_and_zoom(frame):
+    phases = pd.DataFrame(
+        {
+            "rank": [0, 0, 1, 1],
+            "phase": ["forward", "backward"] * 2,
+            "start_us": [90.0, 250.0, 140.0, 300.0],
+            "dur_us": [150.0, 100.0, 150.0, 100.0],
+        }
+    )
+    a = analysis(frame, offsets={0: 0.0, 1: 50.0}, phases=phases)
+    fig = figures.timeline(a)
+    bands = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert len(bands) == 4 and {s.fillcolor for s in bands} == {figures.PHASE_COLORS["forward"],
+                                                                 figures.PHASE_COLORS["backward"]}  # fmt: skip
+    # phases behind the collectives, on the rank's own lane (not rows of their own)
+    assert all(s.layer == "below" for s in bands) and sorted({round(s.y0 + 0.48) for s in bands}) == [0, 1]
+    assert [t.name for t in fig.data if t.type == "bar"] == ["all_gather", "all_reduce"]
+    layer0 = figures.timeline(a, layer=0).layout.xaxis.range  # the layer's collectives: 11..41 us
+    assert layer0[0] < 0.011 < 0.041 < layer0[1] < 0.05
+    backward = figures.timeline(a, phase="backward").layout.xaxis.range  # 250..350 us after the zero at 90
+    assert backward[0] == pytest.approx(0.16, abs=0.01) and backward[1] == pytest.approx(0.26, abs=0.01)
+
+
+def test_timeline_links_matched_collectives_and_marks_the_straggler(frame):
+    members = pd.DataFrame({"rank": [0, 1], "group": ["g", "g"], "key": [1, 1], "start_us": [100.0, 150.0]})
+    matched = pd.DataFrame({"group": ["g"], "key": [1], "ranks": [[0, 1]], "straggler": [1], "algbw_gbps": [2.5],
+                            "busbw_gbps": [1.25], "kind": ["all_gather"], "in_bytes": [8]})  # fmt: skip
+    fig = figures.timeline(analysis(frame, offsets={0: 0.0, 1: 40.0}, matched=matched, members=members))
+    link = bars(fig, "same collective")
+    assert [x is None for x in link.x] == [False, False, True]
+    straggler = bars(fig, "straggler (arrived last)")
+    assert len(straggler.x) == 1 and round(straggler.y[0]) == 1
+    peers = {row[0]: (row[5], row[4], row[11]) for row in bars(fig, "all_gather").customdata}
+    assert peers[0] == ("rank 1", "algbw 2.50 GB/s, busbw 1.25 GB/s", "rank 1")
+    assert peers[1][0] == "rank 0"
+
+
+def test_wire_by_kind_outlines_what_differs_from_the_model(frame):
     est = estimate_comm(StepConfig())
     fig = figures.wire_by_kind(frame, est)
     measured, model = fig.data
-    assert dict(zip(measured.x, measured.y)) == {"all_gather": 7.0, "all_reduce": 28.0}
+    assert dict(zip(measured.x, measured.y)) == {"all_gather": 7.0, "all_reduce": 28.0, "reduce_scatter": 0.0}
     assert dict(zip(model.x, model.y))["all_gather"] == est.wire_per_step("all_gather") / 2**20
+    outline = dict(zip(measured.x, measured.marker.line.color))
+    assert outline["all_gather"] == figures.VERDICT_COLORS["fail"]  # 7 MiB is not what the model says
+    assert list(measured.customdata) == list(measured.x)  # a click names the kind
 
 
-def test_saved_by_layer_stacks_classes():
-    classes = ["seq-sharded", "full", "seq-sharded", "other"]
-    saved = pd.DataFrame({"rank": [0, 0, 1, 1], "layer": [0, 0, 0, None], "class": classes,
-                          "storage_bytes": [1024, 4096, 1024, 2048]})  # fmt: skip
-    fig = figures.saved_by_layer(saved)
+def test_wire_by_layer_per_phase(frame):
+    fig = figures.wire_by_layer(frame)
     by = {t.name: dict(zip(t.x, t.y)) for t in fig.data}
-    assert by["seq-sharded"] == {"layer 0": 1.0} and by["full"] == {"layer 0": 2.0}
-    assert by["other"] == {"outside layers": 1.0}
+    assert by == {"backward": {"outside layers": 28 * 1024.0}, "forward": {"layer 0": 7 * 1024.0}}
+    assert {t.name: t.customdata[0] for t in fig.data} == {"backward": "backward", "forward": "forward"}
+
+
+def test_retained_by_layer_groups_and_the_expected_figure():
+    classes = ["seq-sharded", "full", "head-sharded", "ambiguous", "other"]
+    saved = pd.DataFrame({"rank": [0, 0, 1, 1, 1], "layer": [0, 0, 0, 0, None], "class": classes,
+                          "storage_bytes": [1024, 4096, 1024, 2048, 2048]})  # fmt: skip
+    fig = figures.retained_by_layer(saved, expected_bytes=3 * 1024)
+    by = {t.name: dict(zip(t.x, t.y)) for t in fig.data}
+    assert by == {"sharded": {"layer 0": 1.0}, "ambiguous": {"layer 0": 1.0}, "full": {"layer 0": 2.0},
+                  "other": {"outside layers": 1.0}}  # fmt: skip
+    colors = {t.name: t.marker.color for t in fig.data}
+    assert colors["full"] == figures.VERDICT_COLORS["fail"] and colors["ambiguous"] == figures.VERDICT_COLORS[
+        "undecided"]  # fmt: skip
+    (line,) = [s for s in fig.layout.shapes if s.type == "line"]
+    assert line.y0 == line.y1 == 3.0
+
+
+def test_memory_over_step_has_phases_and_the_boundary(frame):
+    series = pd.DataFrame({"rank": [0, 0, 1], "ts_us": [100.0, 300.0, 200.0], "allocated_bytes": [2**20, 3 * 2**20,
+                                                                                                 2**21]})  # fmt: skip
+    phases = pd.DataFrame({"rank": [0, 0], "phase": ["forward", "backward"], "start_us": [100.0, 200.0],
+                           "dur_us": [100.0, 100.0]})  # fmt: skip
+    retained = [SimpleNamespace(rank=0, boundary_ns=200_000), SimpleNamespace(rank=1, boundary_ns=200_000)]
+    fig = figures.memory_over_step(analysis(frame, memory=series, phases=phases, retained=retained))
+    assert [t.name for t in fig.data] == ["rank 0", "rank 1"]
+    assert list(fig.data[0].x) == [0.0, 0.2] and list(fig.data[0].y) == [1.0, 3.0]
+    rects = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert [(s.x0, s.x1) for s in rects] == [(0.0, 0.1), (0.1, 0.2)]
+    (boundary,) = [s for s in fig.layout.shapes if s.type == "line"]
+    assert boundary.x0 == pytest.approx(0.1)
+    assert "forward → backward" in [a.text for a in fig.layout.annotations]
+
+
+def test_compare_runs_side_by_side(frame):
+    timing = [RankTiming(0, 10.0, 4.0, None, 0), RankTiming(1, 12.0, 6.0, None, 0)]
+    one = analysis(frame, timing=timing, name="one")
+    two = analysis(frame.iloc[:2], timing=[RankTiming(0, 8.0, 2.0, None, 0)], name="two")
+    fig = figures.compare_runs([one, two])
+    comm, rest = fig.data[0], fig.data[1]
+    assert list(comm.x) == ["one", "two"] and list(comm.y) == [5.0, 2.0]  # mean transfer per rank
+    assert list(rest.y) == [7.0, 6.0] and list(rest.base) == [5.0, 2.0]  # stacked on it: the slowest step
+    wire = bars(fig, "measured wire")
+    assert list(wire.y) == [35.0, 35.0]  # MiB per rank
 
 
 def test_model_sweep_is_the_cost_model():
     base = StepConfig(layers=1, seq=128)
-    fig = figures.model_sweep(base, [128, 256])
-    mega = next(t for t in fig.data if t.name == "megatron")
-    assert list(mega.y) == [estimate_comm(base.replace(seq=s)).wire_per_step() / 2**30 for s in (128, 256)]
+    fig = figures.model_sweep(base, [128, 256, 2048])
+    mega = bars(fig, "megatron")
+    assert list(mega.y) == [estimate_comm(base.replace(seq=s)).wire_per_step() / 2**30 for s in (128, 256, 2048)]
+    assert list(fig.layout.xaxis.ticktext) == ["128", "256", "2K"]
     assert figures.model_sweep(base.shape(), [128]).data[0].y[0] == mega.y[0]  # a ModelShape alike
 
 
-def test_timeline_phase_lanes(frame):
-    phases = pd.DataFrame(
-        {"rank": [0, 1], "phase": ["forward", "forward"], "start_us": [90.0, 140.0], "dur_us": [50.0, 50.0]}
-    )
-    fig = figures.collective_timeline(frame, {0: 0.0, 1: 50.0}, phases=phases)
-    lane = next(t for t in fig.data if t.name == "forward (phase)")
-    assert list(lane.y) == ["rank 0 phases", "rank 1 phases"] and list(lane.base) == [0.0, 0.0]
-    assert fig.layout.xaxis.title.text == "ms"
-    assert list(fig.layout.yaxis.categoryarray) == ["rank 1 phases", "rank 1", "rank 0 phases", "rank 0"]
+def test_sweep_fit_says_when_it_is_underdetermined():
+    table = pd.DataFrame({"scheme": ["megatron", "ulysses"], "seq": [1024, 2048], "step_ms": [10.0, 20.0],
+                          "peak_GiB": [1.0, 2.0], "comm_GiB": [0.5, 1.0]})  # fmt: skip
+    coefficients = {"intercept": 1.0, "peak_GiB": 2.0, "comm_GiB": 3.0, "S_K": 4.0, "S_K^2": 0.5}
+    fig = figures.sweep_fit(table, {"coefficients": coefficients, "underdetermined": True})
+    assert "underdetermined" in fig.layout.title.text
+    fit = bars(fig, "megatron fit")
+    assert list(fit.y) == [1.0 + 2.0 + 1.5 + 4.0 + 0.5]
+    assert "underdetermined" not in figures.sweep_fit(table, {"coefficients": coefficients}).layout.title.text
 
 
-def test_wire_by_layer_and_memory_over_step(frame):
-    fig = figures.wire_by_layer(frame.assign(layer=[0, None, 0, None]))
-    by = {t.name: dict(zip(t.x, t.y)) for t in fig.data}
-    assert by == {"forward": {"layer 0": 7 * 1024.0}, "backward": {"outside layers": 28 * 1024.0}}
-    series = pd.DataFrame(
-        {"rank": [0, 0, 1], "ts_us": [1000.0, 3000.0, 2000.0], "allocated_bytes": [2**20, 3 * 2**20, 2**21]}
-    )
-    mem = figures.memory_over_step(series)
-    assert [t.name for t in mem.data] == ["rank 0", "rank 1"]
-    assert list(mem.data[0].x) == [0.0, 2.0] and list(mem.data[0].y) == [1.0, 3.0]
+def test_every_figure_uses_the_template(frame):
+    a = analysis(frame)
+    for fig in (figures.timeline(a), figures.wire_by_kind(frame, None), figures.memory_over_step(a),
+                figures.compare_runs([a]), figures.model_sweep(StepConfig(), [1024])):  # fmt: skip
+        assert fig.layout.template.layout.font.family == figures.FONT

@@ -3,6 +3,8 @@ error and the others still render."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from sptrace.cli import main
@@ -22,16 +24,20 @@ def test_report_over_runs(profiled, tmp_path, capsys):
     args += [str(dlrm)] if dlrm.is_dir() else []
     assert main(["report", *args, "--html", str(out)]) == 0
     page = out.read_text()
+    # the index as text (badges are coloured spans: green for MATCH/PASS, red for MISMATCH/FAIL)
+    text = re.sub(r"<span [^>]*>([^<]*)</span>", r"\1", page)
+    assert re.search(r'megatron</a>: collectives <span class="badge verdict-pass" style="background:#2f9e44"', page)
+    assert 'class="badge verdict-fail" style="background:#e03131"' in page
     assert page.count("* plotly.js v") == 1  # plotly.js inlined once
     assert page.count('class="plotly-graph-div"') >= 3 * 2 + 1
-    assert "megatron</a>: collectives MATCH; sharding PASS" in page
-    assert "megatron-stray-full-save</a>: collectives MISMATCH; sharding FAIL" in page
+    assert "megatron</a>: collectives MATCH; sharding PASS" in text
+    assert "megatron-stray-full-save</a>: collectives MISMATCH; sharding FAIL" in text
     # a finding on every rank is one row with its rank set
     assert page.count("layers.1.mlp.fc1 keeps a full-sequence [256x96]") == 1 and "ranks 0-7" in page
     assert "communication" in page and "of transfer time" in page
     assert "layers.1.mlp.fc1 keeps a full-sequence [256x96]" in page
     if dlrm.is_dir():  # a foreign run that declares nothing: neither check runs, and it says so
-        assert "param_dlrm_kineto</a>: collectives not checked; sharding not checked" in page
+        assert "param_dlrm_kineto</a>: collectives NOT CHECKED; sharding NOT CHECKED" in text
     assert "broken</a>: unusable" in page and "invalid JSON: truncated" in page
     assert not list(out.parent.glob(".*"))
     assert main(["report", str(tmp_path / "missing"), "--html", str(out)]) == 2

@@ -39,12 +39,16 @@ def test_sweep_end_to_end(tmp_path, capsys):
     # the Compare page of `sptrace dash SWEEP`
     from sptrace.dashboards.app import create_app
     from sptrace.dashboards.pages import compare
+    from sptrace.dashboards.pages.common import View
 
-    from sptrace.sweep import sweep_runs
+    from sptrace.sweep import UNDERDETERMINED, sweep_runs
 
     app = create_app(sweep_runs(out), [out])
-    page = json.dumps(compare.layout(app.sptrace_store).to_plotly_json(), default=str)
-    assert "fit over 4 runs" in page and "the article (36 runs, 8xH100)" in page
+    from plotly.utils import PlotlyJSONEncoder
+
+    page = json.dumps(compare.render(app.sptrace_store, View("compare")), cls=PlotlyJSONEncoder, ensure_ascii=False)
+    assert "fit over 4 runs" in page and "the article (36 runs, 8×H100)" in page
+    assert UNDERDETERMINED in page  # the same warning the CLI prints
 
 
 def test_regression_recovers_known_coefficients():
