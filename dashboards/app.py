@@ -225,6 +225,10 @@ def serve(
     paths: list[Path], host: str = "127.0.0.1", port: int = 8050, debug: bool = False,
     sweeps: list[Path] | None = None, analyses: list | None = None,
 ) -> Any:  # fmt: skip
+    import logging
+
     app = create_app(paths, sweeps, analyses)
     app.sptrace_store.warm()  # type: ignore[attr-defined]
+    if not debug:  # one line per request drowns sptrace's own messages; --debug keeps them
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
     return app.run(host=host, port=port, debug=debug)

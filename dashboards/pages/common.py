@@ -118,10 +118,40 @@ LONG_TEXT = ("module", "why", "holder", "message", "source", "op", "producer", "
 """Columns whose values can be long: capped width, full text on hover."""
 
 
+HEADER_CHAR_PX, CELL_CHAR_PX = 8.2, 7.8
+"""Generous widths of one character of the grids' 13 px type: bold in headers, regular in cells."""
+HEADER_PAD_PX, CELL_PAD_PX = 72, 48
+"""A header's padding, sort and menu icons; a cell's padding."""
+
+
+def _shown_length(frame: pd.DataFrame, col: str) -> int:
+    """The longest text a column shows, as the grid's formatters (assets/dashAgGridFunctions.js)
+    write it."""
+    values = frame[col].head(5000)
+    if col.endswith("bytes"):
+        return 11  # "1023.99 MiB"
+    if col.endswith(("_ms", "_gbps")):
+        finite = pd.to_numeric(values, errors="coerce").abs().max()
+        return len(f"{finite:.3f}") + 1 if pd.notna(finite) else 4
+    texts = (str(c) for c in map(_cell, values) if c is not None)
+    return max((len(t) + sum(ch.isupper() for ch in t) // 3 for t in texts), default=0)  # capitals are wider
+
+
+def column_width(frame: pd.DataFrame, col: str, header: str) -> int:
+    """Each column as wide as its content and its header's longest word, computed here: letting
+    AG Grid measure (columnSize="autoSize") laid the page out once per cell and row, and made a
+    page switch take 1.5 s on 2 cores. Headers wrap between words, so none is ever cut."""
+    word = max((len(w) for w in header.split()), default=0)
+    cap = 380 if col in LONG_TEXT else 480  # long text is cut there, and shown whole on hover
+    content = min(cap, int(_shown_length(frame, col) * CELL_CHAR_PX + CELL_PAD_PX))
+    return max(int(word * HEADER_CHAR_PX + HEADER_PAD_PX), content, 70)
+
+
 def column_defs(frame: pd.DataFrame) -> list[dict[str, Any]]:
     defs = []
     for col in frame.columns:
-        d: dict[str, Any] = {"field": col, "headerName": HEADERS.get(col, col.replace("_", " "))}
+        header = HEADERS.get(col, col.replace("_", " "))
+        d: dict[str, Any] = {"field": col, "headerName": header, "width": column_width(frame, col, header)}
         numeric = pd.api.types.is_numeric_dtype(frame[col]) and not pd.api.types.is_bool_dtype(frame[col])
         if col.endswith("bytes"):
             d.update(valueFormatter={"function": "sptraceBytes(params.value)"}, filter="agNumberColumnFilter",
@@ -132,7 +162,7 @@ def column_defs(frame: pd.DataFrame) -> list[dict[str, Any]]:
         elif numeric:
             d.update(filter="agNumberColumnFilter", type="rightAligned")
         if col in LONG_TEXT:
-            d.update(tooltipField=col, maxWidth=380)
+            d.update(tooltipField=col)
         defs.append(d)
     return defs
 
@@ -179,10 +209,8 @@ def grid(frame: pd.DataFrame, name: str, title: str, *, height: int = 420, max_r
                 defaultColDef={"sortable": True, "filter": True, "resizable": True, "wrapHeaderText": True,
                                "autoHeaderHeight": True, "minWidth": 70},
                 dashGridOptions={"tooltipShowDelay": 300, "enableCellTextSelection": True,
-                                 "suppressColumnVirtualisation": True,
                                  **({"domLayout": "autoHeight"} if short else {"pagination": True,
                                                                                "paginationPageSize": 50})},
-                columnSize="autoSize",  # every column as wide as its content and its (wrapped) header
                 csvExportParams={"fileName": f"sptrace-{name}.csv"},
                 className="ag-theme-alpine",
                 style={"width": "100%"} if short else {"height": f"{height}px", "width": "100%"},

@@ -400,9 +400,9 @@ def _conclude(
     if errors:
         full = [f for f in errors if f.code == "full-size-save"]
         what = (
-            f"{len(full)} full-size tensors kept for backward"
+            f"{len(full)} full-size {'tensor' if len(full) == 1 else 'tensors'} kept for backward"
             if full
-            else f"{len(errors)} unjudgeable tensors (--strict)"
+            else f"{len(errors)} unjudgeable {'tensor' if len(errors) == 1 else 'tensors'} (--strict)"
         )
         return Verdict("fail", "FAIL", f"{what}; {summary}")
     reasons: list[str] = []

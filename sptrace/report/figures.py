@@ -362,7 +362,19 @@ def saved_by_layer(saved: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def memory_over_step(a: Any) -> go.Figure:
+def _min_max_thin(frame: pd.DataFrame, x: str, y: str, max_points: int) -> pd.DataFrame:
+    """At most about ``max_points`` rows of a time series, keeping the lowest and highest value
+    of each of ``max_points / 2`` time bins (so every peak stays on the plot). Written here:
+    plotly-resampler, which does this in the browser, needs plotly < 7."""
+    if len(frame) <= max_points:
+        return frame
+    bins = pd.cut(frame[x], bins=max(max_points // 2, 1), labels=False)
+    grouped = frame[y].groupby(bins.to_numpy())
+    keep = np.union1d(grouped.idxmin().to_numpy(), grouped.idxmax().to_numpy())
+    return frame.loc[keep].sort_values(x)
+
+
+def memory_over_step(a: Any, max_points: int = 4000) -> go.Figure:
     """Allocated memory over the step, one line per rank (Total Allocated of [memory] events),
     with the step's phases as bands and each rank's forward -> backward boundary marked."""
     series = a.memory
@@ -379,8 +391,13 @@ def memory_over_step(a: Any) -> go.Figure:
             fig.add_vrect(x0=(s - t0) / 1e3, x1=(s + p.dur_us - t0) / 1e3, line_width=0, layer="below",
                           fillcolor=PHASE_COLORS.get(p.phase, PHASE_COLORS["step"]))  # fmt: skip
     for rank, g in series.groupby("rank"):
+        g = _min_max_thin(g.sort_values("ts_us"), "ts_us", "allocated_bytes", max_points)
         x = (g["ts_us"] - offsets.get(int(rank), 0.0) - t0) / 1e3
-        fig.add_trace(go.Scattergl(x=x, y=g["allocated_bytes"] / MiB, mode="lines", name=f"rank {rank}"))
+        # SVG lines, not Scattergl: a WebGL context per figure costs more than drawing a few
+        # thousand points, and headless or remote browsers often have no GPU at all
+        fig.add_trace(go.Scatter(x=x, y=g["allocated_bytes"] / MiB, mode="lines", line_shape="hv",
+                                 name=f"rank {rank}", hovertemplate="%{x:.2f} ms: %{y:.1f} MiB<extra>rank "
+                                 f"{rank}</extra>"))  # fmt: skip
     boundaries = [r.boundary_ns / 1e3 - offsets.get(r.rank, 0.0) for r in a.retained if r.boundary_ns is not None]
     if boundaries:
         x = (float(np.median(boundaries)) - t0) / 1e3

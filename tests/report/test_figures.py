@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 from sptrace.reference_models.config import StepConfig
@@ -164,6 +165,20 @@ def test_memory_over_step_has_phases_and_the_boundary(frame):
     (boundary,) = [s for s in fig.layout.shapes if s.type == "line"]
     assert boundary.x0 == pytest.approx(0.1)
     assert "forward → backward" in [a.text for a in fig.layout.annotations]
+
+
+def test_memory_over_step_thins_long_series_and_keeps_every_peak(frame):
+    n = 100_000
+    rng = np.random.default_rng(0)
+    allocated = rng.integers(2**20, 2**21, n).astype(float)
+    allocated[12_345] = 64 * 2**20  # one short spike: the peak a user is looking for
+    allocated[77_777] = 0.0
+    series = pd.DataFrame({"rank": 0, "ts_us": np.arange(n, dtype=float), "allocated_bytes": allocated})
+    fig = figures.memory_over_step(analysis(frame, memory=series), max_points=2000)
+    (line,) = fig.data
+    assert line.type == "scatter" and line.line.shape == "hv"  # SVG, a step function
+    assert len(line.y) <= 2000 and max(line.y) == 64.0 and min(line.y) == 0.0
+    assert list(line.x) == sorted(line.x)
 
 
 def test_compare_runs_side_by_side(frame):
