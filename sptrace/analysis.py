@@ -20,7 +20,8 @@ import pandas as pd
 
 from sptrace import markers
 from sptrace.checks.comm import CommReport, check_collectives
-from sptrace.checks.findings import Finding
+from sptrace.checks.crossrank import CrossRankReport, check_cross_rank
+from sptrace.checks.findings import Finding, Verdict
 from sptrace.checks.sharding import NEEDS as SHARDING_NEEDS
 from sptrace.checks.sharding import ShardingReport, check_sharding
 from sptrace.costmodel import CommEstimate, activation_bytes_per_layer, estimate_comm
@@ -63,6 +64,9 @@ class RunAnalysis:
     memory: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
     compute: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
     """When each rank computed (GPU compute kernels, else its busiest thread's CPU ops), merged."""
+    crossrank: CrossRankReport | None = None
+    """Whether the ranks agree with each other (needs no model of the job): always computed with
+    the collectives; ``analyze`` renders it when the cost-model comparison cannot run."""
 
     def step_start_us(self, rank: int) -> float:
         """Where a rank's step starts: its first phase (ProfilerStep or sptrace.phase), else its
@@ -104,7 +108,16 @@ class RunAnalysis:
         return self.path.name if self.path is not None else "run"
 
     def findings(self) -> list[Finding]:
-        return [*(self.comm.findings if self.comm else []), *(self.sharding.findings if self.sharding else [])]
+        """Every check's findings; the cross-rank ones when there was no cost model to check against."""
+        comm = self.comm.findings if self.comm else (self.crossrank.findings if self.crossrank else [])
+        return [*comm, *(self.sharding.findings if self.sharding else [])]
+
+    @property
+    def collectives_verdict(self) -> Verdict | None:
+        """The collectives' verdict: against the cost model, else the ranks against each other."""
+        if self.comm is not None:
+            return self.comm.verdict
+        return self.crossrank.verdict if self.crossrank is not None else None
 
     def time_summary(self) -> dict[str, float | None]:
         """Over ranks: the slowest step, mean transfer time, mean exposed communication."""
@@ -191,6 +204,11 @@ def analyse_run(
                 comm.notes.append(
                     f"ranks without a trace: {len(run.missing_ranks)} of {run.world_size}; analysed the rest"
                 )
+    crossrank = None
+    if "collectives" in parts:
+        crossrank = check_cross_rank(collectives, matching, sorted(run.ranks), comm_unavailable)
+        if run.missing_ranks:
+            crossrank.notes.append(f"ranks without a trace: {len(run.missing_ranks)} of {run.world_size}")
     expected_act = activation_bytes_per_layer(model)
     if expected_act is not None and model.dtype_bytes:
         expected_act = expected_act * model.dtype_bytes / 2  # Korthikanti counts 2-byte activations
@@ -214,6 +232,7 @@ def analyse_run(
         sharding=sharding, sharding_unavailable=sharding_unavailable, expected_activation_bytes=expected_act,
         phases=_phases(run), memory=_memory_series(run),
         compute=pd.concat(compute, ignore_index=True) if compute else pd.DataFrame(columns=COMPUTE_COLUMNS),
+        crossrank=crossrank,
     )  # fmt: skip
 
 

@@ -57,7 +57,7 @@ def render(store: RunStore, view: View) -> Any:
             card(dmc.Stack([
                 dmc.Text(store.name(i), fw=700, className="run-name"),
                 dmc.Text(a.model.label, size="xs", c="dimmed"),
-                dmc.Group([verdict_badge("collectives", a.comm.verdict if a.comm else None, a.comm_unavailable, "sm"),
+                dmc.Group([verdict_badge("collectives", a.collectives_verdict, a.comm_unavailable, "sm"),
                            verdict_badge("sharding", a.sharding.verdict if a.sharding else None,
                                          a.sharding_unavailable, "sm")], gap=6),
             ], gap=4), padding="sm")

@@ -96,7 +96,7 @@ def run_card(store: RunStore, i: int, selected: bool) -> Any:
               stat_id=f"exposed-{i}"),
         _stat("wire bytes per rank", human_bytes(wire),
               f"model {human_bytes(model_wire)}" if model_wire is not None else "no model: shape not declared",
-              verdict_badge("collectives", a.comm.verdict if a.comm else None, a.comm_unavailable),
+              verdict_badge("collectives", a.collectives_verdict, a.comm_unavailable),
               stat_id=f"wire-{i}"),
         _stat("retained per layer", "n/a" if kept is None else human_bytes(kept),
               f"Korthikanti et al. {human_bytes(korth)}" if korth else None,

@@ -43,7 +43,7 @@ def render(store: RunStore, view: View) -> Any:
         dmc.SegmentedControl(id="timeline-phase", value=phase or "step", size="sm",
                              data=[{"label": "whole step", "value": "step"}]
                              + [{"label": p, "value": p} for p in PHASES if p in present]),
-        verdict_badge("collectives", a.comm.verdict if a.comm else None, a.comm_unavailable),
+        verdict_badge("collectives", a.collectives_verdict, a.comm_unavailable),
     ], align="flex-end", gap="lg", mb="sm")  # fmt: skip
     t = a.time_summary()
     facts = []

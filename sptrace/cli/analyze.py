@@ -1,5 +1,10 @@
 """``sptrace analyze``: observed collectives against the scheme's cost model. Exit 0 MATCH,
-1 MISMATCH, 2 CANNOT DECIDE (sizes the trace does not record, or undeclared model values)."""
+1 MISMATCH, 2 CANNOT DECIDE (sizes the trace does not record).
+
+A run that declares no model of the job (no scheme, or not all of its sizes) still gets the part
+that needs none: the ranks compared with each other (matching, skew, stragglers, bandwidth, and
+collectives that disagree across the ranks of a group). Exit 0 CONSISTENT, 1 INCONSISTENT, 2 when
+the trace holds no collective; the output says why the cost model was skipped."""
 
 from __future__ import annotations
 
@@ -28,8 +33,20 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--k must be 1 or 2")
     analysis = analyse(args, k=args.k, parts=("collectives",))
     report = analysis.comm
-    if report is None:
-        raise UsageError(f"{args.path}: {analysis.comm_unavailable}")
+    if report is None:  # no model of the job: what the ranks say of each other, and why no more
+        cross = analysis.crossrank
+        assert cross is not None
+        if args.format == "json":
+            out = {**cross.to_dict(), "model": analysis.model.to_dict(),
+                   "timing": [t.to_dict() for t in analysis.timing]}  # fmt: skip
+            if analysis.matching is not None:
+                matched = analysis.matching.matched.drop(columns=["ranks"])
+                out["matched_collectives"] = matched.astype(object).where(matched.notna(), None).to_dict("records")
+                out["clock_offsets_us"] = analysis.matching.offsets_us
+            print(json.dumps(out, indent=1, default=str))
+        else:
+            print(render_cross_rank(analysis, args.max_findings))
+        return cross.verdict.exit_code
     if args.format == "json":
         out = {**report.to_dict(), "model": analysis.model.to_dict(), "timing": [t.to_dict() for t in analysis.timing]}
         print(json.dumps(out, indent=1, default=str))
@@ -78,4 +95,39 @@ def render_text(analysis: RunAnalysis, max_findings: int = 30) -> str:
         spread = max(matching.offsets_us.values()) - min(matching.offsets_us.values())
         lines.append(f"note: clock offsets across ranks span {spread:.0f} us (aligned on matched completions)")
     lines.append("\n" + report.verdict.line())
+    return "\n".join(lines)
+
+
+def render_cross_rank(analysis: RunAnalysis, max_findings: int = 30) -> str:
+    """``analyze`` without a model of the job: per rank, what it issued; the findings between
+    ranks; and why the cost-model comparison was skipped."""
+    cross, run = analysis.crossrank, analysis.run
+    assert cross is not None
+    lines = [f"{len(run)} of {run.world_size} ranks, compared with each other; the cost-model comparison was skipped: "
+             f"{cross.skipped}"]  # fmt: skip
+    timing = {t.rank: t for t in analysis.timing}
+    lines.append(f"\n{'rank':>4}{'collectives':>13}{'wire/step':>13}{'disagree':>10}{'step ms':>10}{'comm ms':>10}"
+                 f"{'exposed':>9}")  # fmt: skip
+    for r in cross.ranks.itertuples():
+        t = timing.get(r.rank)
+        step = "" if t is None or t.step_ms is None else f"{t.step_ms:.1f}"
+        comm = "" if t is None else f"{t.comm_ms:.1f}"
+        exposed = "n/a" if t is None or t.exposed_ms is None else f"{t.exposed_ms:.1f}"
+        wire = human_bytes(r.wire_bytes) + ("+?" if r.unknown_wire else "")
+        lines.append(f"{r.rank:>4}{r.collectives:>13}{wire:>13}{r.disagree:>10}{step:>10}{comm:>10}{exposed:>9}")
+    lines.append("  (wire +?: some collectives' size or group is not in the trace; disagree: collectives whose kind "
+                 "or size differs from the rest of their group's)")  # fmt: skip
+    if cross.findings:
+        lines.append(f"\n{len(cross.findings)} findings:")
+        for f in cross.findings[:max_findings]:
+            lines.append(f"  {f.severity}: {f.text()}")
+        if len(cross.findings) > max_findings:
+            lines.append(f"  ... and {len(cross.findings) - max_findings} more (--format json lists all)")
+    for note in cross.notes:
+        lines.append(f"note: {note}")
+    matching = analysis.matching
+    if matching is not None and matching.offsets_us:
+        spread = max(matching.offsets_us.values()) - min(matching.offsets_us.values())
+        lines.append(f"note: clock offsets across ranks span {spread:.0f} us (aligned on matched completions)")
+    lines.append("\n" + cross.verdict.line())
     return "\n".join(lines)

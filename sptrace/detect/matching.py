@@ -41,6 +41,15 @@ class Matching:
     unmatched: int = 0
     """Collectives that found no partner with the same kind and size."""
     notes: list[str] = field(default_factory=list)
+    disagreements: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DISAGREEMENT_COLUMNS))
+    """The collectives dropped from matching because their kind, or known size, differs from what
+    most ranks of their group issued at that place: one row each, with the majority's kind and size."""
+    counts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["group", "rank", "n"]))
+    """How many collectives (not point-to-point) each rank issued in each group."""
+
+
+DISAGREEMENT_COLUMNS = ["rank", "group", "key", "kind", "in_bytes", "kind_major", "size_major", "start_us", "phase",
+                        "layer", "module"]  # fmt: skip
 
 
 UNKNOWN_GROUP = "?"
@@ -124,6 +133,8 @@ def match_collectives(frame: pd.DataFrame) -> Matching:
     unmatched = int(bad.sum()) + p2p_unmatched
     if unmatched:
         notes.append(f"{unmatched} collectives disagree in kind or size with their counterparts on other ranks")
+    disagreements = f.loc[bad, [c for c in DISAGREEMENT_COLUMNS if c in f.columns]].reset_index(drop=True)
+    counts = f.groupby(["group", "rank"]).size().rename("n").reset_index()
     f = f[~bad]
     # clock offsets from matched completions (against the lowest rank)
     ref_rank = int(f["rank"].min())
@@ -171,7 +182,8 @@ def match_collectives(frame: pd.DataFrame) -> Matching:
         members = pd.concat([members, pd.DataFrame(p2p_members)], ignore_index=True)
     if p2p_unmatched:
         notes.append(f"{p2p_unmatched} sends or receives found no partner")
-    return Matching(matched, offsets, unmatched=unmatched, notes=notes, members=members)
+    return Matching(matched, offsets, unmatched=unmatched, notes=notes, members=members, disagreements=disagreements,
+                    counts=counts)  # fmt: skip
 
 
 def _match_point_to_point(frame: pd.DataFrame) -> tuple[list[dict], list[dict], int]:

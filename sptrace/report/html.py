@@ -38,21 +38,21 @@ def render_html(paths: list[Path]) -> tuple[str, int]:
             continue
         usable += 1
         run, model = a.run, a.model
-        badges = "; ".join(
-            f"{check} {badge(check, report.verdict if report else None, why)}"
-            for check, report, why in (("collectives", a.comm, a.comm_unavailable),
-                                       ("sharding", a.sharding, a.sharding_unavailable))
-        )  # fmt: skip
+        verdicts = (("collectives", a.collectives_verdict, a.comm_unavailable),
+                    ("sharding", a.sharding.verdict if a.sharding else None, a.sharding_unavailable))  # fmt: skip
+        badges = "; ".join(f"{check} {badge(check, verdict, why)}" for check, verdict, why in verdicts)
         index.append(f'<li><a href="#run{i}">{html.escape(str(path))}</a>: {badges}</li>')
         parts = [f'<section id="run{i}"><h2>{html.escape(str(path))}</h2>']
         desc = f"{len(run)} of {run.world_size} ranks, backend {run.backend or 'unknown'}; "
         desc += f"{model.label} {model.describe()}"
         parts.append(f"<p>{html.escape(desc)}</p>")
-        for label, report, why in (("collectives", a.comm, a.comm_unavailable),
-                                   ("sharding", a.sharding, a.sharding_unavailable)):  # fmt: skip
-            line = report.verdict.line() if report is not None else f"not checked: {why}"
-            tag = badge(label, report.verdict if report else None, why)
-            parts.append(f'<p class="verdict">{tag} {html.escape(label)}: {html.escape(line)}</p>')
+        for label, verdict, why in verdicts:
+            line = verdict.line() if verdict is not None else f"not checked: {why}"
+            if label == "collectives" and a.comm is None and verdict is not None:
+                line += f" (ranks compared with each other; the cost model was skipped: {why})"
+            parts.append(
+                f'<p class="verdict">{badge(label, verdict, why)} {html.escape(label)}: {html.escape(line)}</p>'
+            )
         t = a.time_summary()
         if t["step_ms"] is not None:
             exposed = "n/a (no GPU streams)" if t["exposed_ms"] is None else f"{t['exposed_ms']:.1f} ms"
@@ -68,6 +68,9 @@ def render_html(paths: list[Path]) -> tuple[str, int]:
         if a.comm is not None:
             parts.append(_findings_table("collective findings", a.comm.findings))
             parts.append(_table(a.comm.ranks, "per rank: collectives and wire bytes against the model"))
+        elif a.crossrank is not None:
+            parts.append(_findings_table("cross-rank findings", a.crossrank.findings))
+            parts.append(_table(a.crossrank.ranks, "per rank: collectives and wire bytes"))
         if a.sharding is not None:
             parts.append(_figure(figures.retained_by_layer(a.sharding.saved, a.expected_activation_bytes)))
             parts.append(_figure(figures.memory_over_step(a)))

@@ -36,8 +36,11 @@ def test_report_over_runs(profiled, tmp_path, capsys):
     assert page.count("layers.1.mlp.fc1 keeps a full-sequence [256x96]") == 1 and "ranks 0-7" in page
     assert "communication" in page and "of transfer time" in page
     assert "layers.1.mlp.fc1 keeps a full-sequence [256x96]" in page
-    if dlrm.is_dir():  # a foreign run that declares nothing: neither check runs, and it says so
-        assert "param_dlrm_kineto</a>: collectives NOT CHECKED; sharding NOT CHECKED" in text
+    if dlrm.is_dir():
+        # a foreign run that declares nothing: its ranks are compared with each other, and the
+        # sharding check does not run; each says so
+        assert "param_dlrm_kineto</a>: collectives CONSISTENT; sharding NOT CHECKED" in text
+        assert "the cost model was skipped: checking collectives against the cost model needs --scheme" in page
     assert "broken</a>: unusable" in page and "invalid JSON: truncated" in page
     assert not list(out.parent.glob(".*"))
     assert main(["report", str(tmp_path / "missing"), "--html", str(out)]) == 2

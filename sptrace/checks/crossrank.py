@@ -1,0 +1,122 @@
+"""Do the ranks agree with each other? The part of ``analyze`` that needs no model of the job:
+every rank of a process group must issue the same collectives, in the same order, with the same
+sizes (else NCCL hangs or reduces garbage), and the matched collectives show who waits for whom.
+
+Findings:
+- ``mismatched-collective`` (error): a rank issued a different kind or size than the rest of its
+  group at the same place in the group's sequence. One finding per rank and group, at the first
+  place it diverges, with how many of its collectives disagree after it. In the group the trace
+  does not name (``?``), collectives of different groups may share a sequence, so there it is a
+  warning: the trace cannot tell a desync from two groups.
+- ``collective-count`` (warning): ranks of one group issued different numbers of collectives. A
+  profiled window that starts or stops at a different point on some rank does this too, so it
+  does not fail the check.
+- ``unpaired-p2p`` (warning): sends and receives with no partner in the traces.
+- ``straggler`` (info): the rank that arrived last most often, and the largest arrival skew.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sptrace.checks.findings import Finding, Verdict, merge_ranks
+from sptrace.detect.matching import UNKNOWN_GROUP, Matching
+from sptrace.units import human_bytes
+
+
+@dataclass
+class CrossRankReport:
+    ranks: pd.DataFrame
+    """Per rank: collectives issued, wire bytes (where known), and how many disagree with the group."""
+    findings: list[Finding]
+    matched: int
+    """Collective instances matched across ranks."""
+    skipped: str | None = None
+    """Why the cost-model comparison did not run (None when it did, elsewhere)."""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> Verdict:
+        errors = [f for f in self.findings if f.severity == "error"]
+        per_rank = int(self.ranks["collectives"].max()) if len(self.ranks) else 0
+        if not per_rank:
+            return Verdict("undecided", "CANNOT DECIDE", "the trace holds no collective to compare across ranks")
+        reasons = (f"the cost-model comparison was skipped: {self.skipped}",) if self.skipped else ()
+        if errors:
+            summary = f"{len(errors)} findings: ranks disagree on the collectives they issue"
+            return Verdict("fail", "INCONSISTENT", summary, reasons)
+        return Verdict(
+            "pass", "CONSISTENT",
+            f"{per_rank} collectives per rank; {self.matched} matched across ranks agree in kind and size", reasons,
+        )  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = [{k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in r.items()}
+                for r in self.ranks.to_dict(orient="records")]  # fmt: skip
+        return {
+            "verdict": self.verdict.to_dict(), "ranks": rows, "matched": self.matched,
+            "findings": [f.to_dict() for f in self.findings], "notes": self.notes,
+            "cost_model": {"skipped": self.skipped},
+        }  # fmt: skip
+
+
+def _size(v: Any) -> str:
+    return "size unknown" if v is None or pd.isna(v) or v == "?" else human_bytes(float(v))
+
+
+def check_cross_rank(
+    collectives: pd.DataFrame, matching: Matching | None, ranks: list[int], skipped: str | None = None
+) -> CrossRankReport:
+    findings: list[Finding] = []
+    rows = []
+    for rank in ranks:
+        own = collectives[collectives["rank"] == rank] if len(collectives) else collectives
+        rows.append({"rank": rank, "collectives": len(own),
+                     "wire_bytes": float(own["wire_bytes"].dropna().sum()) if len(own) else 0.0,
+                     "unknown_wire": int(own["wire_bytes"].isna().sum()) if len(own) else 0})  # fmt: skip
+    frame = pd.DataFrame(rows, columns=["rank", "collectives", "wire_bytes", "unknown_wire"])
+    if matching is None:
+        return CrossRankReport(frame.assign(disagree=0), [], 0, skipped)
+    bad = matching.disagreements
+    disagree = bad.groupby("rank").size() if len(bad) else pd.Series(dtype=int)
+    frame["disagree"] = frame["rank"].map(disagree).fillna(0).astype(int)
+    for (group, rank), g in bad.sort_values("start_us", kind="stable").groupby(["group", "rank"], sort=True):
+        first = g.iloc[0]
+        where = f"layer {int(first['layer'])} {first['phase']}" if pd.notna(first["layer"]) else str(first["phase"])
+        module = first["module"] if isinstance(first["module"], str) and first["module"] else None
+        known = group != UNKNOWN_GROUP
+        message = (
+            f"group {group}: its collective #{int(first['key'])} ({where}{', ' + module if module else ''}) is "
+            f"{first['kind']} of {_size(first['in_bytes'])} where the group's other ranks issued "
+            f"{first['kind_major']} of {_size(first['size_major'])}"
+            + (f"; {len(g)} of its collectives disagree from there on" if len(g) > 1 else "")
+            + ("" if known else " (the trace names no process group: this may be two groups, not a desync)")
+        )
+        findings.append(Finding("error" if known else "warning", "cross-rank", "mismatched-collective", message,
+                                (int(rank),), None if pd.isna(first["layer"]) else int(first["layer"]), module,
+                                "timeline"))  # fmt: skip
+    for group, g in matching.counts.groupby("group", sort=False):
+        common = int(g["n"].mode().iloc[0])
+        for r in g[g["n"] != common].itertuples():
+            findings.append(Finding("warning", "cross-rank", "collective-count",
+                                    f"group {group}: {int(r.n)} collectives where most of its ranks issued {common}",
+                                    (int(r.rank),), page="collectives"))  # fmt: skip
+    unpaired = [n for n in matching.notes if "found no partner" in n]
+    findings += [Finding("warning", "cross-rank", "unpaired-p2p", n) for n in unpaired]
+    notes = [n for n in matching.notes if "found no partner" not in n and "disagree in kind or size" not in n]
+    m = matching.matched
+    if len(m) and m["arrival_skew_us"].notna().any():
+        worst = m.loc[m["arrival_skew_us"].idxmax()]
+        counts = m["straggler"].value_counts()
+        findings.append(Finding(
+            "info", "cross-rank", "straggler",
+            f"arrived last in {int(counts.iloc[0])} of {len(m)} matched collectives; the largest arrival skew is "
+            f"{worst['arrival_skew_us'] / 1e3:.2f} ms ({worst['kind']} #{worst['key']}, "
+            f"{worst['module'] or 'no module'})",
+            (int(counts.index[0]),), page="timeline",
+        ))  # fmt: skip
+    return CrossRankReport(frame, merge_ranks(findings), len(m), skipped, notes)
