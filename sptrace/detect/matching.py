@@ -5,7 +5,9 @@ Matching key: (group, Seq) when the trace carries NCCL's sequence numbers; else 
 k counts the group's collectives on that rank in issue order. Order alone pairs the wrong events
 when a rank's trace starts late or misses events (sampled or partial traces), so each rank's
 order is first aligned to the reference rank's by the shift that makes the most (kind, bytes)
-pairs agree, and matches whose kind or size disagree are dropped and counted.
+pairs agree, and matches whose kind or size disagree are dropped and counted. Sizes are compared
+only for the kinds whose input every rank sizes alike (``SAME_SIZE_KINDS``): an uneven all-to-all
+and a scatter's or gather's root differ by design.
 
 Clocks: each rank's offset is the median, over its matched collectives, of its completion time
 minus the reference rank's (collectives complete together, when the last rank has arrived).
@@ -62,9 +64,20 @@ def _end_us(frame: pd.DataFrame) -> pd.Series:
     return transfer_end.fillna(cpu_end)
 
 
+SAME_SIZE_KINDS = frozenset({"all_gather", "reduce_scatter", "all_reduce", "broadcast"})
+"""Kinds whose input is the same size on every rank of the group. The others legitimately differ:
+an uneven all-to-all (all_to_all_v) splits by rank, and a scatter's or gather's root holds the
+whole list while the other ranks hold one piece (or nothing)."""
+
+
 def _size_label(values: pd.Series) -> pd.Series:
     """Bytes as text, '?' when unknown (never a number standing in for 'unknown')."""
     return values.map(lambda v: "?" if v is None or pd.isna(v) else str(int(v)))
+
+
+def _comparable_size(frame: pd.DataFrame) -> pd.Series:
+    """The size label where every rank must issue the same size, else '?' (not compared)."""
+    return _size_label(frame["in_bytes"]).where(frame["kind"].isin(SAME_SIZE_KINDS), "?")
 
 
 def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
@@ -79,8 +92,8 @@ def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _best_shift(ref: pd.DataFrame, other: pd.DataFrame) -> int:
     """Shift s so that other's k + s lines up with ref's k, maximising (kind, bytes) agreement."""
-    a = list(zip(ref["kind"], _size_label(ref["in_bytes"])))
-    b = list(zip(other["kind"], _size_label(other["in_bytes"])))
+    a = list(zip(ref["kind"], _comparable_size(ref)))
+    b = list(zip(other["kind"], _comparable_size(other)))
     best, best_score = 0, -1
     for s in range(-min(MAX_SHIFT, len(b)), min(MAX_SHIFT, len(a)) + 1):
         score = sum(1 for i, x in enumerate(b) if 0 <= i + s < len(a) and a[i + s] == x)
@@ -120,7 +133,7 @@ def match_collectives(frame: pd.DataFrame) -> Matching:
         pieces.append(g)
     f = pd.concat(pieces)
     # drop members whose kind, or known size, disagrees with the key's majority
-    f = f.assign(size=_size_label(f["in_bytes"]))
+    f = f.assign(size=_comparable_size(f))
     kind_major = f.groupby(["group", "key"])["kind"].agg(lambda s: s.value_counts().index[0])
     known = f[f["size"] != "?"]
     size_major = known.groupby(["group", "key"])["size"].agg(lambda s: s.value_counts().index[0])

@@ -163,3 +163,17 @@ def test_collectives_cli_never_prints_a_size_it_does_not_know(user_runs, capsys,
     frame = pd.read_csv(StringIO(capsys.readouterr().out))
     assert not (frame[["in_bytes", "out_bytes", "wire_bytes", "group_size"]] == -1).any().any()
     assert frame.loc[frame["kind"] == "all_reduce", "wire_bytes"].isna().all()
+
+
+def test_analyze_without_a_model_finds_correct_models_consistent(user_runs, capsys, tmp_path):
+    # GIVEN correct models, no declared model of the job, and collectives whose size differs by
+    # rank by design: an uneven all-to-all, and scatters whose root holds the whole list
+    for name in ("tp_sp_native", "functional_ulysses", "list_allgather", "p2p_ring", "ffn4h_p4"):
+        code = main(["analyze", str(user_runs / name), "--format", "json", "--cache-dir", str(tmp_path)])
+        report = json.loads(capsys.readouterr().out)
+        # THEN the ranks agree, and the cost model was skipped, saying why
+        assert code == 0 and report["verdict"]["label"] == "CONSISTENT", (name, report["findings"])
+        assert "needs --scheme" in report["cost_model"]["skipped"]
+        if name in ("functional_ulysses", "list_allgather"):
+            # every collective the oracle counted is matched across ranks, the uneven ones included
+            assert report["matched"] == sum(oracle(user_runs, name)["comm_counts"].values()), name
