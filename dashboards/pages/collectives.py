@@ -76,21 +76,25 @@ def render(store: RunStore, view: View) -> Any:
                       "Click a bar to list its collectives.")  # fmt: skip
     if isinstance(a, SptraceError):
         return [head, error_box(str(a))]
-    verdict = a.comm.verdict if a.comm is not None else None
+    # against the cost model; without one, the ranks against each other (sptrace analyze does the same)
+    report = a.comm if a.comm is not None else a.crossrank
+    verdict = a.collectives_verdict
     summary = verdict.line() if verdict else f"not checked against the cost model: {a.comm_unavailable}"
+    if a.comm is None and verdict is not None:
+        summary += f" (ranks compared with each other; the cost model was skipped: {a.comm_unavailable})"
     parts: list[Any] = [
         head,
         dmc.Group([verdict_badge("collectives", verdict, a.comm_unavailable), dmc.Text(summary, size="sm")],
                   mb="sm", className="verdict"),
     ]  # fmt: skip
-    parts += [note_box(n, color="gray") for n in (a.comm.notes if a.comm else [])]
+    parts += [note_box(n, color="gray") for n in (report.notes if report is not None else [])]
     parts.append(dmc.SimpleGrid([
         graph("collectives-wire", figures.wire_by_kind(a.collectives, a.estimate)),
         graph("collectives-layers", figures.wire_by_layer(a.collectives, a.estimate)),
     ], cols={"base": 1, "lg": 2}))  # fmt: skip
-    if a.comm is not None:
-        parts.append(dmc.Title(f"findings ({len(a.comm.findings)})", order=4, mt="md", mb="xs"))
-        parts.append(findings_list(a.comm.findings, view.run, limit=50))
+    if report is not None:
+        parts.append(dmc.Title(f"findings ({len(report.findings)})", order=4, mt="md", mb="xs"))
+        parts.append(findings_list(report.findings, view.run, limit=50))
     parts += [
         dmc.Group([
             dmc.Text("showing every collective", id="collectives-filter", size="sm", fw=600),

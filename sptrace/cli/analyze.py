@@ -13,6 +13,7 @@ import json
 
 from sptrace.analysis import RunAnalysis
 from sptrace.cli.common import add_load_flags, add_shape_flags, analyse
+from sptrace.detect.timing import RankTiming
 from sptrace.errors import UsageError
 from sptrace.units import human_bytes
 
@@ -66,13 +67,9 @@ def render_text(analysis: RunAnalysis, max_findings: int = 30) -> str:
         f"{'step ms':>10}{'comm ms':>10}{'exposed':>9}"
     )
     for r in report.ranks.itertuples():
-        t = timing.get(r.rank)
-        step = "" if t is None or t.step_ms is None else f"{t.step_ms:.1f}"
-        comm = "" if t is None else f"{t.comm_ms:.1f}"
-        exposed = "n/a" if t is None or t.exposed_ms is None else f"{t.exposed_ms:.1f}"
         lines.append(
             f"{r.rank:>4}{r.observed:>13}{r.expected:>10}{human_bytes(r.observed_wire_bytes):>13}"
-            f"{human_bytes(r.expected_wire_bytes):>13}{r.missing:>9}{r.extra:>7}{step:>10}{comm:>10}{exposed:>9}"
+            f"{human_bytes(r.expected_wire_bytes):>13}{r.missing:>9}{r.extra:>7}{_time_cells(timing.get(r.rank))}"
         )
     lines.append("  (comm ms: transfer time, the union of NCCL kernels or gloo worker spans; exposed: not overlapped "
                  "by compute kernels, GPU traces only)")  # fmt: skip
@@ -82,20 +79,32 @@ def render_text(analysis: RunAnalysis, max_findings: int = 30) -> str:
             lines.append("\nlayers whose counts differ from the model (rank, layer, phase: observed / expected):")
             for r in off.head(40).itertuples():
                 lines.append(f"  rank {r.rank}, layer {r.layer}, {r.phase}: {r.observed} / {r.expected}")
-    if report.findings:
-        lines.append(f"\n{len(report.findings)} findings:")
-        for f in report.findings[:max_findings]:
-            lines.append(f"  {f.severity}: {f.text()}")
-        if len(report.findings) > max_findings:
-            lines.append(f"  ... and {len(report.findings) - max_findings} more (--format json lists all)")
-    for note in report.notes:
-        lines.append(f"note: {note}")
+    lines += _findings_and_notes(analysis, report.findings, report.notes, max_findings)
+    lines.append("\n" + report.verdict.line())
+    return "\n".join(lines)
+
+
+def _time_cells(t: RankTiming | None) -> str:
+    """A rank's step, transfer and exposed milliseconds, as the last columns of its row."""
+    step = "" if t is None or t.step_ms is None else f"{t.step_ms:.1f}"
+    comm = "" if t is None else f"{t.comm_ms:.1f}"
+    exposed = "n/a" if t is None or t.exposed_ms is None else f"{t.exposed_ms:.1f}"
+    return f"{step:>10}{comm:>10}{exposed:>9}"
+
+
+def _findings_and_notes(analysis: RunAnalysis, findings: list, notes: list[str], max_findings: int) -> list[str]:
+    lines = []
+    if findings:
+        lines.append(f"\n{len(findings)} findings:")
+        lines += [f"  {f.severity}: {f.text()}" for f in findings[:max_findings]]
+        if len(findings) > max_findings:
+            lines.append(f"  ... and {len(findings) - max_findings} more (--format json lists all)")
+    lines += [f"note: {note}" for note in notes]
     matching = analysis.matching
     if matching is not None and matching.offsets_us:
         spread = max(matching.offsets_us.values()) - min(matching.offsets_us.values())
         lines.append(f"note: clock offsets across ranks span {spread:.0f} us (aligned on matched completions)")
-    lines.append("\n" + report.verdict.line())
-    return "\n".join(lines)
+    return lines
 
 
 def render_cross_rank(analysis: RunAnalysis, max_findings: int = 30) -> str:
@@ -109,25 +118,10 @@ def render_cross_rank(analysis: RunAnalysis, max_findings: int = 30) -> str:
     lines.append(f"\n{'rank':>4}{'collectives':>13}{'wire/step':>13}{'disagree':>10}{'step ms':>10}{'comm ms':>10}"
                  f"{'exposed':>9}")  # fmt: skip
     for r in cross.ranks.itertuples():
-        t = timing.get(r.rank)
-        step = "" if t is None or t.step_ms is None else f"{t.step_ms:.1f}"
-        comm = "" if t is None else f"{t.comm_ms:.1f}"
-        exposed = "n/a" if t is None or t.exposed_ms is None else f"{t.exposed_ms:.1f}"
         wire = human_bytes(r.wire_bytes) + ("+?" if r.unknown_wire else "")
-        lines.append(f"{r.rank:>4}{r.collectives:>13}{wire:>13}{r.disagree:>10}{step:>10}{comm:>10}{exposed:>9}")
+        lines.append(f"{r.rank:>4}{r.collectives:>13}{wire:>13}{r.disagree:>10}{_time_cells(timing.get(r.rank))}")
     lines.append("  (wire +?: some collectives' size or group is not in the trace; disagree: collectives whose kind "
                  "or size differs from the rest of their group's)")  # fmt: skip
-    if cross.findings:
-        lines.append(f"\n{len(cross.findings)} findings:")
-        for f in cross.findings[:max_findings]:
-            lines.append(f"  {f.severity}: {f.text()}")
-        if len(cross.findings) > max_findings:
-            lines.append(f"  ... and {len(cross.findings) - max_findings} more (--format json lists all)")
-    for note in cross.notes:
-        lines.append(f"note: {note}")
-    matching = analysis.matching
-    if matching is not None and matching.offsets_us:
-        spread = max(matching.offsets_us.values()) - min(matching.offsets_us.values())
-        lines.append(f"note: clock offsets across ranks span {spread:.0f} us (aligned on matched completions)")
+    lines += _findings_and_notes(analysis, cross.findings, cross.notes, max_findings)
     lines.append("\n" + cross.verdict.line())
     return "\n".join(lines)

@@ -297,6 +297,9 @@ def test_gpu_page_runs_hta_only_where_there_are_kernels(app, tmp_path):
     # the overview: transfer time from the NCCL kernels, and the part no compute kernel overlaps
     facts = overview.run_facts(gpu_app.sptrace_store.get(0))
     assert facts["comm_ms"] == pytest.approx(0.2, abs=0.05) and facts["exposed_ms"] == pytest.approx(0.1, abs=0.05)
+    # no run.json: the collectives are checked rank against rank, and the page says why no more
+    page = text(Client(gpu_app).page("/collectives")["page"]["children"])
+    assert "CONSISTENT: 4 collectives per rank" in page and "the cost model was skipped" in page
 
 
 def test_debug_mode_only_on_loopback(capsys, tmp_path):
