@@ -119,6 +119,20 @@ class RunAnalysis:
             return self.comm.verdict
         return self.crossrank.verdict if self.crossrank is not None else None
 
+    def wire_bytes_per_rank(self) -> float:
+        """Bytes on the wire in the step, mean over the ranks with collectives (those whose size
+        or group the trace does not record count nothing)."""
+        frame = self.collectives
+        if frame.empty:
+            return 0.0
+        return float(frame["wire_bytes"].dropna().sum()) / max(frame["rank"].nunique(), 1)
+
+    def retained_per_layer(self) -> float | None:
+        """Bytes kept across the forward/backward boundary per layer and rank (mean over the
+        sharding check's layers); None when the check did not run or judged no layer."""
+        layers = self.sharding.layers if self.sharding is not None else None
+        return float(layers["measured_bytes"].mean()) if layers is not None and len(layers) else None
+
     def time_summary(self) -> dict[str, float | None]:
         """Over ranks: the slowest step, mean transfer time, mean exposed communication."""
         steps = [float(t.step_ms) for t in self.timing if t.step_ms is not None]

@@ -51,14 +51,12 @@ def measure_run(path: Path) -> dict[str, Any]:
         total = trace.events["mem_total_allocated"].dropna()
         if len(total):
             peak = max(peak, int(total.max()))
-    frame = a.collectives
-    ranks = max(frame["rank"].nunique(), 1) if not frame.empty else 1
     t = a.time_summary()
     return {
         "run": path.name, "scheme": a.model.label, "seq": a.model.seq,
         "step_ms": t["step_ms"] or 0.0, "comm_ms": t["comm_ms"] or 0.0, "exposed_ms": t["exposed_ms"],
         "peak_GiB": peak / 2**30,
-        "comm_GiB": float(frame["wire_bytes"].dropna().sum()) / ranks / 2**30,
+        "comm_GiB": a.wire_bytes_per_rank() / 2**30,
         "model_comm_GiB": a.estimate.wire_per_step() / 2**30 if a.estimate is not None else None,
     }  # fmt: skip
 

@@ -21,15 +21,12 @@ from sptrace.units import human_bytes
 def run_facts(a: RunAnalysis) -> dict[str, Any]:
     """The card's numbers (None where the run cannot tell)."""
     t = a.time_summary()
-    frame = a.collectives
-    ranks = max(frame["rank"].nunique(), 1) if len(frame) else 1
-    layers = a.sharding.layers if a.sharding is not None else None
     return {
         "step_ms": t["step_ms"], "comm_ms": t["comm_ms"], "comm_share": t["comm_share"],
         "exposed_ms": t["exposed_ms"],
-        "wire_bytes": float(frame["wire_bytes"].dropna().sum()) / ranks if len(frame) else 0.0,
+        "wire_bytes": a.wire_bytes_per_rank(),
         "model_wire_bytes": a.estimate.wire_per_step() if a.estimate is not None else None,
-        "retained_per_layer": float(layers["measured_bytes"].mean()) if layers is not None and len(layers) else None,
+        "retained_per_layer": a.retained_per_layer(),
         "korthikanti_per_layer": a.expected_activation_bytes,
     }  # fmt: skip
 

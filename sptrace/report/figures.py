@@ -448,12 +448,8 @@ def compare_runs(analyses: list[Any]) -> go.Figure:
         1,
         1,
     )
-    wire = []
-    model = []
-    for a in analyses:
-        ranks = max(a.collectives["rank"].nunique(), 1) if len(a.collectives) else 1
-        wire.append(float(a.collectives["wire_bytes"].dropna().sum()) / ranks / MiB if len(a.collectives) else 0.0)
-        model.append(a.estimate.wire_per_step() / MiB if a.estimate is not None else None)
+    wire = [a.wire_bytes_per_rank() / MiB for a in analyses]
+    model = [a.estimate.wire_per_step() / MiB if a.estimate is not None else None for a in analyses]
     fig.add_trace(
         go.Bar(
             x=names,
@@ -478,10 +474,7 @@ def compare_runs(analyses: list[Any]) -> go.Figure:
         1,
         2,
     )
-    kept = []
-    for a in analyses:
-        layers = a.sharding.layers if a.sharding is not None else pd.DataFrame()
-        kept.append(float(layers["measured_bytes"].mean()) / 2**10 if len(layers) else None)
+    kept = [None if a.retained_per_layer() is None else a.retained_per_layer() / 2**10 for a in analyses]
     fig.add_trace(
         go.Bar(
             x=names,
