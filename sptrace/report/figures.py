@@ -345,23 +345,6 @@ def retained_by_layer(saved: pd.DataFrame, expected_bytes: float | None = None) 
     return fig
 
 
-def saved_by_layer(saved: pd.DataFrame) -> go.Figure:
-    """Bytes kept for backward per layer (mean over ranks), stacked by sharding class."""
-    if saved.empty:
-        return _empty("retained per layer")
-    s = saved.assign(layer=saved["layer"].fillna(-1).astype(int))
-    ranks = max(s["rank"].nunique(), 1)
-    fig = _figure("activations kept for backward, per rank", barmode="stack", yaxis_title="KiB")
-    for cls, color in CLASS_COLORS.items():
-        part = s[s["class"] == cls]
-        if part.empty:
-            continue
-        per_layer = part.groupby("layer")["storage_bytes"].sum() / ranks
-        labels = ["outside layers" if i < 0 else f"layer {i}" for i in per_layer.index]
-        fig.add_trace(go.Bar(x=labels, y=per_layer.values / 2**10, name=cls, marker_color=color))
-    return fig
-
-
 def _min_max_thin(frame: pd.DataFrame, x: str, y: str, max_points: int) -> pd.DataFrame:
     """At most about ``max_points`` rows of a time series, keeping the lowest and highest value
     of each of ``max_points / 2`` time bins (so every peak stays on the plot). Written here:
