@@ -209,6 +209,8 @@ def decode_trace(path: Path) -> tuple[dict[str, Any], pa.Table]:
         pass  # unexpected types somewhere: the tolerant path below says what is wrong, if anything
     except msgspec.DecodeError as exc:  # (ValidationError is a DecodeError: order matters)
         raise TraceError(path, f"invalid JSON: {_json_problem(exc, len(data))}") from None
+    except UnicodeDecodeError:  # msgspec checks UTF-8 only in what it decodes, not in Raw values
+        raise TraceError(path, "invalid JSON: a string is not valid UTF-8") from None
     return _decode_tolerant(path, read_bytes(path))  # the fast path may have released the bytes
 
 
