@@ -1,16 +1,18 @@
 """Scale: how sptrace's time and memory grow with the ranks of a run, next to HTA's.
 
-    python benchmarks/bench_scale.py [--ranks 8,64,256] [--source RUN] [--hta] [--timeout 900]
+    python benchmarks/bench_scale.py [--ranks 8,64,256,1024] [--source RUN] [--hta] [--no-dask] [--timeout 900]
 
-1. Synthesizes N-rank runs from a real W-rank run (N a multiple of W): copy c of rank r becomes
-   rank c*W + r; its ``distributedInfo`` gets the new rank and world size, and every process
-   group named in the trace (``Process Group Ranks``, ``pg_config``) moves to the copy's ranks
-   under a name of its own, so an N-rank run is N/W jobs' worth of groups, as a large job's TP or
-   SP groups are. Timestamps are kept: the copies ran at the same time.
+1. Synthesizes N-rank runs from a real W-rank run (N a multiple of W) with
+   ``sptrace.load.replicate.replicate_run``: copy c of rank r becomes rank c*W + r, with its own
+   process groups, so an N-rank run is N/W jobs' worth of groups, as a large job's TP or SP
+   groups are.
 2. For each N, in a fresh process (imports included), with no cache: ``sptrace collectives RUN
-   --format json`` (load, detect, fill from peers) and ``sptrace analyze RUN`` (that, plus
-   matching, timing, the cross-rank check). Wall time, CPU time of the whole process tree, and its
-   peak RSS, summed over the processes alive at once and sampled every 20 ms (psutil).
+   --format json`` (the per-rank map: load, detect; then fill from peers) and ``sptrace analyze
+   RUN`` (that, plus the reduce: matching, timing, the cross-rank check), with the local executor
+   (its default worker processes), and ``sptrace analyze`` again with ``--executor dask`` (a
+   LocalCluster of one worker per core, its start-up included). Wall time, CPU time of the whole
+   process tree, and its peak RSS, summed over the processes alive at once and sampled every
+   20 ms (psutil).
 3. With ``--hta``: HolisticTraceAnalysis's ``TraceAnalysis(trace_dir=RUN)`` on the same run, in
    the same way, where it finishes within ``--timeout``.
 
@@ -24,8 +26,6 @@ Source: DLRM on 8 GPUs (NCCL, about 0.9 MB a rank) from a corpus of real traces 
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import os
 import resource
 import shutil
@@ -34,6 +34,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from sptrace.load.replicate import replicate_run
 
 HERE = Path(__file__).resolve().parent
 CORPUS = Path(os.environ.get("SPTRACE_CORPUS") or HERE.parent.parent / "shared/corpus")
@@ -50,66 +52,6 @@ def source_run(scratch: Path, given: Path | None) -> Path:
     cmd = [sys.executable, "-m", "sptrace", "profile", "--scheme", "megatron", "--out", str(out), "--warmup", "1"]
     print("no corpus: profiling an 8-rank source run:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return out
-
-
-def _read(path: Path) -> dict:
-    import msgspec
-
-    raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
-    return msgspec.json.decode(raw)
-
-
-def _move_groups(value, offset: int, copy: int):
-    """Every process group of the trace, moved to copy ``copy``'s ranks under its own name."""
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            if k in ("Process Group Ranks", "ranks") and isinstance(v, (str, list)):
-                ranks = json.loads(v) if isinstance(v, str) else v
-                if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks):
-                    moved = [r + offset for r in ranks]
-                    out[k] = json.dumps(moved) if isinstance(v, str) else moved
-                    continue
-            if k in ("Process Group Name", "pg_name") and isinstance(v, str):
-                out[k] = f"{v}:{copy}" if copy else v
-                continue
-            out[k] = _move_groups(v, offset, copy)
-        return out
-    if isinstance(value, list):
-        return [_move_groups(v, offset, copy) for v in value]
-    return value
-
-
-def synthesize(source: Path, n: int, out: Path) -> Path:
-    """An n-rank run in ``out`` from the source run's W rank traces."""
-    from sptrace.load.trace import find_traces
-
-    files, _ = find_traces(source)
-    traces = {}
-    for f in files:
-        t = _read(f)
-        info = t.get("distributedInfo") or {}
-        traces[int(info["rank"])] = t
-    world = len(traces)
-    if n % world:
-        raise SystemExit(f"bench_scale: {n} ranks is not a multiple of the source's {world}")
-    out.mkdir(parents=True)
-    if (source / "run.json").is_file():  # the declared model: the same job, n/world times over
-        shutil.copy(source / "run.json", out / "run.json")
-    for copy in range(n // world):
-        offset = copy * world
-        for rank, trace in traces.items():
-            t = dict(trace)
-            t["distributedInfo"] = _move_groups({**trace["distributedInfo"], "rank": rank + offset, "world_size": n},
-                                                offset, copy)  # fmt: skip
-            if copy:
-                t["traceEvents"] = [
-                    {**e, "args": _move_groups(e["args"], offset, copy)} if "args" in e else e
-                    for e in trace["traceEvents"]
-                ]
-            # stdlib separators (", ", ": "): HTA finds the rank by a text search that expects them
-            (out / f"rank{rank + offset}.json").write_text(json.dumps(t))
     return out
 
 
@@ -151,9 +93,10 @@ def measure(cmd: list[str], timeout: float) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", default="8,64,256", help="run sizes, multiples of the source's ranks")
+    ap.add_argument("--ranks", default="8,64,256,1024", help="run sizes, multiples of the source's ranks")
     ap.add_argument("--source", type=Path, help="a run to replicate (default: DLRM from the corpus)")
     ap.add_argument("--hta", action="store_true", help="also run HTA's TraceAnalysis on each run")
+    ap.add_argument("--no-dask", action="store_true", help="leave out the Dask executor's column")
     ap.add_argument("--timeout", type=float, default=900, help="seconds before a run is given up")
     ap.add_argument("--keep", type=Path, help="write the synthetic runs here and keep them")
     args = ap.parse_args()
@@ -167,12 +110,14 @@ def main() -> int:
         source = source_run(scratch, args.source)
         print(f"source: {source} ({os.cpu_count()} cores)")
         for n in sizes:
-            run = synthesize(source, n, (args.keep or scratch) / f"ranks{n}")
+            run = replicate_run(source, n, (args.keep or scratch) / f"ranks{n}")
             mb = sum(f.stat().st_size for f in run.glob("rank*.json")) / 2**20
             tools = {
                 "sptrace collectives": [py, "-m", "sptrace", "collectives", str(run), "--no-cache", "--format", "json"],
                 "sptrace analyze": [py, "-m", "sptrace", "analyze", str(run), "--no-cache", "--format", "json"],
             }
+            if not args.no_dask:
+                tools["sptrace analyze (dask)"] = [*tools["sptrace analyze"], "--executor", "dask"]
             if args.hta:
                 tools["HTA TraceAnalysis"] = [py, "-c", hta, str(run)]
             for tool, cmd in tools.items():

@@ -9,7 +9,6 @@ naming the flag to pass, instead of running on a guess.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -18,7 +17,6 @@ from typing import Any
 
 import pandas as pd
 
-from sptrace import markers
 from sptrace.checks.comm import CommReport, check_collectives
 from sptrace.checks.crossrank import CrossRankReport, check_cross_rank
 from sptrace.checks.findings import Finding, Verdict
@@ -26,16 +24,16 @@ from sptrace.checks.sharding import NEEDS as SHARDING_NEEDS
 from sptrace.checks.sharding import ShardingReport, check_sharding
 from sptrace.costmodel import CommEstimate, activation_bytes_per_layer, estimate_comm
 from sptrace.costmodel.comm import NEEDS as COMM_NEEDS
-from sptrace.detect.allocations import Retention, detect_retained
-from sptrace.detect.collectives import COLUMNS, RankIndex, detect_collectives, fill_from_peers
+from sptrace.detect.allocations import Retention
+from sptrace.detect.collectives import COLUMNS, fill_from_peers
 from sptrace.detect.matching import Matching, match_collectives
-from sptrace.detect.timing import RankTiming, detect_compute, detect_timing
+from sptrace.detect.timing import RankTiming
 from sptrace.errors import SptraceError, UsageError
-from sptrace.load.trace import RunTrace, load_run
+from sptrace.load.trace import RunTrace, files_of, read_run_info
+from sptrace.rankmap import COMPUTE_COLUMNS, MEMORY_COLUMNS, PHASE_COLUMNS, MapSpec, RankResult, map_run, summarize
 from sptrace.shape import ModelShape
 
 PARTS = ("collectives", "sharding")
-COMPUTE_COLUMNS = ["rank", "start_us", "dur_us"]
 """What analyse_run can compute: collectives (with matching, timing and the cost-model check) and
 the sharding check."""
 
@@ -67,6 +65,8 @@ class RunAnalysis:
     crossrank: CrossRankReport | None = None
     """Whether the ranks agree with each other (needs no model of the job): always computed with
     the collectives; ``analyze`` renders it when the cost-model comparison cannot run."""
+    peak_allocated: dict[int, int] = field(default_factory=dict)
+    """Per rank, the largest allocated memory a [memory] event recorded (bytes)."""
 
     def step_start_us(self, rank: int) -> float:
         """Where a rank's step starts: its first phase (ProfilerStep or sptrace.phase), else its
@@ -146,13 +146,17 @@ class RunAnalysis:
         }
 
 
-def resolve_model(run: RunTrace, flags: Mapping[str, Any] | None = None) -> ModelShape:
-    """run.json's declared config, overridden by flags; P and L read off the trace when it leaves
-    one answer (the run's only process group; the layers that ran), saying so in provenance."""
-    declared = (run.run_info or {}).get("config") if isinstance(run.run_info, dict) else None
+def declared_model(run_info: dict[str, Any] | None, flags: Mapping[str, Any] | None = None) -> ModelShape:
+    """run.json's declared config, overridden by flags (what is known before any trace is read)."""
+    declared = run_info.get("config") if isinstance(run_info, dict) else None
     model = ModelShape.from_mapping(declared if isinstance(declared, dict) else None, "run.json")
-    if flags:
-        model = model.override("flags", **dict(flags))
+    return model.override("flags", **dict(flags)) if flags else model
+
+
+def resolve_model(run: RunTrace, flags: Mapping[str, Any] | None = None) -> ModelShape:
+    """run.json's declared config, overridden by flags; P read off the trace when it leaves
+    one answer (the run's only process group), saying so in provenance."""
+    model = declared_model(run.run_info, flags)
     if model.sp_size is None:
         groups = {(g.get("pg_name"), g.get("pg_size")) for t in run for g in t.process_groups if isinstance(g, dict)}
         if len(groups) == 1:
@@ -173,28 +177,50 @@ def analyse_run(
     load_options: Mapping[str, Any] | None = None,
 ) -> RunAnalysis:
     """Analyse one run (a folder, a trace file, or a loaded RunTrace). ``flags``: ModelShape
-    fields the user passed; ``parts``: which of collectives / sharding to compute."""
+    fields the user passed; ``parts``: which of collectives / sharding to compute;
+    ``load_options``: cache, cache_dir, skip_bad and executor (sptrace.executors.Executor).
+
+    A map over ranks (sptrace.rankmap: each rank summarized where it is parsed, on the
+    executor's workers) and a reduce over the summaries, here: matching, timing, the cost-model
+    and cross-rank checks, the sharding check."""
+    options = dict(load_options or {})
     if isinstance(source, RunTrace):
         run, path = source, source.root
-        seen = list(run.warnings)
+        spec = MapSpec(parts, declared_model(run.run_info, flags).dtype_bytes, single_file=len(run) == 1)
+        results = {t.rank: summarize(t, spec) for t in run}
     else:
         path = Path(source)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            run = load_run(path, **dict(load_options or {}))
-        seen = [str(w.message) for w in caught]
+        notes: list[str] = []
+        root, _, _ = files_of(path)
+        run_info = read_run_info(root, notes)
+        spec = MapSpec(
+            parts, declared_model(run_info, flags).dtype_bytes, options.get("cache", True),
+            Path(options["cache_dir"]) if options.get("cache_dir") else None,
+        )  # fmt: skip
+        run, results = map_run(
+            path, spec, run_info=run_info, skip_bad=options.get("skip_bad", False), executor=options.get("executor")
+        )
+        run.warnings[:0] = notes
+    return reduce_run(run, path, results, flags=flags, allow=allow, strict=strict, k=k, parts=parts)
+
+
+def reduce_run(
+    run: RunTrace,
+    path: Path | None,
+    results: Mapping[int, RankResult],
+    *,
+    flags: Mapping[str, Any] | None = None,
+    allow: tuple[str, ...] = (),
+    strict: bool = False,
+    k: int = 2,
+    parts: tuple[str, ...] = PARTS,
+) -> RunAnalysis:
+    """The cross-rank reduce over the ranks' summaries (sptrace.rankmap.RankResult)."""
     model = resolve_model(run, flags)
-    indexes = {t.rank: RankIndex(t) for t in run}
-    frames = []
-    timing = []
-    compute = []
-    if "collectives" in parts:
-        for trace in run:
-            frame = detect_collectives(trace, indexes[trace.rank])
-            frames.append(frame)
-            timing.append(detect_timing(trace, frame, indexes[trace.rank]))
-            compute.append(detect_compute(trace, indexes[trace.rank]))
-    frames = [f for f in frames if not f.empty]
+    ranked = [results[r] for r in sorted(results)]
+    frames = [r.collectives for r in ranked if r.collectives is not None and not r.collectives.empty]
+    timing = [r.timing for r in ranked if r.timing is not None]
+    compute = [r.compute for r in ranked if r.compute is not None]
     collectives = fill_from_peers(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame(columns=COLUMNS)
     if model.layers is None:
         layers = set(collectives["layer"].dropna().astype(int)) if len(collectives) else set()
@@ -234,20 +260,26 @@ def analyse_run(
         if sharding_unavailable is None and model.seq % model.sp_size:
             sharding_unavailable = f"seq {model.seq} is not divisible by the sequence-parallel size {model.sp_size}"
         if sharding_unavailable is None:
-            retained = tuple(detect_retained(t, element_size=model.dtype_bytes, index=indexes[t.rank]) for t in run)
+            retained = tuple(r.retained for r in ranked if r.retained is not None)
             sharding = check_sharding(
                 list(retained), model, allow=allow, strict=strict, expected_per_layer=expected_act
             )
             if run.missing_ranks:
                 sharding.notes.append(f"ranks without a trace, not checked: {run.missing_ranks}")
     return RunAnalysis(
-        path=path, run=run, model=model, warnings=tuple(seen), collectives=collectives, matching=matching,
+        path=path, run=run, model=model, warnings=tuple(run.warnings), collectives=collectives, matching=matching,
         timing=tuple(timing), estimate=estimate, comm=comm, comm_unavailable=comm_unavailable, retained=retained,
         sharding=sharding, sharding_unavailable=sharding_unavailable, expected_activation_bytes=expected_act,
-        phases=_phases(run), memory=_memory_series(run),
-        compute=pd.concat(compute, ignore_index=True) if compute else pd.DataFrame(columns=COMPUTE_COLUMNS),
-        crossrank=crossrank,
+        phases=_concat([r.phases for r in ranked if r.phases is not None], PHASE_COLUMNS),
+        memory=_concat([r.memory for r in ranked if r.memory is not None], MEMORY_COLUMNS),
+        compute=_concat(compute, COMPUTE_COLUMNS), crossrank=crossrank,
+        peak_allocated={r.trace.rank: r.peak_allocated for r in ranked if r.peak_allocated is not None},
     )  # fmt: skip
+
+
+def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
 def try_analyse(source: Path | str, **options: Any) -> RunAnalysis | SptraceError:
@@ -256,39 +288,3 @@ def try_analyse(source: Path | str, **options: Any) -> RunAnalysis | SptraceErro
         return analyse_run(source, **options)
     except SptraceError as exc:
         return exc
-
-
-def _phases(run: RunTrace) -> pd.DataFrame:
-    """Each rank's phase ranges (sptrace.phase markers, else its ProfilerStep), in us."""
-    rows = []
-    for trace in run:
-        ev = trace.events
-        names = ev["name"].astype(str)
-        marked = ev[names.str.startswith(markers.PHASE) & (ev["ph"].astype(str) == "X")]
-        if marked.empty:
-            marked = ev[names.str.startswith("ProfilerStep#")]
-        for name, ts, dur in zip(marked["name"].astype(str), marked["ts_ns"], marked["dur_ns"].fillna(0)):
-            phase = name[len(markers.PHASE) :] if name.startswith(markers.PHASE) else "step"
-            rows.append({"rank": trace.rank, "phase": phase, "start_us": ts / 1e3, "dur_us": dur / 1e3})
-    return pd.DataFrame(rows, columns=["rank", "phase", "start_us", "dur_us"])
-
-
-def _memory_series(run: RunTrace, max_points: int = 1500) -> pd.DataFrame:
-    """Allocated bytes over the step per rank, from [memory] events' Total Allocated (at most
-    ``max_points`` per rank: the page needs the shape, not every event)."""
-    frames = []
-    for trace in run:
-        ev = trace.events
-        mem = ev[(ev["name"].astype(str) == "[memory]") & ev["mem_total_allocated"].notna()]
-        if mem.empty:
-            continue
-        mem = mem.sort_values("ts_ns", kind="stable")
-        step = max(len(mem) // max_points, 1)
-        part = mem.iloc[::step]
-        frames.append(pd.DataFrame({
-            "rank": trace.rank, "ts_us": part["ts_ns"].astype("int64") / 1e3,
-            "allocated_bytes": part["mem_total_allocated"].astype("int64"),
-        }))  # fmt: skip
-    return (
-        pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["rank", "ts_us", "allocated_bytes"])
-    )

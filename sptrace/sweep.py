@@ -46,11 +46,7 @@ def measure_run(path: Path) -> dict[str, Any]:
     from sptrace.analysis import analyse_run
 
     a = analyse_run(path, parts=("collectives",))
-    peak = 0
-    for trace in a.run:
-        total = trace.events["mem_total_allocated"].dropna()
-        if len(total):
-            peak = max(peak, int(total.max()))
+    peak = max(a.peak_allocated.values(), default=0)
     t = a.time_summary()
     return {
         "run": path.name, "scheme": a.model.label, "seq": a.model.seq,

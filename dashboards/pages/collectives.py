@@ -104,9 +104,24 @@ def render(store: RunStore, view: View) -> Any:
     ]  # fmt: skip
     matched = matched_rows(a)
     if len(matched):
+        parts += skew_section(a, "collectives")
         parts.append(graph("collectives-bandwidth", figures.bandwidth_vs_size(a.matching.matched)))
         parts.append(grid(matched, "matched-grid", "matched across ranks: skew, straggler, bandwidth"))
     return parts
+
+
+def skew_section(a: RunAnalysis, page: str, k: int = 10) -> list[Any]:
+    """Who kept the others waiting: the collectives x ranks heatmap of arrival skew and the top-k
+    stragglers (one figure and one short table at any rank count, never a lane per rank)."""
+    from sptrace.detect.matching import top_stragglers
+
+    if a.matching is None or a.matching.matched.empty:
+        return []
+    return [
+        dmc.Title("arrival skew across ranks", order=4, mt="lg", mb="xs"),
+        graph(f"{page}-skew", figures.skew_heatmap(a)),
+        grid(top_stragglers(a.matching, k), f"{page}-stragglers", f"top {k} stragglers: the wait each caused"),
+    ]
 
 
 def register(app: Any, store: RunStore) -> None:

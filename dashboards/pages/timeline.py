@@ -23,6 +23,33 @@ def layer_options(a: Any) -> list[dict[str, str]]:
     return [{"label": "all layers", "value": "all"}] + [{"label": f"layer {i}", "value": str(i)} for i in layers]
 
 
+MAX_LANES = 32
+"""Past this many ranks the Timeline shows one group of ranks at a time, never a lane per rank."""
+
+
+def rank_groups(ranks: list[int], size: int = MAX_LANES) -> list[list[int]]:
+    """The run's ranks in consecutive groups of ``size`` (node-sized blocks: 8-GPU nodes fit whole)."""
+    return [ranks[i : i + size] for i in range(0, len(ranks), size)]
+
+
+def chosen_group(a: Any, view: View) -> tuple[list[list[int]], int | None]:
+    """(the rank groups, the one to show): ``ranks=<first rank>`` in the URL, else the group of
+    the rank that caused the most waiting. None when every rank fits in one view."""
+    ranks = sorted(a.run.ranks)
+    if len(ranks) <= MAX_LANES:
+        return [ranks], None
+    groups = rank_groups(ranks)
+    wanted = view.params.get("ranks")
+    first = int(wanted) if wanted and wanted.isdigit() else None
+    if first is None and a.matching is not None:
+        from sptrace.detect.matching import top_stragglers
+
+        top = top_stragglers(a.matching, 1)
+        first = int(top["rank"].iloc[0]) if len(top) else None
+    index = next((i for i, g in enumerate(groups) if first in g), 0)
+    return groups, index
+
+
 def zoom(view: View) -> tuple[int | None, str | None]:
     layer = view.params.get("layer")
     phase = view.params.get("phase")
@@ -45,6 +72,15 @@ def render(store: RunStore, view: View) -> Any:
                              + [{"label": p, "value": p} for p in PHASES if p in present]),
         verdict_badge("collectives", a.collectives_verdict, a.comm_unavailable),
     ], align="flex-end", gap="lg", mb="sm")  # fmt: skip
+    groups, index = chosen_group(a, view)
+    if index is not None:  # many ranks: one group of lanes at a time
+        from sptrace.units import rank_ranges
+
+        controls.children.insert(0, dmc.Select(
+            id="timeline-ranks", data=[{"label": f"ranks {rank_ranges(g)}", "value": str(g[0])} for g in groups],
+            value=str(groups[index][0]), allowDeselect=False, searchable=True, w=170, size="sm",
+            label=f"rank group ({len(groups)} of {MAX_LANES})",
+        ))  # fmt: skip
     t = a.time_summary()
     facts = []
     if t["step_ms"] is not None:
@@ -53,13 +89,34 @@ def render(store: RunStore, view: View) -> Any:
         facts.append(f"{t['comm_ms']:.1f} ms of transfer per rank")
     facts.append(f"{len(a.collectives)} collectives on {a.collectives['rank'].nunique() if len(a.collectives) else 0} "
                  "ranks")  # fmt: skip
-    return [
+    shown = groups[index] if index is not None else None
+    parts = [
         head, controls, dmc.Text(" · ".join(facts), size="sm", c="dimmed"),
-        graph("timeline-graph", figures.timeline(a, layer=layer, phase=None if layer is not None else phase)),
+        graph("timeline-graph", figures.timeline(a, layer=layer, phase=None if layer is not None else phase,
+                                                 ranks=shown, max_lanes=MAX_LANES)),
     ]  # fmt: skip
+    if index is not None:  # the whole run at a glance: who arrived late, at which collective
+        from sptrace.dashboards.pages.collectives import skew_section
+
+        parts += skew_section(a, "timeline")
+    return parts
 
 
 def register(app: Any, store: RunStore) -> None:
+    @app.callback(
+        Output("url", "search", allow_duplicate=True),
+        Input("timeline-ranks", "value"),
+        State("url", "search"),
+        prevent_initial_call=True,
+    )
+    def _ranks(first: str | None, search: str | None) -> Any:
+        """The rank group is part of the URL, as a zoom is."""
+        query = {k: v[-1] for k, v in parse_qs((search or "").lstrip("?")).items()}
+        if first is None or query.get("ranks") == first:
+            return no_update
+        query["ranks"] = first
+        return "?" + urlencode(query)
+
     @app.callback(
         Output("url", "search", allow_duplicate=True),
         Input("timeline-layer", "value"),

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from sptrace.analysis import RunAnalysis
 from sptrace.cli.common import add_load_flags, add_shape_flags, analyse
-from sptrace.detect.timing import RankTiming
 from sptrace.errors import UsageError
 from sptrace.units import human_bytes
+
+if TYPE_CHECKING:  # the analysis (pandas) is imported when a command runs, not to parse flags
+    from sptrace.analysis import RunAnalysis
+    from sptrace.detect.timing import RankTiming
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

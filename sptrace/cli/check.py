@@ -7,12 +7,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sptrace.analysis import RunAnalysis
-from sptrace.checks.sharding import ShardingReport, render_junit
 from sptrace.cli.common import add_load_flags, add_shape_flags, analyse, log
 from sptrace.errors import UsageError
 from sptrace.units import human_bytes
+
+if TYPE_CHECKING:  # the analysis (pandas) is imported when a command runs, not to parse flags
+    from sptrace.analysis import RunAnalysis
+    from sptrace.checks.sharding import ShardingReport
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -39,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         text = json.dumps(report.to_dict(), indent=1, default=str) + "\n"
     elif args.format == "junit":
+        from sptrace.checks.sharding import render_junit
+
         text = render_junit(report)
     else:
         text = render_text(analysis, report)

@@ -7,7 +7,7 @@ import json
 import math
 import sys
 
-from sptrace.cli.common import add_load_flags, load_quietly, missing, size_text
+from sptrace.cli.common import add_load_flags, map_quietly, missing, size_text
 from sptrace.units import human_bytes
 
 
@@ -20,20 +20,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sptrace.detect import COLUMNS, detect_collectives
-    from sptrace.detect.collectives import RankIndex, fill_from_peers
-    from sptrace.detect.timing import detect_timing
-
-    run_ = load_quietly(args)
-    frames, timing = [], []
-    for trace in run_:
-        index = RankIndex(trace)
-        frame = detect_collectives(trace, index)
-        frames.append(frame)
-        timing.append(detect_timing(trace, frame, index))
     import pandas as pd
 
-    nonempty = [f for f in frames if not f.empty]
+    from sptrace.detect import COLUMNS
+    from sptrace.detect.collectives import fill_from_peers
+
+    _, results = map_quietly(args, ("collectives",))
+    ranked = [results[r] for r in sorted(results)]
+    timing = [r.timing for r in ranked]
+    nonempty = [r.collectives for r in ranked if not r.collectives.empty]
     frame = fill_from_peers(pd.concat(nonempty, ignore_index=True)) if nonempty else pd.DataFrame(columns=COLUMNS)
     if args.format == "csv":
         sys.stdout.write(frame.to_csv(index=False))

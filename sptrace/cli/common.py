@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import warnings
+from pathlib import Path
 from typing import Any
 
 from sptrace.dtypes import ACTIVATION_DTYPES
 from sptrace.errors import UsageError
+from sptrace.executors import EXECUTORS
 from sptrace.shape import RECOMPUTE, SCHEME_CHOICES
 
 
@@ -58,25 +59,39 @@ def add_load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="parse the traces again; do not read or write the cache")
     p.add_argument("--cache-dir", help="where parsed tables are cached (default: $XDG_CACHE_HOME/sptrace)")
     p.add_argument("--skip-bad", action="store_true", help="warn about unusable rank files and analyse the rest")
-    p.add_argument(
-        "--workers", type=int, help="processes that parse ranks in parallel (default: one per core for large runs)"
+    g = p.add_argument_group("where ranks are parsed (each rank summarized where it is parsed)")
+    g.add_argument(
+        "--workers", type=int, help="worker processes (default: one per core for runs over 32 MB, else this process)"
     )
+    g.add_argument(
+        "--executor", choices=EXECUTORS, default="local",
+        help="local processes, or dask (dask.distributed; pip install 'sptrace[dask]')",
+    )  # fmt: skip
+    g.add_argument(
+        "--scheduler", metavar="tcp://HOST:PORT",
+        help="a running Dask scheduler whose workers see the traces' filesystem (default with --executor dask: "
+        "a LocalCluster of --workers processes)",
+    )  # fmt: skip
 
 
 def load_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"cache": not args.no_cache, "skip_bad": args.skip_bad, "cache_dir": args.cache_dir, "workers": args.workers}
+    from sptrace.executors import Executor
+
+    executor = Executor(args.executor, args.workers, args.scheduler)
+    return {"cache": not args.no_cache, "skip_bad": args.skip_bad, "cache_dir": args.cache_dir, "executor": executor}
 
 
-def load_quietly(args: argparse.Namespace):
-    """load_run with the CLI's flags; its warnings go to stderr, one line each."""
-    from sptrace.load import load_run
+def map_quietly(args: argparse.Namespace, parts: tuple[str, ...]):
+    """sptrace.rankmap.map_run with the CLI's flags: (run, per-rank results); its warnings go to
+    stderr, one line each."""
+    from sptrace.rankmap import MapSpec, map_run
 
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        run = load_run(args.path, **load_options(args))
-    for w in seen:
-        log(f"warning: {w.message}")
-    return run
+    options = load_options(args)
+    spec = MapSpec(parts, cache=options["cache"], cache_dir=options["cache_dir"] and Path(options["cache_dir"]))
+    run, results = map_run(args.path, spec, skip_bad=options["skip_bad"], executor=options["executor"])
+    for w in run.warnings:
+        log(f"warning: {w}")
+    return run, results
 
 
 def analyse(args: argparse.Namespace, **options: Any):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import warnings
+from pathlib import Path
 
 from sptrace.cli.common import add_load_flags, load_options
 
@@ -18,11 +18,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sptrace.load import describe, load_run
+    from sptrace.load import describe
+    from sptrace.rankmap import MapSpec, map_run
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # shown in the report instead
-        run_ = load_run(args.path, **load_options(args))
-    info = describe.describe_run(run_)
+    options = load_options(args)
+    spec = MapSpec((), cache=options["cache"], cache_dir=options["cache_dir"] and Path(options["cache_dir"]))
+    run_, results = map_run(args.path, spec, skip_bad=options["skip_bad"], executor=options["executor"])
+    info = describe.describe_run(run_, {rank: r.description for rank, r in results.items()})
     print(json.dumps(info, indent=2) if args.format == "json" else describe.render_text(info))
     return 0

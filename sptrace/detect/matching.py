@@ -38,8 +38,9 @@ class Matching:
     """key, group, kind, ranks, bytes, arrival skew, straggler, wait and transfer times, bandwidth."""
     offsets_us: dict[int, float]
     """Per rank: its clock minus the reference rank's (subtract to align)."""
-    members: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["rank", "group", "key", "start_us"]))
-    """Which rank's collective (by its issue time) belongs to which matched one."""
+    members: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MEMBER_COLUMNS))
+    """Which rank's collective (by its issue time) belongs to which matched one, and how long after
+    the first rank of its group it arrived (``skew_us``, on aligned clocks)."""
     unmatched: int = 0
     """Collectives that found no partner with the same kind and size."""
     notes: list[str] = field(default_factory=list)
@@ -50,6 +51,7 @@ class Matching:
     """How many collectives (not point-to-point) each rank issued in each group."""
 
 
+MEMBER_COLUMNS = ["rank", "group", "key", "start_us", "skew_us"]
 DISAGREEMENT_COLUMNS = ["rank", "group", "key", "kind", "in_bytes", "kind_major", "size_major", "start_us", "phase",
                         "layer", "module"]  # fmt: skip
 
@@ -190,7 +192,8 @@ def match_collectives(frame: pd.DataFrame) -> Matching:
         })  # fmt: skip
     rows += p2p_rows
     matched = pd.DataFrame(rows, columns=cols).sort_values("start_us", kind="stable").reset_index(drop=True)
-    members = f[["rank", "group", "key", "start_us"]].reset_index(drop=True)
+    f = f.assign(skew_us=f["start_al"] - f.groupby(["group", "key"])["start_al"].transform("min"))
+    members = f[MEMBER_COLUMNS].reset_index(drop=True)
     if p2p_members:
         members = pd.concat([members, pd.DataFrame(p2p_members)], ignore_index=True)
     if p2p_unmatched:
@@ -230,7 +233,46 @@ def _match_point_to_point(frame: pd.DataFrame) -> tuple[list[dict], list[dict], 
             "straggler": int(p.rank_s) if arrive_s >= arrive_r else int(p.rank_r), "transfer_us": transfer,
             "algbw_gbps": algbw, "busbw_gbps": algbw, "start_us": min(float(arrive_s), float(arrive_r)),
         })  # fmt: skip
-        members.append({"rank": int(p.rank_s), "group": "p2p", "key": key, "start_us": p.start_us_s})
-        members.append({"rank": int(p.rank_r), "group": "p2p", "key": key, "start_us": p.start_us_r})
+        first = min(float(arrive_s), float(arrive_r))
+        members.append({"rank": int(p.rank_s), "group": "p2p", "key": key, "start_us": p.start_us_s,
+                        "skew_us": float(arrive_s) - first})  # fmt: skip
+        members.append({"rank": int(p.rank_r), "group": "p2p", "key": key, "start_us": p.start_us_r,
+                        "skew_us": float(arrive_r) - first})  # fmt: skip
     unmatched = len(f) - 2 * len(pairs)
     return rows, members, unmatched
+
+
+def skew_by_rank(m: Matching, max_rows: int = 400) -> pd.DataFrame:
+    """Arrival skew as collectives x ranks: row i is each rank's i-th matched collective in issue
+    order (the same collective on every rank of an SPMD program), the value how long after the
+    first rank of its group that rank arrived (us). At most ``max_rows`` rows (the first ones)."""
+    mem = m.members
+    if mem.empty or "skew_us" not in mem:
+        return pd.DataFrame()
+    mem = mem.sort_values(["rank", "start_us"], kind="stable")
+    mem = mem.assign(i=mem.groupby("rank").cumcount())
+    mem = mem[mem["i"] < max_rows]
+    return mem.pivot_table(index="i", columns="rank", values="skew_us", aggfunc="first").sort_index(axis=1)
+
+
+STRAGGLER_COLUMNS = ["rank", "times_last", "wait_caused_ms", "mean_skew_ms", "max_skew_ms"]
+
+
+def top_stragglers(m: Matching, k: int = 10) -> pd.DataFrame:
+    """The ``k`` ranks that kept their groups waiting longest: how often each arrived last, the
+    wait it caused (sum of its collectives' skew where it was last), its mean and largest skew."""
+    matched, mem = m.matched, m.members
+    if matched.empty or mem.empty or "skew_us" not in mem:
+        return pd.DataFrame(columns=STRAGGLER_COLUMNS)
+    last = matched[matched["n_ranks"] > 1].groupby("straggler").agg(
+        times_last=("key", "size"), wait_caused_us=("max_wait_us", "sum")
+    )
+    per_rank = mem.groupby("rank")["skew_us"].agg(["mean", "max"])
+    out = per_rank.join(last, how="left").fillna({"times_last": 0, "wait_caused_us": 0.0})
+    out = out.assign(
+        rank=out.index.astype(int), times_last=out["times_last"].astype(int),
+        wait_caused_ms=(out["wait_caused_us"] / 1e3).round(3), mean_skew_ms=(out["mean"] / 1e3).round(3),
+        max_skew_ms=(out["max"] / 1e3).round(3),
+    ).reset_index(drop=True)  # fmt: skip
+    out = out.sort_values(["wait_caused_ms", "times_last", "rank"], ascending=[False, False, True])
+    return out[STRAGGLER_COLUMNS].head(k).reset_index(drop=True)

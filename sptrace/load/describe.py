@@ -78,8 +78,9 @@ def analyses(ranks: list[dict[str, Any]], n_ranks: int) -> dict[str, str]:
     }
 
 
-def describe_run(run: RunTrace) -> dict[str, Any]:
-    ranks = [describe_rank(t) for t in run]
+def describe_run(run: RunTrace, described: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``described``: describe_rank's result per rank where the map computed it already."""
+    ranks = [described[t.rank] if described and t.rank in described else describe_rank(t) for t in run]
     first = next(iter(run))
     groups = [
         {"name": g.get("pg_name"), "desc": g.get("pg_desc"), "size": g.get("pg_size"), "ranks": g.get("ranks")}

@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import warnings
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -23,7 +21,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sptrace.errors import TraceError, UsageError
+from sptrace.errors import TraceError
+from sptrace.executors import Executor, map_ranks
 from sptrace.load import cache as table_cache
 from sptrace.load.decode import decode_trace
 from sptrace.units import rank_ranges
@@ -33,8 +32,6 @@ RUN_FILE = "run.json"
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 MAX_WORLD_SIZE = 2**20
 """No job has more ranks than this; a larger world_size is a damaged trace."""
-PARALLEL_MIN_BYTES = 32 * 2**20
-"""Below this much trace data, worker processes cost more than they save."""
 
 
 class TraceWarning(UserWarning):
@@ -43,17 +40,33 @@ class TraceWarning(UserWarning):
 
 @dataclass(eq=False)
 class RankTrace:
-    """One rank's trace: its event table and the trace's top-level metadata."""
+    """One rank's trace: its event table and the trace's top-level metadata.
+
+    A trace that went through the per-rank map (sptrace.rankmap) has been *released*: its
+    table is gone and only its counts stay, so that a driver holding a thousand ranks holds no
+    event table; ``table`` / ``events`` then read it again (from the cache) on demand."""
 
     path: Path
     rank: int | None
     world_size: int | None
     metadata: dict[str, Any]
     """Top-level keys of the trace (distributedInfo, deviceProperties, baseTimeNanoseconds ...)."""
-    table: pa.Table
-    """One row per event, columns as in sptrace.load.schema.SCHEMA."""
+    loaded: pa.Table | None = field(repr=False)
+    """The event table while it is held (None once released)."""
     rank_source: str = "distributedInfo"
     """Where rank came from: 'distributedInfo', 'file name' or 'single file'."""
+    stats: tuple[int, dict[str, int], tuple[int, int] | None] | None = field(default=None, repr=False)
+    """(events, category counts, time span), kept when the table is released."""
+    reload: tuple[bool, Path | None] = (True, None)
+    """(cache, cache_dir) to read the table again with."""
+
+    @property
+    def table(self) -> pa.Table:
+        """One row per event, columns as in sptrace.load.schema.SCHEMA (read again if released)."""
+        if self.loaded is None:
+            cache, cache_dir = self.reload
+            self.loaded = load_trace(self.path, cache=cache, cache_dir=cache_dir).table
+        return self.loaded
 
     @cached_property
     def events(self):  # -> pandas.DataFrame; typed lazily so that importing sptrace stays light
@@ -61,6 +74,19 @@ class RankTrace:
         import pandas as pd
 
         return self.table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+
+    def release(self) -> RankTrace:
+        """Let the table go, keeping its counts: what a rank's summary carries back to the driver."""
+        if self.loaded is not None:
+            self.stats = (self.num_events, self.category_counts(), self.time_span_ns())
+        self.loaded = None
+        self.__dict__.pop("events", None)
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:  # a released trace travels without its table
+        state = dict(self.__dict__)
+        state.pop("events", None)
+        return state
 
     @property
     def distributed_info(self) -> dict[str, Any]:
@@ -78,13 +104,17 @@ class RankTrace:
 
     @property
     def num_events(self) -> int:
-        return self.table.num_rows
+        return self.stats[0] if self.loaded is None and self.stats else self.table.num_rows
 
     def category_counts(self) -> dict[str, int]:
+        if self.loaded is None and self.stats:
+            return dict(self.stats[1])
         counts = pc.value_counts(self.table["cat"].combine_chunks().dictionary_decode())
         return {c["values"].as_py(): c["counts"].as_py() for c in counts}
 
     def time_span_ns(self) -> tuple[int, int] | None:
+        if self.loaded is None and self.stats:
+            return self.stats[2]
         ts = self.table["ts_ns"]
         end = pc.add(ts, pc.fill_null(self.table["dur_ns"], 0))
         lo, hi = pc.min(ts).as_py(), pc.max(end).as_py()
@@ -141,7 +171,7 @@ def load_trace(
     found_rank, world_size, source = _identify(p, metadata)
     if rank is not None:
         found_rank, source = rank, source if found_rank == rank else "caller"
-    return RankTrace(p, found_rank, world_size, metadata, table, source)
+    return RankTrace(p, found_rank, world_size, metadata, table, source, reload=(cache, directory))
 
 
 def _identify(path: Path, metadata: dict[str, Any]) -> tuple[int | None, int | None, str]:
@@ -174,16 +204,11 @@ def find_traces(root: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     return files, skipped
 
 
-def _load_one(path: Path, cache: bool, cache_dir: Path | None) -> RankTrace:
-    return load_trace(path, cache=cache, cache_dir=cache_dir)
-
-
-def _load_in_worker(path: Path, cache: bool, cache_dir: Path | None) -> tuple[Path, Any]:
-    """Runs in a worker process. With the cache on, only the entry's path travels back."""
-    trace = _load_one(path, cache, cache_dir)
-    if cache:
-        return path, None
-    return path, trace
+def _load_in_worker(path: Path, cache: bool, cache_dir: Path | None) -> RankTrace:
+    """Runs in a worker process. With the cache on, the table stays there: only the metadata
+    travels back, and the driver maps the cached table."""
+    trace = load_trace(path, cache=cache, cache_dir=cache_dir)
+    return trace.release() if cache else trace
 
 
 def load_run(
@@ -194,29 +219,43 @@ def load_run(
     skip_bad: bool = False,
     workers: int | None = None,
     progress: bool | None = None,
+    executor: Executor | None = None,
 ) -> RunTrace:
-    """Load every rank of a run: a directory of per-rank traces, a single trace, or a list.
+    """Load every rank of a run, tables and all: a directory of per-rank traces, a single
+    trace, or a list. (sptrace.rankmap.map_run summarizes each rank where it is parsed instead,
+    for runs too large to hold.)
 
     Raises TraceError for an unusable run (no traces, two files claiming one rank, ranks from
     different runs or worlds). A rank missing from 0..world_size-1 is a warning (the run is
     analysed over the ranks present). ``skip_bad`` turns a bad rank file into a warning too.
     """
-    root, files, skipped = _files_of(path_or_files)
+    root, files, skipped = files_of(path_or_files)
     directory = Path(cache_dir) if cache_dir is not None else None
-    traces, bad = _load_all(files, cache, directory, skip_bad, workers, progress)
-    notes: list[str] = []
-    for p, why in skipped + bad:
-        notes.append(f"skipped {p}: {why}")
+    executor = executor or Executor(workers=workers, progress=progress)
+    traces: list[RankTrace] = []
+    bad: list[tuple[Path, str]] = []
+    total = sum(p.stat().st_size for p in files)
+    for p, got in map_ranks(_load_in_worker, files, (cache, directory), executor=executor, total_bytes=total,
+                            desc="loading traces"):  # fmt: skip
+        if isinstance(got, TraceError):
+            if not skip_bad:
+                raise got
+            bad.append((p, got.problem))
+            continue
+        if got.loaded is None:  # left in the cache by a worker: map it here
+            got.table  # noqa: B018 - reads the table back
+        traces.append(got)
+    notes = [f"skipped {p}: {why}" for p, why in skipped + bad]
     if not traces:
         raise TraceError(root or files[0], "no usable trace among " + ", ".join(str(p) for p, _ in bad))
-    run = _assemble_run(root, traces, notes)
+    run = assemble_run(root, traces, notes)
     run.skipped = skipped + bad
     for note in run.warnings:
         warnings.warn(note, TraceWarning, stacklevel=2)
     return run
 
 
-def _files_of(path_or_files: Any) -> tuple[Path | None, list[Path], list[tuple[Path, str]]]:
+def files_of(path_or_files: Any) -> tuple[Path | None, list[Path], list[tuple[Path, str]]]:
     if isinstance(path_or_files, (str, os.PathLike)):
         root = Path(path_or_files)
         if root.is_dir():
@@ -234,70 +273,23 @@ def _files_of(path_or_files: Any) -> tuple[Path | None, list[Path], list[tuple[P
     return None, files, []
 
 
-def _load_all(
-    files: list[Path], cache: bool, cache_dir: Path | None, skip_bad: bool, workers: int | None, progress: bool | None
-) -> tuple[list[RankTrace], list[tuple[Path, str]]]:
-    total = sum(p.stat().st_size for p in files)
-    if workers is not None and workers < 1:
-        raise UsageError("--workers must be >= 1")
-    if workers is None:
-        workers = min(len(files), os.cpu_count() or 1) if total >= PARALLEL_MIN_BYTES else 1
-    show = sys.stderr.isatty() if progress is None else progress
-    bar = _progress(len(files), show)
-    traces: list[RankTrace] = []
-    bad: list[tuple[Path, str]] = []
-
-    def failed(p: Path, exc: TraceError) -> None:
-        if not skip_bad:
-            raise exc
-        bad.append((p, exc.problem))
-
+def read_run_info(root: Path | None, notes: list[str]) -> dict[str, Any] | None:
+    """The run's run.json (written by sptrace.profile_step), when there is one; a broken one is
+    a note, not an error."""
+    if root is None or not (root / RUN_FILE).is_file():
+        return None
     try:
-        if workers <= 1 or len(files) == 1:
-            for p in files:
-                try:
-                    traces.append(_load_one(p, cache, cache_dir))
-                except TraceError as exc:
-                    failed(p, exc)
-                bar.update(1)
-        else:
-            import multiprocessing
-
-            # spawn: forking a process whose Arrow thread pool is running can deadlock
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-                futures = {pool.submit(_load_in_worker, p, cache, cache_dir): p for p in files}
-                for fut in as_completed(futures):
-                    p = futures[fut]
-                    try:
-                        _, trace = fut.result()
-                        # with the cache on, the worker left the table there: map it here
-                        traces.append(trace if trace is not None else _load_one(p, True, cache_dir))
-                    except TraceError as exc:
-                        failed(p, exc)
-                    bar.update(1)
-    finally:
-        bar.close()
-    return traces, bad
+        info = json.loads((root / RUN_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        notes.append(f"ignored {root / RUN_FILE}: {exc}")
+        return None
+    return info if isinstance(info, dict) else None
 
 
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, show: bool) -> Any:
-    if not show or total < 2:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="rank", desc="loading traces", file=sys.stderr, leave=False)
-
-
-def _assemble_run(root: Path | None, traces: list[RankTrace], notes: list[str]) -> RunTrace:
+def assemble_run(
+    root: Path | None, traces: list[RankTrace], notes: list[str], run_info: dict[str, Any] | bool | None = False
+) -> RunTrace:
+    """The run the traces make (``run_info``: run.json already read, else False to read it)."""
     if len(traces) == 1 and traces[0].rank is None:
         only = traces[0]
         only.rank, only.world_size, only.rank_source = 0, 1, "single file"
@@ -329,12 +321,8 @@ def _assemble_run(root: Path | None, traces: list[RankTrace], notes: list[str]) 
     if outside:
         raise TraceError(by_rank[outside[0]].path, f"rank {outside[0]} is outside the world of {world} ranks")
     missing = [r for r in range(world) if r not in by_rank]
-    run_info = None
-    if root is not None and (root / RUN_FILE).is_file():
-        try:
-            run_info = json.loads((root / RUN_FILE).read_text())
-        except (OSError, ValueError) as exc:
-            notes.append(f"ignored {root / RUN_FILE}: {exc}")
+    if run_info is False:
+        run_info = read_run_info(root, notes)
     if missing:
         notes.append(
             f"{len(missing)} of {world} ranks have no trace ({rank_ranges(missing)}): cross-rank matching, "

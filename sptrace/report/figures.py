@@ -75,23 +75,45 @@ def _offsets(a: Any) -> dict[int, float]:
 
 
 def timeline(
-    a: Any, *, layer: int | None = None, phase: str | None = None, max_bars: int = 6000, max_lanes: int = 64
+    a: Any,
+    *,
+    layer: int | None = None,
+    phase: str | None = None,
+    max_bars: int = 6000,
+    max_lanes: int = 64,
+    ranks: list[int] | None = None,
 ) -> go.Figure:
     """One lane per rank on clocks aligned across ranks: the step's phases as background bands,
     compute as a thin grey band, each collective as a bar over its transfer (kernels or gloo
     worker), at least 1/400 of the view wide so that every one is visible; the same collective
     linked across ranks, and its straggler (the last rank to arrive) marked. ``layer`` or
-    ``phase`` zooms to the collectives of a layer or to a phase."""
+    ``phase`` zooms to the collectives of a layer or to a phase; ``ranks`` picks the lanes
+    (at most ``max_lanes``: past that a lane per rank is neither readable nor fast)."""
     frame = a.collectives
     if frame.empty and a.compute.empty:
         return _empty("timeline")
     offsets = _offsets(a)
-    ranks = sorted(set(frame["rank"].dropna().astype(int)) | set(a.compute["rank"].dropna().astype(int)))
+    present = sorted(set(frame["rank"].dropna().astype(int)) | set(a.compute["rank"].dropna().astype(int)))
     title = ""
-    if len(ranks) > max_lanes:  # a lane per rank stops being readable (and fast) past this
-        title = f"the first {max_lanes} of {len(ranks)} ranks"
-        ranks = ranks[:max_lanes]
+    if ranks is not None:
+        wanted = set(ranks)
+        shown = [r for r in present if r in wanted][:max_lanes]
+        if len(shown) < len(present):
+            title = f"{_rank_text(shown)} of {len(present)}"
+        ranks = shown
+    else:
+        ranks = present
+        if len(ranks) > max_lanes:
+            title = f"the first {max_lanes} of {len(ranks)} ranks"
+            ranks = ranks[:max_lanes]
+    if len(ranks) < len(present):
         frame = frame[frame["rank"].isin(ranks)]
+        if len(a.compute):
+            a_compute = a.compute[a.compute["rank"].isin(ranks)]
+        else:
+            a_compute = a.compute
+    else:
+        a_compute = a.compute
     lane = {r: i for i, r in enumerate(ranks)}
 
     def aligned(values: pd.Series, rank: pd.Series) -> pd.Series:
@@ -141,8 +163,8 @@ def timeline(
             fig.add_annotation(x=(p.s - t0) / 1e3, y=-0.5, text=p.phase, showarrow=False, xanchor="left",
                                yanchor="bottom", font={"size": 11, "color": COLORS["gray"]})  # fmt: skip
     # compute: a thin band at the bottom of each lane
-    if len(a.compute):
-        c = a.compute[a.compute["rank"].isin(ranks)]
+    if len(a_compute):
+        c = a_compute[a_compute["rank"].isin(ranks)]
         c = c.assign(s=aligned(c["start_us"], c["rank"]))
         fig.add_trace(go.Bar(
             y=[lane[int(r)] - 0.28 for r in c["rank"]], base=(c["s"] - t0) / 1e3,
@@ -317,6 +339,56 @@ def bandwidth_vs_size(matched: pd.DataFrame) -> go.Figure:
 
 RETAINED_GROUPS = {"sharded": ("seq-sharded", "head-sharded"), "ambiguous": ("ambiguous",), "full": ("full",),
                    "other": ("other", "unknown")}  # fmt: skip
+
+
+def skew_heatmap(a: Any, max_rows: int = 400, max_columns: int = 256) -> go.Figure:
+    """Arrival skew as collectives x ranks (sptrace.detect.matching.skew_by_rank): how long after
+    the first rank of its group each rank arrived at its i-th collective. Past ``max_columns``
+    ranks, neighbouring ranks share a column (its largest skew), so that a thousand ranks stay
+    one readable, light figure."""
+    from sptrace.detect.matching import skew_by_rank
+
+    m = a.matching
+    grid = skew_by_rank(m, max_rows=max_rows) if m is not None else pd.DataFrame()
+    if grid.empty:
+        return _empty("arrival skew: no collective matched across ranks")
+    ranks = [int(r) for r in grid.columns]
+    per = -(-len(ranks) // max_columns)  # ceil: ranks per column
+    if per > 1:
+        blocks = [ranks[i : i + per] for i in range(0, len(ranks), per)]
+        grid = pd.concat({_rank_text(b): grid[b].max(axis=1) for b in blocks}, axis=1)
+        x = list(grid.columns)
+        x_title = f"ranks ({per} to a column: its largest skew)"
+    else:
+        x = [str(r) for r in ranks]
+        x_title = "rank"
+    labels = _collective_labels(m, len(grid))
+    z = grid.to_numpy(dtype=float) / 1e3
+    fig = _figure(
+        f"arrival skew: {len(grid)} collectives x {len(ranks)} ranks", height=max(260, min(900, 120 + 9 * len(grid)))
+    )
+    fig.add_trace(go.Heatmap(
+        z=z, x=x, y=labels, colorscale="Reds", zmin=0, colorbar={"title": {"text": "ms late"}, "thickness": 12},
+        hovertemplate="rank %{x}<br>%{y}<br>%{z:.3f} ms after the first rank of its group<extra></extra>",
+        hoverongaps=False,
+    ))  # fmt: skip
+    fig.update_layout(
+        xaxis={"title": x_title, "type": "category", "showgrid": False},
+        yaxis={"title": "collective, in issue order", "autorange": "reversed", "type": "category", "showgrid": False},
+    )  # fmt: skip
+    return fig
+
+
+def _collective_labels(m: Any, n: int) -> list[str]:
+    """Row i's label: the i-th collective of the lowest rank (kind and layer)."""
+    mem = m.members
+    low = mem[mem["rank"] == mem["rank"].min()].sort_values("start_us", kind="stable").head(n)
+    info = low.merge(m.matched[["group", "key", "kind", "layer"]], on=["group", "key"], how="left")
+    labels = [
+        f"#{i} {k}" + ("" if pd.isna(layer) else f" L{int(layer)}")
+        for i, (k, layer) in enumerate(zip(info["kind"].fillna("?"), info["layer"]))
+    ]
+    return labels + [f"#{i}" for i in range(len(labels), n)]
 
 
 def retained_by_layer(saved: pd.DataFrame, expected_bytes: float | None = None) -> go.Figure:

@@ -1,0 +1,141 @@
+"""Where the per-rank map runs: this process, local worker processes, or a Dask cluster.
+
+``map_ranks(fn, items, ...)`` calls ``fn(item, *args)`` for every item (one rank's trace file)
+and yields ``(item, result)`` as each finishes, ``result`` being the TraceError the item raised
+when it is an unusable file (the caller decides whether that stops the run). Every executor
+shows one progress bar over ranks. The engines are the standard library's ProcessPoolExecutor
+and dask.distributed's futures: sptrace schedules nothing of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sptrace.errors import TraceError, UsageError
+
+EXECUTORS = ("local", "dask")
+PARALLEL_MIN_BYTES = 32 * 2**20
+"""Below this much trace data, local worker processes cost more than they save."""
+
+
+@dataclass(frozen=True)
+class Executor:
+    """How to run the map: ``kind`` local or dask; ``workers`` local processes (or the
+    LocalCluster's workers); ``scheduler`` a running Dask scheduler's address."""
+
+    kind: str = "local"
+    workers: int | None = None
+    scheduler: str | None = None
+    progress: bool | None = None
+    """One bar over ranks on stderr (default: when stderr is a terminal)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in EXECUTORS:
+            raise UsageError(f"--executor must be one of {', '.join(EXECUTORS)}, not {self.kind!r}")
+        if self.workers is not None and self.workers < 1:
+            raise UsageError("--workers must be >= 1")
+        if self.scheduler is not None and self.kind != "dask":
+            raise UsageError("--scheduler needs --executor dask")
+
+
+def map_ranks(
+    fn: Callable[..., Any],
+    items: Sequence[Any],
+    args: tuple[Any, ...] = (),
+    *,
+    executor: Executor | None = None,
+    total_bytes: int = 0,
+    desc: str = "analysing ranks",
+) -> Iterator[tuple[Any, Any]]:
+    """``(item, fn(item, *args) or the TraceError it raised)`` for every item, as they finish."""
+    executor = executor or Executor()
+    show = sys.stderr.isatty() if executor.progress is None else executor.progress
+    bar = _progress(len(items), show, desc)
+    try:
+        if executor.kind == "dask":
+            yield from _dask(fn, items, args, executor, bar)
+            return
+        workers = executor.workers
+        if workers is None:
+            workers = min(len(items), os.cpu_count() or 1) if total_bytes >= PARALLEL_MIN_BYTES else 1
+        if workers <= 1 or len(items) <= 1:
+            for item in items:
+                yield item, _call(item, fn, args)
+                bar.update(1)
+            return
+        yield from _processes(fn, items, args, workers, bar)
+    finally:
+        bar.close()
+
+
+def _call(item: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    try:
+        return fn(item, *args)
+    except TraceError as exc:
+        return exc
+
+
+def _processes(fn: Callable[..., Any], items: Sequence[Any], args: tuple[Any, ...], workers: int, bar: Any):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # spawn: forking a process whose Arrow thread pool is running can deadlock
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx) as pool:
+        futures = {pool.submit(_call, item, fn, args): item for item in items}
+        for fut in as_completed(futures):
+            yield futures[fut], fut.result()
+            bar.update(1)
+
+
+def _dask(fn: Callable[..., Any], items: Sequence[Any], args: tuple[Any, ...], executor: Executor, bar: Any):
+    try:
+        from dask.distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise UsageError("--executor dask needs dask.distributed: pip install 'sptrace[dask]'") from None
+    import logging
+
+    cluster = None
+    try:
+        if executor.scheduler is not None:
+            client = Client(executor.scheduler, timeout="20s")
+        else:  # one single-threaded worker process per core: parsing holds the GIL
+            cluster = LocalCluster(
+                n_workers=executor.workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                dashboard_address=None, silence_logs=logging.ERROR,
+            )  # fmt: skip
+            client = Client(cluster)
+    except (OSError, TimeoutError) as exc:
+        where = executor.scheduler or "a LocalCluster"
+        raise UsageError(f"cannot reach the Dask scheduler at {where}: {exc}") from None
+    try:
+        futures = client.map(_call, items, fn=fn, args=args, pure=False)
+        where = dict(zip((f.key for f in futures), items))
+        for fut in as_completed(futures):
+            yield where[fut.key], fut.result()
+            bar.update(1)
+            fut.release()  # the result lives here now, not on the worker too
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, show: bool, desc: str) -> Any:
+    if not show or total < 2:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="rank", desc=desc, file=sys.stderr, leave=False)

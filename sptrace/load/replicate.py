@@ -1,0 +1,80 @@
+"""A W-rank run replicated into an N-rank one: copies of a real job, for scale tests and
+benchmarks (``benchmarks/bench_scale.py``, the dashboard's many-rank views).
+
+Copy c of rank r becomes rank c*W + r: its ``distributedInfo`` gets the new rank and world
+size, and every process group named in the trace (``Process Group Ranks``, ``pg_config``) moves
+to the copy's ranks under a name of its own, so an N-rank run holds N/W jobs' worth of groups,
+as a large job's TP or SP groups are. Timestamps are kept: the copies ran at the same time.
+Files are written with the standard library's separators (", ", ": "): HTA finds a trace's rank
+by a text search that expects them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from sptrace.errors import TraceError, UsageError
+from sptrace.load.trace import RUN_FILE, find_traces
+
+
+def _read(path: Path) -> dict[str, Any]:
+    import msgspec
+
+    raw = gzip.open(path).read() if path.name.endswith(".gz") else path.read_bytes()
+    return msgspec.json.decode(raw)
+
+
+def _move_groups(value: Any, offset: int, copy: int) -> Any:
+    """Every process group of the trace, moved to copy ``copy``'s ranks under its own name."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if k in ("Process Group Ranks", "ranks") and isinstance(v, (str, list)):
+                ranks = json.loads(v) if isinstance(v, str) else v
+                if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks):
+                    moved = [r + offset for r in ranks]
+                    out[k] = json.dumps(moved) if isinstance(v, str) else moved
+                    continue
+            if k in ("Process Group Name", "pg_name") and isinstance(v, str):
+                out[k] = f"{v}:{copy}" if copy else v
+                continue
+            out[k] = _move_groups(v, offset, copy)
+        return out
+    if isinstance(value, list):
+        return [_move_groups(v, offset, copy) for v in value]
+    return value
+
+
+def replicate_run(source: Path, n: int, out: Path) -> Path:
+    """An n-rank run in ``out`` (created) from the source run's W rank traces (n a multiple of W)."""
+    files, _ = find_traces(Path(source))
+    traces = {}
+    for f in files:
+        t = _read(f)
+        info = t.get("distributedInfo") if isinstance(t, dict) else None
+        if not isinstance(info, dict) or not isinstance(info.get("rank"), int):
+            raise TraceError(f, "no distributedInfo rank: cannot tell which rank to replicate")
+        traces[info["rank"]] = t
+    world = len(traces)
+    if n % world:
+        raise UsageError(f"{n} ranks is not a multiple of the source's {world}")
+    out.mkdir(parents=True)
+    if (Path(source) / RUN_FILE).is_file():  # the declared model: the same job, n/world times over
+        shutil.copy(Path(source) / RUN_FILE, out / RUN_FILE)
+    for copy in range(n // world):
+        offset = copy * world
+        for rank, trace in traces.items():
+            t = dict(trace)
+            info = {**trace["distributedInfo"], "rank": rank + offset, "world_size": n}
+            t["distributedInfo"] = _move_groups(info, offset, copy)
+            if copy:
+                t["traceEvents"] = [
+                    {**e, "args": _move_groups(e["args"], offset, copy)} if "args" in e else e
+                    for e in trace["traceEvents"]
+                ]
+            (out / f"rank{rank + offset}.json").write_text(json.dumps(t))
+    return out

@@ -1,0 +1,166 @@
+"""Map per rank: each rank's trace becomes a small ``RankResult`` where it is parsed.
+
+A rank's event table (tens of MB to GB) lives only inside the map: in the worker process or
+Dask worker that parsed it. What comes back to the driver is what the cross-rank reduce needs
+(sptrace.analysis): the rank's collectives, step and transfer times, compute intervals,
+phases, a thinned memory series, its retained tensors, and its trace's metadata and counts.
+The driver never holds two tables at once (none with workers), so its memory does not grow
+with the event count of the run, only with these summaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sptrace.errors import TraceError
+from sptrace.executors import Executor, map_ranks
+from sptrace.load.trace import RankTrace, RunTrace, assemble_run, files_of, load_trace, read_run_info
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+PHASE_COLUMNS = ["rank", "phase", "start_us", "dur_us"]
+MEMORY_COLUMNS = ["rank", "ts_us", "allocated_bytes"]
+COMPUTE_COLUMNS = ["rank", "start_us", "dur_us"]
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    """What each rank computes: ``parts`` of collectives / sharding (none: only the trace's
+    description, for ``sptrace info``); ``element_size`` the declared activation element size
+    for shape inference of retained tensors."""
+
+    parts: tuple[str, ...] = ("collectives", "sharding")
+    element_size: int | None = None
+    cache: bool = True
+    cache_dir: Path | None = None
+    single_file: bool = False
+    """The run is one file: a trace with no rank anywhere is rank 0 of 1."""
+
+
+@dataclass(eq=False)
+class RankResult:
+    """One rank, summarized where its trace was parsed."""
+
+    trace: RankTrace
+    """Released: metadata and counts, no table (``trace.table`` reads it again on demand)."""
+    description: dict[str, Any]
+    """sptrace.load.describe.describe_rank's counts (what ``sptrace info`` shows)."""
+    collectives: pd.DataFrame | None = None
+    timing: Any = None
+    """sptrace.detect.timing.RankTiming"""
+    compute: pd.DataFrame | None = None
+    phases: pd.DataFrame | None = None
+    memory: pd.DataFrame | None = None
+    peak_allocated: int | None = None
+    """The largest Total Allocated a [memory] event recorded (bytes)."""
+    retained: Any = None
+    """sptrace.detect.allocations.Retention (when the sharding part ran)."""
+
+
+def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
+    """One loaded rank's summary (its table is left as it is: the caller owns the trace)."""
+    from sptrace.load.describe import describe_rank
+
+    result = RankResult(trace=trace, description=describe_rank(trace))
+    if not spec.parts:  # sptrace info: the Arrow counts alone, no pandas table
+        return result
+    from sptrace.detect.collectives import RankIndex, detect_collectives
+
+    result.phases = rank_phases(trace)
+    result.memory, result.peak_allocated = rank_memory(trace)
+    index = RankIndex(trace)
+    if "collectives" in spec.parts:
+        from sptrace.detect.timing import detect_compute, detect_timing
+
+        result.collectives = detect_collectives(trace, index)
+        result.timing = detect_timing(trace, result.collectives, index)
+        result.compute = detect_compute(trace, index)
+    if "sharding" in spec.parts:
+        from sptrace.detect.allocations import detect_retained
+
+        result.retained = detect_retained(trace, element_size=spec.element_size, index=index)
+    return result
+
+
+def map_one(path: Path, spec: MapSpec) -> RankResult:
+    """The map: parse one rank's file (through the cache), summarize it, let the table go."""
+    trace = load_trace(path, cache=spec.cache, cache_dir=spec.cache_dir)
+    if trace.rank is None and spec.single_file:
+        trace.rank, trace.world_size, trace.rank_source = 0, 1, "single file"
+    result = summarize(trace, spec)
+    trace.release()
+    return result
+
+
+def map_run(
+    path_or_files: Any,
+    spec: MapSpec | None = None,
+    *,
+    run_info: dict[str, Any] | bool | None = False,
+    skip_bad: bool = False,
+    executor: Executor | None = None,
+) -> tuple[RunTrace, dict[int, RankResult]]:
+    """Every rank of a run through ``map_one`` on ``executor``: the run (its traces released)
+    and each rank's result. Errors as sptrace.load.load_run's; its warnings are in
+    ``run.warnings`` (not raised)."""
+    root, files, skipped = files_of(path_or_files)
+    spec = spec or MapSpec()
+    if len(files) == 1 and not spec.single_file:
+        spec = MapSpec(spec.parts, spec.element_size, spec.cache, spec.cache_dir, True)
+    total = sum(p.stat().st_size for p in files)
+    results: list[RankResult] = []
+    bad: list[tuple[Path, str]] = []
+    for p, got in map_ranks(map_one, files, (spec,), executor=executor, total_bytes=total):
+        if isinstance(got, TraceError):
+            if not skip_bad:
+                raise got
+            bad.append((p, got.problem))
+            continue
+        results.append(got)
+    notes = [f"skipped {p}: {why}" for p, why in skipped + bad]
+    if not results:
+        raise TraceError(root or files[0], "no usable trace among " + ", ".join(str(p) for p, _ in bad))
+    if run_info is False:
+        run_info = read_run_info(root, notes)
+    run = assemble_run(root, [r.trace for r in results], notes, run_info)
+    run.skipped = skipped + bad
+    return run, {r.trace.rank: r for r in results}  # type: ignore[misc]
+
+
+def rank_phases(trace: RankTrace) -> pd.DataFrame:
+    """The rank's phase ranges (sptrace.phase markers, else its ProfilerStep), in us."""
+    import pandas as pd
+
+    from sptrace import markers
+
+    ev = trace.events
+    names = ev["name"].astype(str)
+    marked = ev[names.str.startswith(markers.PHASE) & (ev["ph"].astype(str) == "X")]
+    if marked.empty:
+        marked = ev[names.str.startswith("ProfilerStep#")]
+    rows = []
+    for name, ts, dur in zip(marked["name"].astype(str), marked["ts_ns"], marked["dur_ns"].fillna(0)):
+        phase = name[len(markers.PHASE) :] if name.startswith(markers.PHASE) else "step"
+        rows.append({"rank": trace.rank, "phase": phase, "start_us": ts / 1e3, "dur_us": dur / 1e3})
+    return pd.DataFrame(rows, columns=PHASE_COLUMNS)
+
+
+def rank_memory(trace: RankTrace, max_points: int = 1500) -> tuple[pd.DataFrame, int | None]:
+    """Allocated bytes over the step from [memory] events' Total Allocated (at most
+    ``max_points``: the page needs the shape, not every event), and the peak."""
+    import pandas as pd
+
+    ev = trace.events
+    mem = ev[(ev["name"].astype(str) == "[memory]") & ev["mem_total_allocated"].notna()]
+    if mem.empty:
+        return pd.DataFrame(columns=MEMORY_COLUMNS), None
+    mem = mem.sort_values("ts_ns", kind="stable")
+    part = mem.iloc[:: max(len(mem) // max_points, 1)]
+    series = pd.DataFrame({
+        "rank": trace.rank, "ts_us": part["ts_ns"].astype("int64") / 1e3,
+        "allocated_bytes": part["mem_total_allocated"].astype("int64"),
+    })  # fmt: skip
+    return series, int(mem["mem_total_allocated"].max())
