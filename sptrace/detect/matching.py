@@ -264,8 +264,10 @@ def top_stragglers(m: Matching, k: int = 10) -> pd.DataFrame:
     matched, mem = m.matched, m.members
     if matched.empty or mem.empty or "skew_us" not in mem:
         return pd.DataFrame(columns=STRAGGLER_COLUMNS)
-    last = matched[matched["n_ranks"] > 1].groupby("straggler").agg(
-        times_last=("key", "size"), wait_caused_us=("max_wait_us", "sum")
+    last = (
+        matched[matched["n_ranks"] > 1]
+        .groupby("straggler")
+        .agg(times_last=("key", "size"), wait_caused_us=("max_wait_us", "sum"))
     )
     per_rank = mem.groupby("rank")["skew_us"].agg(["mean", "max"])
     out = per_rank.join(last, how="left").fillna({"times_last": 0, "wait_caused_us": 0.0})

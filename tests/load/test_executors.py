@@ -23,9 +23,7 @@ dask_distributed = pytest.importorskip("dask.distributed", reason="the dask extr
 @pytest.fixture(scope="module")
 def scheduler():
     """A Dask cluster that the CLI reaches by its address, as a user's would be."""
-    cluster = dask_distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-    )
+    cluster = dask_distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
     yield cluster.scheduler_address
     cluster.close()
 
