@@ -307,7 +307,10 @@ def _text_us_to_ns(value: Any) -> int | None:
     text = (value if isinstance(value, str) else repr(value)).strip().strip('"')
     try:
         if "e" in text or "E" in text:
-            return round(float(text) * 1000)
+            ns = float(text) * 1000
+            if math.isinf(ns):  # beyond a double: beyond 64 bits too, which the caller reports
+                return _INT64_MAX + 1 if ns > 0 else _INT64_MIN - 1
+            return round(ns)
         whole, _, frac = text.partition(".")
         sign = -1 if whole.startswith("-") else 1
         return int(whole) * 1000 + sign * int((frac + "000")[:3])

@@ -111,6 +111,7 @@ FIELDS = ["ts", "dur", "args", "name", "ph", "cat", "pid", "tid", "Input Dims", 
 
 @FUZZ
 @given(changes=st.lists(st.tuples(st.integers(0, 6), st.sampled_from(FIELDS), WRONG), min_size=1, max_size=4))
+@example(changes=[(0, "ts", 1.797693134862316e305), (0, "dur", False)])  # a ts whose ns overflow a double
 def test_fields_of_the_wrong_type(changes):
     doc = copy.deepcopy(valid_trace())
     literals = {}
