@@ -8,8 +8,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import dash_mantine_components as dmc
-from dash import Input, Output, State, ctx, no_update
-from sptrace.dashboards.pages.common import View, error_box, graph, page_title, verdict_badge
+from dash import Input, Output, State, ctx, html, no_update
+from sptrace.dashboards.pages.common import View, error_box, graph, grid, page_title, verdict_badge
 from sptrace.dashboards.store import RunStore
 
 from sptrace.errors import SptraceError
@@ -95,6 +95,9 @@ def render(store: RunStore, view: View) -> Any:
         graph("timeline-graph", figures.timeline(a, layer=layer, phase=None if layer is not None else phase,
                                                  ranks=shown, max_lanes=MAX_LANES)),
     ]  # fmt: skip
+    parts.append(html.Div(dmc.Text("Click a collective to list the events around it on its rank (read from the "
+                                   "run's table cache, that window only).", size="sm", c="dimmed", mt="xs"),
+                          id="timeline-events"))  # fmt: skip
     if index is not None:  # the whole run at a glance: who arrived late, at which collective
         from sptrace.dashboards.pages.collectives import skew_section
 
@@ -102,7 +105,43 @@ def render(store: RunStore, view: View) -> Any:
     return parts
 
 
+EVENT_COLUMNS = ["rank", "name", "cat", "ph", "start_ms", "dur_ms", "tid", "input_dims", "input_types"]
+
+
+def event_rows(a: Any, rank: int, start_us: float, end_us: float, margin: float = 0.25) -> tuple[Any, str]:
+    """The rank's events overlapping the window (widened by ``margin`` of its length on each
+    side), times in ms from the step start on aligned clocks, and the window as text."""
+    from sptrace.load.window import event_window
+
+    pad = max((end_us - start_us) * margin, 50.0)
+    lo, hi = start_us - pad, end_us + pad
+    table = event_window(a.run, [rank], int(lo * 1e3), int(hi * 1e3))
+    frame = table.to_pandas()
+    frame = frame.assign(
+        start_ms=a.clock_ms(frame["rank"], frame["ts_ns"] / 1e3).round(3) if len(frame) else [],
+        dur_ms=(frame["dur_ns"].astype(float) / 1e6).round(3),
+    )
+    window = f"rank {rank}, {a.clock_ms(rank, lo):.2f} to {a.clock_ms(rank, hi):.2f} ms"
+    return frame[EVENT_COLUMNS], window
+
+
 def register(app: Any, store: RunStore) -> None:
+    @app.callback(
+        Output("timeline-events", "children"),
+        Input("timeline-graph", "clickData"),
+        State("header-run", "value"),
+        prevent_initial_call=True,
+    )
+    def _events(click: dict | None, run: str | None) -> Any:
+        """The window of events around the clicked collective, on its rank, from the run store."""
+        a = store.get(run)
+        point = (click or {}).get("points", [{}])[0]
+        custom = point.get("customdata")
+        if isinstance(a, SptraceError) or not isinstance(custom, list) or len(custom) < 14:
+            return no_update
+        frame, window = event_rows(a, int(custom[0]), float(custom[12]), float(custom[13]))
+        return grid(frame, "timeline-events", f"events on {window}", height=360)
+
     @app.callback(
         Output("url", "search", allow_duplicate=True),
         Input("timeline-ranks", "value"),

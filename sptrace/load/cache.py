@@ -94,6 +94,32 @@ def read_cached(cache_dir: Path, path: Path) -> tuple[dict[str, Any], pa.Table] 
     return None
 
 
+_VERIFIED: dict[tuple[str, int, int], bool] = {}
+
+
+def cached_entry(cache_dir: Path, path: Path) -> Path | None:
+    """The checked entry of ``path``'s current version, for readers that query it in place
+    (sptrace.load.window); None when there is none. Its CRC is checked once per process."""
+    try:
+        _, version = _key(path)
+        candidates = sorted(cache_dir.glob(f"{version}*.arrow")) if cache_dir.is_dir() else []
+    except OSError:
+        return None
+    for entry in candidates:
+        match = _ENTRY.match(entry.name)
+        try:
+            st = entry.stat()
+            key = (str(entry), st.st_size, st.st_mtime_ns)
+            if key not in _VERIFIED:
+                _VERIFIED[key] = match is not None and _crc(entry) == int(match.group("crc"), 16)
+            if _VERIFIED[key]:
+                return entry
+            entry.unlink(missing_ok=True)  # damaged: never trusted
+        except OSError:
+            continue
+    return None
+
+
 def write_cached(cache_dir: Path, path: Path, metadata: dict[str, Any], table: pa.Table) -> Path | None:
     """Write the entry atomically, then keep the cache under its cap; returns the entry's path,
     or None when the cache is not writable."""

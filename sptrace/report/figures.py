@@ -123,7 +123,8 @@ def timeline(
     f = frame.copy()
     if not f.empty:
         has = f["transfer_start_us"].notna()
-        f["bar_start"] = aligned(f["transfer_start_us"].where(has, f["start_us"]), f["rank"])
+        f["raw_start"] = f["transfer_start_us"].where(has, f["start_us"]).astype(float)  # the rank's own clock
+        f["bar_start"] = aligned(f["raw_start"], f["rank"])
         f["bar_dur"] = f["transfer_dur_us"].astype(float).where(has, f["dur_us"].astype(float))
         f["issue_ms"] = (aligned(f["start_us"], f["rank"]) - t0) / 1e3
     phases = a.phases[a.phases["rank"].isin(ranks)] if len(a.phases) else a.phases
@@ -181,7 +182,7 @@ def timeline(
                 g["rank"].astype(int), g["op"].astype(str), g["in_bytes"].map(_bytes_text),
                 g["wire_bytes"].map(_bytes_text), m["algbw"], m["peers"], g["layer"].map(_layer_text),
                 g["module"].fillna("").astype(str), g["phase"].astype(str), g["bar_dur"] / 1e3, g["issue_ms"],
-                m["straggler"],
+                m["straggler"], g["raw_start"], g["raw_start"] + g["bar_dur"],
             ])  # fmt: skip
             fig.add_trace(go.Bar(
                 y=[lane[int(r)] + 0.08 for r in g["rank"]], base=(g["bar_start"] - t0) / 1e3,

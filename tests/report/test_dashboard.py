@@ -190,6 +190,29 @@ def test_timeline_zoom_goes_into_the_url(app):
     assert c.call("url.search", values, "timeline-phase.value")["url"]["search"] == "?run=0&phase=backward"
 
 
+def test_clicking_a_collective_lists_the_events_around_it(app):
+    """The drill-down reads that window of the rank's events from the run store: every event
+    listed overlaps the clicked collective's transfer (widened a quarter each side)."""
+    c = Client(app)
+    response = c.page("/timeline", "?run=0")
+    graph = next(x for x in _walk(response["page"]["children"]) if x.get("props", {}).get("id") == "timeline-graph")
+    bars = next(t for t in graph["props"]["figure"]["data"] if t.get("name") == "reduce_scatter")
+    custom = bars["customdata"][2]
+    rank, lo_us, hi_us = int(custom[0]), float(custom[12]), float(custom[13])
+    out = c.call("timeline-events.children", {"timeline-graph.clickData": {"points": [{"customdata": custom}]},
+                                              "header-run.value": "0"}, "timeline-graph.clickData")  # fmt: skip
+    grid = next(x for x in _walk(out) if x.get("type") == "AgGrid")
+    rows = grid["props"]["rowData"]
+    a = app.sptrace_store.get(0)
+    pad = max((hi_us - lo_us) * 0.25, 50.0)
+    ev = a.run.ranks[rank].events
+    ends = ev["ts_ns"] + ev["dur_ns"].fillna(0)
+    inside = ev[(ev["ts_ns"] < (hi_us + pad) * 1e3) & (ends >= (lo_us - pad) * 1e3)]
+    assert len(rows) == len(inside) > 0 and {r["rank"] for r in rows} == {rank}
+    assert sum(r["name"].startswith("gloo:reduce_scatter") or "reduce_scatter" in r["name"] for r in rows) >= 1
+    assert f"events on rank {rank}" in json.dumps(out)
+
+
 def _walk(node):
     if isinstance(node, dict):
         yield node
