@@ -9,6 +9,10 @@ the plain model:
   instrumented      sptrace.instrument(model), no profiler running (the claim: ~free)
   profiled          torch.profiler with sptrace's settings, not instrumented
   profiled+instr.   the same with sptrace.instrument (module ranges + saved-tensor records)
+  lean              torch.profiler without Python stacks (sptrace profile --lean), not instrumented
+  lean+instr.       the same with sptrace.instrument
+The instrumentation's overhead is each instrumented variant over its uninstrumented one, with
+the same profiler options (printed last); the target is <= 5%.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ def main() -> None:
     def step(model):
         model(x).square().mean().backward()
 
-    def profiled(model):
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True):
+    def profiled(model, with_stack=True):
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True,
+                     with_stack=with_stack):  # fmt: skip
             step(model)
 
     variants = {
@@ -47,6 +52,8 @@ def main() -> None:
         "instrumented": lambda: step(instrumented),
         "profiled": lambda: profiled(plain),
         "profiled+instr.": lambda: profiled(instrumented),
+        "lean": lambda: profiled(plain, with_stack=False),
+        "lean+instr.": lambda: profiled(instrumented, with_stack=False),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     for fn in variants.values():
@@ -61,6 +68,9 @@ def main() -> None:
     for name, samples in times.items():
         med = statistics.median(samples)
         print(f"{name:<18}{med * 1e3:>14.2f}{med / base:>8.3f}")
+    for with_instr, without in (("profiled+instr.", "profiled"), ("lean+instr.", "lean")):
+        over = statistics.median(times[with_instr]) / statistics.median(times[without]) - 1
+        print(f"instrumentation overhead, {without:<9} {100 * over:+.1f}%  (target <= 5%)")
 
 
 if __name__ == "__main__":

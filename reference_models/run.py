@@ -25,7 +25,9 @@ from sptrace.reference_models.model import build_model
 import sptrace
 
 
-def run_rank(cfg: StepConfig, out: Path, warmup: int, device_kind: str, instrument: bool = True) -> None:
+def run_rank(
+    cfg: StepConfig, out: Path, warmup: int, device_kind: str, instrument: bool = True, lean: bool = False
+) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     if device_kind == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
@@ -59,7 +61,7 @@ def run_rank(cfg: StepConfig, out: Path, warmup: int, device_kind: str, instrume
         "layout": "batch-first",
         "instrumented": instrument,
     }
-    sptrace.profile_step(train_step, out, warmup=warmup, run_info=run_info)
+    sptrace.profile_step(train_step, out, warmup=warmup, run_info=run_info, lean=lean)
 
 
 def main() -> None:
@@ -69,6 +71,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--no-instrument", action="store_true", help="no sptrace markers or saved-tensor records")
+    parser.add_argument("--lean", action="store_true", help="profile without Python stacks")
     args = parser.parse_args()
     out = Path(args.out)
     logs = out / "logs"
@@ -80,7 +83,7 @@ def main() -> None:
         dist.init_process_group(backend, timeout=timedelta(minutes=5))
         if dist.get_world_size() != cfg.sp_size:
             raise ValueError(f"world size {dist.get_world_size()} != sp_size {cfg.sp_size}")
-        run_rank(cfg, out, args.warmup, args.device, instrument=not args.no_instrument)
+        run_rank(cfg, out, args.warmup, args.device, instrument=not args.no_instrument, lean=args.lean)
         dist.destroy_process_group()
     except BaseException as exc:
         (logs / f"rank{rank}.error").write_text(f"{type(exc).__name__}: {exc}\n")

@@ -1,11 +1,14 @@
 """Instrument any ``nn.Module`` so that its profiled steps carry sptrace's markers.
 
 ``instrument(model)`` adds, to every submodule, a ``sptrace.module::<qualname>`` range around
-its forward and, while the root module runs, a ``saved_tensors_hooks`` pack hook that writes one
-``sptrace.saved::...`` marker per tensor autograd keeps for backward (module, shape, dtype,
-bytes, storage pointer; SPEC.md §5.5). Everything checks ``torch.autograd._profiler_enabled()``
-first: with no profiler running the hooks only push and pop a name, so an instrumented model can
-stay instrumented in production.
+its forward and, while the root module runs, a ``saved_tensors_hooks`` pack hook that notes each
+tensor autograd keeps for backward (module, shape, dtype, bytes, storage pointer; docs/facts.md
+§5). The notes are written in bulk: one ``sptrace.saved::...`` event when the root module's
+forward returns, its name one record per line, instead of a profiler range per tensor (which
+cost most of the instrumentation's overhead). At that point every saved tensor is still alive,
+so its storage pointer still names its allocation. Everything checks
+``torch.autograd._profiler_enabled()`` first: with no profiler running the hooks only push and
+pop a name, so an instrumented model can stay instrumented in production.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from torch.autograd.profiler import record_function
 from sptrace import markers
 from sptrace.markers import SavedTensor
 
+_profiler_enabled = torch.autograd._profiler_enabled
+
 
 def _profiling() -> bool:
-    return torch.autograd._profiler_enabled()
+    return _profiler_enabled()
 
 
 def annotate(name: str) -> contextlib.AbstractContextManager[Any]:
@@ -77,6 +82,8 @@ class Instrumentation:
         self.saved_tensors = saved_tensors
         # (qualname, open record_function or None, open saved_tensors_hooks or None) per call
         self._stack: list[tuple[str, Any, Any]] = []
+        self._pending: list[str] = []
+        """Saved-tensor records of the forward running now, written when the root returns."""
         self._handles: list[Any] = []
         for name, module in model.named_modules():
             qualname = ".".join(p for p in (prefix, name) if p) or "<root>"
@@ -113,14 +120,44 @@ class Instrumentation:
                 rf.__exit__(None, None, None)
             if hooks is not None:
                 hooks.__exit__(None, None, None)
+            if not self._stack and self._pending:
+                self._flush()
 
         return post_hook
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        if _profiling():
-            with record_function(describe_saved(tensor, self.current_module).to_marker()):
-                pass
+        # The hot path: with_stack=True records every call made here, C methods included, so it
+        # makes as few calls as it can and leaves the formatting to _flush (describe_saved is
+        # the readable equivalent). A DTensor is described by its local shard.
+        if _profiler_enabled():
+            local = getattr(tensor, "_local_tensor", tensor)
+            try:
+                storage = local.untyped_storage()
+                ptr, storage_nbytes = storage.data_ptr(), storage.nbytes()
+            except (RuntimeError, NotImplementedError):
+                ptr, storage_nbytes = 0, 0
+            base = tensor._base
+            if base is not None and base.is_leaf and base.requires_grad:
+                kind = "param"
+            elif tensor.grad_fn is not None:
+                kind = "activation"
+            else:
+                kind = "param" if tensor.requires_grad else "input"
+            module = self._stack[-1][0] if self._stack else "<outside>"
+            self._pending.append((module, local.shape, local.dtype, local.nbytes, ptr, storage_nbytes, kind))
         return tensor
+
+    def _flush(self) -> None:
+        """The forward's saved-tensor records as one profiler event, one record per line
+        (markers.SavedTensor.all_from_marker reads them)."""
+        pending, self._pending = self._pending, []
+        if _profiling():
+            records = [
+                markers.saved_marker(module, shape, str(dtype)[6:], nbytes, ptr, storage_nbytes, kind)
+                for module, shape, dtype, nbytes, ptr, storage_nbytes, kind in pending
+            ]
+            with record_function("\n".join(records)):
+                pass
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -52,11 +52,14 @@ def profile_reference(
     device: str = "auto",
     force: bool = False,
     instrument: bool = True,
+    lean: bool = False,
     log=None,
 ) -> ProfiledRun:
     """Profile one step of the reference model ``cfg`` on ``cfg.sp_size`` local ranks."""
     if warmup < 0:
         raise UsageError("--warmup must be >= 0")
+    if lean and not instrument:
+        raise UsageError("--lean needs the instrumentation: without python stacks or markers nothing names the modules")
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir}: exists and is not a directory")
     if out_dir.is_dir() and holds_run(out_dir) and not force:
@@ -71,6 +74,7 @@ def profile_reference(
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
         "-m", "sptrace.reference_models.run", "--config", json.dumps(cfg.to_dict()), "--out", str(staging),
         "--warmup", str(warmup), "--device", kind, *([] if instrument else ["--no-instrument"]),
+        *(["--lean"] if lean else []),
     ]  # fmt: skip
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # N ranks share this machine's cores

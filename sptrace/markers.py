@@ -13,6 +13,7 @@ analyzers) both use this module; no torch import here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 PREFIX = "sptrace."
 PHASE = "sptrace.phase::"
@@ -62,11 +63,14 @@ class SavedTensor:
     """'activation', 'param' (a leaf that requires grad) or 'input' (a leaf without grad)."""
 
     def to_marker(self) -> str:
-        shape = "x".join(str(d) for d in self.shape) or "scalar"
-        return (
-            f"{SAVED}module={self.module}|shape={shape}|dtype={self.dtype}|bytes={self.nbytes}"
-            f"|ptr={self.storage_ptr:#x}|storage_bytes={self.storage_nbytes}|kind={self.kind}"
-        )
+        return saved_marker(self.module, self.shape, self.dtype, self.nbytes, self.storage_ptr, self.storage_nbytes,
+                            self.kind)  # fmt: skip
+
+    @classmethod
+    def all_from_marker(cls, name: str) -> list[SavedTensor]:
+        """Every record of a marker event: one per line (sptrace.instrument writes a forward's
+        records as one event), well-formed ones only."""
+        return [r for line in name.split("\n") if (r := cls.from_marker(line)) is not None]
 
     @classmethod
     def from_marker(cls, name: str) -> SavedTensor | None:
@@ -88,3 +92,14 @@ class SavedTensor:
             )
         except (KeyError, ValueError):
             return None
+
+
+def saved_marker(
+    module: str, shape: Any, dtype: str, nbytes: int, storage_ptr: int, storage_nbytes: int, kind: str
+) -> str:
+    """One saved tensor's record (SavedTensor.from_marker reads it back)."""
+    dims = "x".join(map(str, shape)) or "scalar"
+    return (
+        f"{SAVED}module={module}|shape={dims}|dtype={dtype}|bytes={nbytes}"
+        f"|ptr={storage_ptr:#x}|storage_bytes={storage_nbytes}|kind={kind}"
+    )

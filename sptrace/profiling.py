@@ -57,6 +57,7 @@ def profile_step(
     profile_memory: bool = True,
     with_stack: bool = True,
     activities: list[ProfilerActivity] | None = None,
+    lean: bool = False,
 ) -> Path:
     """Run ``step_fn(i)`` for ``warmup`` steps, then profile step ``warmup`` and export it.
 
@@ -66,7 +67,13 @@ def profile_step(
     under "config": what the analyses know about the model (scheme, sp_size, layers, batch, seq,
     hidden, heads, kv_heads, ffn, dtype). Nothing left out is guessed: ``sptrace check`` needs
     batch, seq, hidden and sp_size, ``sptrace analyze`` every value and the scheme.
+
+    ``lean``: no Python stacks, the profiler's costliest option. Module attribution then comes
+    from ``sptrace.instrument``'s markers alone, which the sharding check and the collectives'
+    layers need: profile an instrumented model.
     """
+    if lean:
+        with_stack = False
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     distributed = dist.is_available() and dist.is_initialized()

@@ -39,6 +39,8 @@ RUNS: dict[str, list[str]] = {
     "ulysses-zero3-gqa": ["--scheme", "ulysses", "--zero3", "--kv-heads", "2", "--recompute", "selective"],
     "hybrid-zero3": ["--scheme", "hybrid", "--zero3"],
     "megatron-stray-full-save": ["--scheme", "megatron", "--fault", "stray-full-save"],
+    # profiled without Python stacks: modules named by sptrace's markers alone
+    "megatron-stray-full-save-lean": ["--scheme", "megatron", "--fault", "stray-full-save", "--lean"],
     "ulysses-stray-full-save": ["--scheme", "ulysses", "--fault", "stray-full-save", "--fault-layer", "0"],
     "megatron-missing-reduce-scatter": ["--scheme", "megatron", "--fault", "missing-reduce-scatter"],
     "hybrid-debug-hook": ["--scheme", "hybrid", "--fault", "debug-hook", "--fault-layer", "0"],

@@ -64,8 +64,8 @@ def collectives(events: list[dict]) -> list[Collective]:
 
 
 def saved_tensors(events: list[dict]) -> list[markers.SavedTensor]:
-    records = (markers.SavedTensor.from_marker(e["name"]) for e in events if e["name"].startswith(markers.SAVED))
-    return [r for r in records if r is not None]
+    names = [e["name"] for e in events if e["name"].startswith(markers.SAVED)]
+    return [r for name in names for r in markers.SavedTensor.all_from_marker(name)]
 
 
 # ---- a GPU run written by the tests ---------------------------------------------------------------

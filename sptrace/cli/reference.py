@@ -61,6 +61,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--no-instrument", action="store_true",
         help="record without sptrace's markers and saved-tensor records, like a foreign framework's trace",
     )  # fmt: skip
+    p.add_argument(
+        "--lean", action="store_true",
+        help="profile without Python stacks (the profiler's costliest option); modules are named by the markers",
+    )  # fmt: skip
     _add_model_flags(p)
     p.set_defaults(func=cmd_profile)
 
@@ -94,7 +98,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     run = profile_reference(
         cfg, Path(args.out), warmup=args.warmup, device=args.device, force=args.force,
-        instrument=not args.no_instrument, log=log,
+        instrument=not args.no_instrument, lean=args.lean, log=log,
     )  # fmt: skip
     log(f"wrote {run.world_size} traces ({run.trace_bytes / 2**20:.1f} MiB) and run.json to {run.out_dir} in "
         f"{run.seconds:.0f} s")  # fmt: skip

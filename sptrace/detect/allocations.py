@@ -145,16 +145,20 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
     covered: set[int] = set()
     seen_ptrs: set[int] = set()
     end_of_backward = _backward_end(idx, bwd)
-    for name, ts, tid in zip(records["name"].astype(str), records["ts_ns"], records["tid"]):
-        rec = markers.SavedTensor.from_marker(name)
+    saves = [
+        (rec, int(ts), tid, "\n" not in name)
+        for name, ts, tid in zip(records["name"].astype(str), records["ts_ns"], records["tid"])
+        for rec in markers.SavedTensor.all_from_marker(name)
+    ]  # one record per event, or a forward's records in one event (written when it returns)
+    for rec, ts, tid, own_event in saves:
         # weights are not activations; data without autograd history ("input") still costs memory
-        if rec is None or rec.kind == "param" or int(ts) >= bwd:
+        if rec.kind == "param" or ts >= bwd:
             continue  # (a save after the boundary is recomputation in backward: not kept across it)
         if rec.storage_ptr:
             if rec.storage_ptr in seen_ptrs:
                 continue  # the same storage saved twice costs once
             seen_ptrs.add(rec.storage_ptr)
-        alloc = _allocation_at(ledger, rec.storage_ptr, int(ts)) if rec.storage_ptr else None
+        alloc = _allocation_at(ledger, rec.storage_ptr, ts) if rec.storage_ptr else None
         if alloc is not None:
             covered.add(int(alloc["_row"]))
         made_by = _op_name(ops, int(alloc["alloc_ns"]), alloc["tid"]) if alloc is not None else None
@@ -163,7 +167,7 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
             "dtype": rec.dtype, "nbytes": rec.nbytes, "storage_bytes": rec.storage_nbytes or rec.nbytes,
             "storage_ptr": rec.storage_ptr or None, "source": "sptrace.saved record", "alloc_op": made_by,
             "producer": _producer(collectives, ops, alloc, slack) if alloc is not None else None,
-            "saved_by": _op_name(ops, int(ts), tid), "holder": "autograd (saved for backward)",
+            "saved_by": _op_name(ops, ts, tid) if own_event else None, "holder": "autograd (saved for backward)",
             "alloc_ns": None if alloc is None else alloc["alloc_ns"],
             "free_ns": None if alloc is None else alloc["free_ns"],
             "freed_in": None if alloc is None else _freed_in(nodes, alloc.get("free_ns")), "kind": rec.kind,

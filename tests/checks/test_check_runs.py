@@ -63,6 +63,22 @@ def test_stray_full_save(profiled, capsys):
     assert "96.00 KiB, 84.00 KiB more than a 1/8 shard" in f["message"] and "autograd" in f["message"]
 
 
+def test_lean_profile_without_python_stacks_judges_the_same(profiled, capsys):
+    """--lean drops the Python stacks (the profiler's costliest option): the markers name the
+    modules, and the verdict, the full tensor and every judged tensor are those of the full profile."""
+    lean = profiled("megatron-stray-full-save-lean")
+    assert main(["info", str(lean), "--format", "json", "--no-cache"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert all(r["python_stacks"] == 0 and r["saved_tensor_records"] > 0 for r in info["per_rank"])
+    code, report = check(lean, capsys)
+    assert code == 1
+    assert saved_full(report) == {(r, "layers.1.mlp.fc1", (256, 96), FULL) for r in range(8)}
+    _, full = check(profiled("megatron-stray-full-save"), capsys)
+    assert report["counts"] == full["counts"]
+    judged = {(s["rank"], s["module"], s["class"]) for s in report["saved"]}
+    assert judged == {(s["rank"], s["module"], s["class"]) for s in full["saved"]}
+
+
 def test_stray_full_save_in_ulysses_also_flags_the_view(profiled, capsys):
     code, report = check(profiled("ulysses-stray-full-save"), capsys)
     assert code == 1

@@ -30,7 +30,7 @@ def test_reference_run_loads_with_markers_and_memory(profiled, cache_dir):
         mem = ev[ev["name"] == "[memory]"]
         assert mem["mem_addr"].notna().all() and (mem["device_type"] == 0).all()
         names = ev["name"].astype(str)
-        loaded = {SavedTensor.from_marker(n) for n in names[names.str.startswith("sptrace.saved::")]}
+        loaded = {r for n in names[names.str.startswith("sptrace.saved::")] for r in SavedTensor.all_from_marker(n)}
         assert loaded == set(saved_tensors(raw))
         c10d = ev[(ev["cat"] == "cpu_op") & names.str.startswith("c10d::")]
         assert len(c10d) == 21  # 2 layers x (4 fwd + 6 bwd) + 1 gradient all-reduce
