@@ -4,7 +4,7 @@
 its forward and, while the root module runs, a ``saved_tensors_hooks`` pack hook that notes each
 tensor autograd keeps for backward (module, shape, dtype, bytes, storage pointer; docs/facts.md
 §5). The notes are written in bulk: one ``sptrace.saved::...`` event when the root module's
-forward returns, its name one record per line, instead of a profiler range per tensor (which
+forward returns, each record starting with the prefix, instead of a profiler range per tensor (which
 cost most of the instrumentation's overhead). At that point every saved tensor is still alive,
 so its storage pointer still names its allocation. Everything checks
 ``torch.autograd._profiler_enabled()`` first: with no profiler running the hooks only push and
@@ -148,15 +148,15 @@ class Instrumentation:
         return tensor
 
     def _flush(self) -> None:
-        """The forward's saved-tensor records as one profiler event, one record per line
-        (markers.SavedTensor.all_from_marker reads them)."""
+        """The forward's saved-tensor records as one profiler event, each starting with
+        markers.SAVED (markers.SavedTensor.all_from_marker reads them)."""
         pending, self._pending = self._pending, []
         if _profiling():
             records = [
                 markers.saved_marker(module, shape, str(dtype)[6:], nbytes, ptr, storage_nbytes, kind)
                 for module, shape, dtype, nbytes, ptr, storage_nbytes, kind in pending
             ]
-            with record_function("\n".join(records)):
+            with record_function(" ".join(records)):
                 pass
 
     def remove(self) -> None:

@@ -68,9 +68,11 @@ class SavedTensor:
 
     @classmethod
     def all_from_marker(cls, name: str) -> list[SavedTensor]:
-        """Every record of a marker event: one per line (sptrace.instrument writes a forward's
-        records as one event), well-formed ones only."""
-        return [r for line in name.split("\n") if (r := cls.from_marker(line)) is not None]
+        """Every record of a marker event (sptrace.instrument writes a forward's records as one
+        event, each starting with SAVED: the profiler's export drops newlines), well-formed
+        ones only."""
+        chunks = name.split(SAVED)[1:] if name.startswith(SAVED) else []
+        return [r for chunk in chunks if (r := cls.from_marker(SAVED + chunk.strip())) is not None]
 
     @classmethod
     def from_marker(cls, name: str) -> SavedTensor | None:

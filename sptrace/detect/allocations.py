@@ -146,7 +146,7 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
     seen_ptrs: set[int] = set()
     end_of_backward = _backward_end(idx, bwd)
     saves = [
-        (rec, int(ts), tid, "\n" not in name)
+        (rec, int(ts), tid, name.count(markers.SAVED) == 1)
         for name, ts, tid in zip(records["name"].astype(str), records["ts_ns"], records["tid"])
         for rec in markers.SavedTensor.all_from_marker(name)
     ]  # one record per event, or a forward's records in one event (written when it returns)
@@ -198,7 +198,7 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
             else:
                 holder = "not autograd: freed during backward outside any autograd node"
             i = ops.innermost(alloc_ns, alloc_ns, tid)
-            op = ops.frame.iloc[i] if i is not None else None
+            op = ops.row(i) if i is not None else None
             inferred = infer_shape(op, int(rec["bytes"]), element_size, slack) if op is not None else None
             module, _, _ = idx.module_of(alloc_ns, alloc_ns, tid if tid is not None else -1)
             rows.append({
@@ -237,7 +237,7 @@ def _backward_end(idx: RankIndex, bwd: int) -> int | None:
     """The end of the backward pass: the sptrace.phase marker, else the last autograd node."""
     marks = idx.phase_markers
     for i in range(len(marks)):
-        if str(marks.frame.iloc[i]["name"]) == markers.phase_name("backward"):
+        if marks.name(i) == markers.phase_name("backward"):
             return int(marks.end[i])
     nodes = idx.backward_nodes
     return int(nodes.end.max()) if len(nodes) else None
@@ -256,7 +256,7 @@ def _layers_seen(idx: RankIndex) -> set[int]:
 
 def _op_name(ops: Intervals, ts: int, tid: Any) -> str | None:
     i = ops.innermost(ts, ts, int(tid) if tid is not None and not pd.isna(tid) else None)
-    return None if i is None else str(ops.frame.iloc[i]["name"])
+    return None if i is None else ops.name(i)
 
 
 def _producer(collectives: Intervals, ops: Intervals, alloc: dict[str, Any], slack: int) -> str | None:
@@ -271,15 +271,15 @@ def _producer(collectives: Intervals, ops: Intervals, alloc: dict[str, Any], sla
     ts = int(alloc["alloc_ns"])
     i = collectives.innermost(ts, ts, tid)
     if i is not None:
-        return str(collectives.frame.iloc[i]["name"])
+        return collectives.name(i)
     chain = ops.enclosing(ts, ts, tid)
     if len(chain) >= 2:  # the allocating op's caller
         parent = int(chain[-2])
         inner = collectives.inside(int(ops.start[parent]), ts, tid)
-        gathers = [str(collectives.frame.iloc[int(j)]["name"]) for j in inner]
+        gathers = [collectives.name(int(j)) for j in inner]
         gathers = [g for g in gathers if "gather" in g.lower()]
         if gathers:
-            return f"{ops.frame.iloc[parent]['name']} ({gathers[-1]})"
+            return f"{ops.name(parent)} ({gathers[-1]})"
     if not len(collectives):
         return None
     mask = collectives.start > ts
@@ -288,7 +288,7 @@ def _producer(collectives: Intervals, ops: Intervals, alloc: dict[str, Any], sla
     after = np.flatnonzero(mask)
     if not len(after):
         return None
-    first = collectives.frame.iloc[int(after[np.argmin(collectives.start[after])])]
+    first = collectives.row(int(after[np.argmin(collectives.start[after])]))
     name = str(first["name"])
     outputs = (
         forms.output_shapes(name, first) if forms.FORMS.get(name, forms.Form("", "")).layout in _OUT_FIRST else None
@@ -320,4 +320,4 @@ def _freed_in(nodes: Intervals, free_ns: Any) -> str | None:
     if free_ns is None or pd.isna(free_ns):
         return None
     i = nodes.innermost(int(free_ns), int(free_ns))
-    return None if i is None else str(nodes.frame.iloc[i]["name"]).rpartition(": ")[2]
+    return None if i is None else nodes.name(i).rpartition(": ")[2]

@@ -37,7 +37,7 @@ from sptrace import dtypes, markers
 from sptrace.costmodel.comm import wire_bytes
 from sptrace.detect import forms
 from sptrace.detect.args import load_list, present
-from sptrace.detect.intervals import Intervals
+from sptrace.detect.intervals import EventRow, Intervals
 from sptrace.load.trace import RankTrace, RunTrace
 
 COLUMNS = [
@@ -128,49 +128,67 @@ def _within(ranges: Intervals, points: np.ndarray) -> np.ndarray:
     return result
 
 
+def matches(column: pd.Series, test: Any) -> np.ndarray:
+    """``test`` (a function of a pandas Index of distinct str values -> booleans) for every row
+    of ``column``, as a numpy bool array; missing values are False. The test runs once per
+    distinct value (an event table has a few thousand distinct names among 200k events): far
+    cheaper than turning the column into 200k Python strings first."""
+    codes, uniques = pd.factorize(column, use_na_sentinel=True)
+    if not len(uniques):
+        return np.zeros(len(column), dtype=bool)
+    ok = np.asarray(test(pd.Index(uniques).astype(str)), dtype=bool)
+    return np.where(codes >= 0, ok[np.maximum(codes, 0)], False)
+
+
 class RankIndex:
     """The ranges of one rank's trace that collectives and allocations are placed in."""
 
     def __init__(self, trace: RankTrace) -> None:
         ev = trace.events
-        names = ev["name"].astype(str)
-        cat = ev["cat"].astype(str)
-        ph = ev["ph"].astype(str)
-        x = ev[ph == "X"]
-        xn = names[x.index]
-        xc = cat[x.index]
+        names, cat = ev["name"], ev["cat"]
+
+        def starts(prefix: str) -> np.ndarray:
+            return matches(names, lambda v: v.str.startswith(prefix))
+
+        def named(values: Any) -> np.ndarray:
+            return matches(names, lambda v: v.isin(list(values)))
+
+        def of_cat(values: Any) -> np.ndarray:
+            return matches(cat, lambda v: v.isin(list(values)))
+
+        is_x = matches(ev["ph"], lambda v: v == "X")
         self.events = ev
-        self.phase_markers = Intervals(x[xn.str.startswith(markers.PHASE)])
-        self.comm_markers = Intervals(x[xn.str.startswith(markers.COMM)])
-        self.module_markers = Intervals(x[xn.str.startswith(markers.MODULE)])
-        self.steps = Intervals(x[xn.str.startswith("ProfilerStep#")])
-        self.backward_nodes = Intervals(x[xn.str.startswith("autograd::engine::evaluate_function")])
-        self.optimizer = Intervals(x[xn.str.startswith("Optimizer.step") | xn.str.startswith("Optimizer.zero_grad")])
-        self.python = Intervals(x[xc == "python_function"])
-        self.gloo = x[xn.isin(list(GLOO_KINDS))]
-        cpu = x[xc.isin(["cpu_op", "user_annotation"])]
+        self.phase_markers = Intervals(ev[is_x & starts(markers.PHASE)])
+        self.comm_markers = Intervals(ev[is_x & starts(markers.COMM)])
+        self.module_markers = Intervals(ev[is_x & starts(markers.MODULE)])
+        self.steps = Intervals(ev[is_x & starts("ProfilerStep#")])
+        self.backward_nodes = Intervals(ev[is_x & starts("autograd::engine::evaluate_function")])
+        self.optimizer = Intervals(ev[is_x & (starts("Optimizer.step") | starts("Optimizer.zero_grad"))])
+        self.python = Intervals(ev[is_x & of_cat(["python_function"])])
+        self.gloo = ev[is_x & named(GLOO_KINDS)]
+        is_cpu = is_x & of_cat(["cpu_op", "user_annotation"])
+        cpu = ev[is_cpu]
         self.cpu_ops = cpu
-        self.rpc = Intervals(cpu[names[cpu.index] == "record_param_comms"])
-        self.nccl_annotations = Intervals(cpu[names[cpu.index].isin(list(NCCL_ANNOTATION_KINDS))])
-        kernels = x[xc == "kernel"]
-        kernel_names = names[kernels.index]
-        is_comm = kernel_names.map(lambda n: any(p.search(n) for p, _ in KERNEL_PATTERNS)).astype(bool)
-        self.comm_kernels = kernels[is_comm.to_numpy()]
-        self.compute_kernels = kernels[~is_comm.to_numpy()]
-        launches = x[xc.isin(_LAUNCH_CATEGORIES) & x["correlation"].notna()]
-        self.launches = launches
+        self.rpc = Intervals(ev[is_cpu & named(["record_param_comms"])])
+        self.nccl_annotations = Intervals(ev[is_cpu & named(NCCL_ANNOTATION_KINDS)])
+        is_kernel = is_x & of_cat(["kernel"])
+        is_comm = matches(names, lambda v: v.map(lambda n: any(p.search(n) for p, _ in KERNEL_PATTERNS)))
+        self.comm_kernels = ev[is_kernel & is_comm]
+        self.compute_kernels = ev[is_kernel & ~is_comm]
+        self.launches = ev[is_x & of_cat(_LAUNCH_CATEGORIES) & ev["correlation"].notna().to_numpy()]
         # ac2g flows: the start ("s") sits on the launch, the end ("f") on the kernel
-        flows = ev[(cat == "ac2g") & ev["flow_id"].notna()]
-        self.flow_starts = flows[ph[flows.index] == "s"]
-        self.flow_ends = flows[ph[flows.index] == "f"]
+        is_flow = of_cat(["ac2g"]) & ev["flow_id"].notna().to_numpy()
+        self.flow_starts = ev[is_flow & matches(ev["ph"], lambda v: v == "s")]
+        self.flow_ends = ev[is_flow & matches(ev["ph"], lambda v: v == "f")]
+        with_seq = ev[is_cpu & ev["seq_num"].notna().to_numpy() & ~starts("autograd::engine")]
         # forward ops by autograd sequence number (for backward attribution)
-        with_seq = cpu[cpu["seq_num"].notna() & ~names[cpu.index].str.startswith("autograd::engine")]
         in_backward = _within(self.backward_nodes, with_seq["ts_ns"].to_numpy(dtype=np.int64, na_value=0))
         self.backward_ops = Intervals(with_seq[in_backward])
         fwd = with_seq[~in_backward]
         # ops that create no autograd node (aten::to ...) record the current number too: the one
         # that created the node is the last to carry it
-        self.forward_by_seq = fwd.drop_duplicates("seq_num", keep="last").set_index("seq_num")
+        self.forward_by_seq = fwd.drop_duplicates("seq_num", keep="last").reset_index(drop=True)
+        self._forward_at = {int(s): i for i, s in enumerate(self.forward_by_seq["seq_num"])}
         first_bwd = {}
         for i in range(len(self.steps) or 1):
             lo, hi = (self.steps.start[i], self.steps.end[i]) if len(self.steps) else (-(2**62), 2**62)
@@ -186,14 +204,14 @@ class RankIndex:
         idx = self.steps.enclosing(ts, ts)
         if not len(idx):
             return None
-        name = str(self.steps.frame.iloc[int(idx[-1])]["name"])
+        name = self.steps.name(int(idx[-1]))
         number = name.split("#", 1)[1]
         return int(number) if number.isdigit() else None
 
     def phase_of(self, start: int, end: int, tid: int) -> str:
         i = self.phase_markers.innermost(start, start)  # any thread: backward may run elsewhere
         if i is not None:
-            return str(self.phase_markers.frame.iloc[i]["name"])[len(markers.PHASE) :]
+            return self.phase_markers.name(i)[len(markers.PHASE) :]
         if self.optimizer.innermost(start, end) is not None:
             return "optimizer"
         if self.backward_nodes.innermost(start, end, tid) is not None:
@@ -211,17 +229,17 @@ class RankIndex:
         """(module, role, how) for work done in [start, end] on thread tid."""
         i = self.comm_markers.innermost(start, end, tid)
         if i is not None:
-            parsed = markers.parse_comm(str(self.comm_markers.frame.iloc[i]["name"]))
+            parsed = markers.parse_comm(self.comm_markers.name(i))
             if parsed:
                 return parsed[0], parsed[1], "sptrace.comm marker"
         i = self.module_markers.innermost(start, end, tid)
         if i is not None:
-            return str(self.module_markers.frame.iloc[i]["name"])[len(markers.MODULE) :], None, "sptrace.module marker"
+            return self.module_markers.name(i)[len(markers.MODULE) :], None, "sptrace.module marker"
         node = self.backward_nodes.innermost(start, end, tid)
         if node is not None:
             # the node's own op (XBackward0 inside "evaluate_function: XBackward0") carries the
             # Sequence number of the forward op it differentiates
-            node_row = self.backward_nodes.frame.iloc[node]
+            node_row = self.backward_nodes.row(node)
             seq = node_row["seq_num"]
             if not present(seq):
                 lo, hi = int(self.backward_nodes.start[node]), int(self.backward_nodes.end[node])
@@ -231,13 +249,14 @@ class RankIndex:
                     ops = self.backward_ops.frame.iloc[inner].sort_values("ts_ns", kind="stable")
                     named = ops[ops["name"].astype(str) == own]
                     seq = (named if len(named) else ops).iloc[0]["seq_num"]
-            if present(seq) and seq in self.forward_by_seq.index:
-                op = self.forward_by_seq.loc[seq]
+            at = self._forward_at.get(int(seq)) if present(seq) else None
+            if at is not None:
+                op = EventRow(self.forward_by_seq, at)
                 fstart, fend = int(op["ts_ns"]), int(op["ts_ns"] + (op["dur_ns"] if present(op["dur_ns"]) else 0))
                 ftid = int(op["tid"]) if present(op["tid"]) else None
                 j = self.module_markers.innermost(fstart, fend, ftid)
                 if j is not None:
-                    name = str(self.module_markers.frame.iloc[j]["name"])[len(markers.MODULE) :]
+                    name = self.module_markers.name(j)[len(markers.MODULE) :]
                     return name, None, "Sequence number"
                 module = self.python_module(fstart, fend, ftid)
                 if module:
@@ -311,7 +330,7 @@ class RankIndex:
         if not len(self.python):
             return None
         idx = self.python.enclosing(start, end, tid)
-        frames = [str(self.python.frame.iloc[int(i)]["name"]) for i in idx]
+        frames = [self.python.name(int(i)) for i in idx]
         modules = [n for n in frames if n.startswith("nn.Module: ")]
         if not modules:
             return None
@@ -350,11 +369,9 @@ def detect_collectives(trace: RankTrace, index: RankIndex | None = None) -> pd.D
     """One row per collective this rank issued (COLUMNS), in issue order. ``index``: the rank's
     RankIndex when the caller has built it already."""
     idx = index or RankIndex(trace)
-    names = idx.events["name"].astype(str)
     cpu = idx.cpu_ops
-    cpu_names = names[cpu.index]
-    is_anchor = cpu_names.isin(list(forms.FORMS)) | cpu_names.str.startswith("symm_mem::")
-    anchors = Intervals(cpu[is_anchor.to_numpy()])
+    is_anchor = matches(cpu["name"], lambda v: v.isin(list(forms.FORMS)) | v.str.startswith("symm_mem::"))
+    anchors = Intervals(cpu[is_anchor])
     rows: list[_Row] = []
     claimed_rpc: set[int] = set()
     claimed_nccl: set[int] = set()
@@ -366,7 +383,7 @@ def detect_collectives(trace: RankTrace, index: RankIndex | None = None) -> pd.D
     for i in range(len(anchors)):
         if i in nested:
             continue
-        op = anchors.frame.iloc[i]
+        op = anchors.row(i)
         start, end, tid = int(anchors.start[i]), int(anchors.end[i]), int(anchors.tid[i])
         name = str(op["name"])
         form = forms.FORMS.get(name)
@@ -374,24 +391,24 @@ def detect_collectives(trace: RankTrace, index: RankIndex | None = None) -> pd.D
         row = _Row(name, kind, start, end, tid, event=op)
         inner = [j for j in anchors.inside(start, end, tid) if j in nested]
         if inner:
-            row.inner = anchors.frame.iloc[int(inner[0])]
+            row.inner = anchors.row(int(inner[0]))
         rpcs = idx.rpc.inside(start, end, tid)
         notes = idx.nccl_annotations.inside(start, end, tid)
         claimed_rpc.update(int(j) for j in rpcs)
         claimed_nccl.update(int(j) for j in notes)
         row.rpc = _first_collective_record(idx.rpc, rpcs)
-        row.note = idx.nccl_annotations.frame.iloc[int(notes[0])] if len(notes) else None
+        row.note = idx.nccl_annotations.row(int(notes[0])) if len(notes) else None
         rows.append(row)
     # record_param_comms / nccl annotations with no c10d op around them (older NCCL paths)
     for j in range(len(idx.rpc)):
         if j in claimed_rpc:
             continue
-        rpc = idx.rpc.frame.iloc[j]
+        rpc = idx.rpc.row(j)
         kind = COLL_NAME_KINDS.get(str(rpc["coll_name"])) if present(rpc["coll_name"]) else None
         start, end, tid = int(idx.rpc.start[j]), int(idx.rpc.end[j]), int(idx.rpc.tid[j])
         notes = idx.nccl_annotations.inside(start, end, tid)
         claimed_nccl.update(int(k) for k in notes)
-        note = idx.nccl_annotations.frame.iloc[int(notes[0])] if len(notes) else None
+        note = idx.nccl_annotations.row(int(notes[0])) if len(notes) else None
         if kind is None and note is not None:
             kind = NCCL_ANNOTATION_KINDS[str(note["name"])]
         if kind is None:
@@ -400,7 +417,7 @@ def detect_collectives(trace: RankTrace, index: RankIndex | None = None) -> pd.D
     for j in range(len(idx.nccl_annotations)):
         if j in claimed_nccl:
             continue
-        note = idx.nccl_annotations.frame.iloc[j]
+        note = idx.nccl_annotations.row(j)
         start, end = int(idx.nccl_annotations.start[j]), int(idx.nccl_annotations.end[j])
         tid = int(idx.nccl_annotations.tid[j])
         kind = NCCL_ANNOTATION_KINDS[str(note["name"])]
@@ -422,7 +439,7 @@ def _first_collective_record(rpc: Intervals, inside: np.ndarray) -> Any:
     """The record_param_comms of the collective itself (not a nested wait) among those inside."""
     if not len(inside):
         return None
-    frames = [rpc.frame.iloc[int(j)] for j in inside]
+    frames = [rpc.row(int(j)) for j in inside]
     for f in frames:
         if not present(f.get("coll_name")) or COLL_NAME_KINDS.get(str(f["coll_name"])) is not None:
             return f

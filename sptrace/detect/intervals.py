@@ -26,6 +26,16 @@ class Intervals:
     def __len__(self) -> int:
         return len(self.frame)
 
+    def name(self, i: int) -> str:
+        """Range i's event name."""
+        return str(self.frame["name"].iat[i])
+
+    def row(self, i: int) -> EventRow:
+        """Range i's event, read column by column as it is asked for: ``frame.iloc[i]`` builds
+        a whole Series and, over a frame of mixed nullable columns, finds a common type for
+        every row it is asked for, which cost seconds on a 200k-event trace."""
+        return EventRow(self.frame, i)
+
     def enclosing(self, start: int, end: int, tid: int | None = None) -> np.ndarray:
         """Indices of the ranges containing [start, end], outermost first."""
         if not len(self.frame):
@@ -48,3 +58,28 @@ class Intervals:
         if tid is not None:
             mask &= self.tid == tid
         return np.flatnonzero(mask)
+
+
+class EventRow:
+    """One row of a frame, as a read-only mapping (``row["name"]``, ``row.get(...)``,
+    ``row.name``): values are those ``frame[col].iat[i]`` gives."""
+
+    __slots__ = ("_frame", "_i")
+
+    def __init__(self, frame: pd.DataFrame, i: int) -> None:
+        self._frame = frame
+        self._i = i
+
+    def __getitem__(self, key: str) -> object:
+        return self._frame[key].iat[self._i]
+
+    def get(self, key: str, default: object = None) -> object:
+        return self._frame[key].iat[self._i] if key in self._frame.columns else default
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._frame.columns
+
+    def __getattr__(self, key: str) -> object:
+        if key.startswith("_") or key not in self._frame.columns:
+            raise AttributeError(key)
+        return self._frame[key].iat[self._i]

@@ -20,6 +20,14 @@ def _name_prefix(table: pa.Table, prefix: str) -> pa.ChunkedArray:
     return pc.starts_with(table["name"].cast(pa.string()), prefix)
 
 
+def _records(table: pa.Table) -> int:
+    """Saved-tensor records: each sptrace.saved event holds one, or a forward's (each record
+    starts with the prefix)."""
+    names = table["name"].cast(pa.string())
+    saved = names.filter(pc.fill_null(pc.starts_with(names, markers.SAVED), False))
+    return int(pc.sum(pc.count_substring(saved, markers.SAVED)).as_py() or 0)
+
+
 def describe_rank(trace: RankTrace) -> dict[str, Any]:
     t = trace.table
     cats = trace.category_counts()
@@ -40,7 +48,7 @@ def describe_rank(trace: RankTrace) -> dict[str, Any]:
         "collective_args": _count(t, pc.is_valid(t["coll_name"])),
         "profiler_steps": _count(t, _name_prefix(t, "ProfilerStep#")),
         "sptrace_markers": _count(t, _name_prefix(t, markers.PREFIX)),
-        "saved_tensor_records": _count(t, _name_prefix(t, markers.SAVED)),
+        "saved_tensor_records": _records(t),
     }
 
 

@@ -119,3 +119,27 @@ def test_profile_step_single_process(tmp_path):
     assert names["sptrace.module::tiny.fc1"] == 1
     assert names["[memory]"] > 0
     assert not list((tmp_path / "run").glob(".*"))  # no temporary files left behind
+    # the forward's saved-tensor records survive the export (which drops newlines) as one event,
+    # and read back as the tensors autograd saved: what the profiler saw in memory
+    saved = [e["name"] for e in events if e["name"].startswith("sptrace.saved::")]
+    records = [r for name in saved for r in SavedTensor.all_from_marker(name)]
+    assert len(saved) == 1 and len(records) == saved[0].count("sptrace.saved::") >= 4
+    assert {(r.module, r.shape) for r in records} >= {("tiny.fc1", (4, 12)), ("tiny.block.0", (4, 20))}
+
+
+def test_lean_profile_has_no_python_stacks(tmp_path):
+    model = Tiny()
+    sptrace.instrument(model)
+
+    def train_step(step):
+        with sptrace.phase("forward"):
+            loss = model(torch.randn(4, 12)).square().mean()
+        with sptrace.phase("backward"):
+            loss.backward()
+
+    path = sptrace.profile_step(train_step, tmp_path / "run", warmup=1, lean=True)
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    assert not any(e.get("cat") == "python_function" for e in events)
+    assert any(e["name"].startswith("sptrace.saved::") for e in events)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["profiler"]["with_stack"] is False
