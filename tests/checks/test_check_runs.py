@@ -65,7 +65,9 @@ def test_stray_full_save(profiled, capsys):
 
 def test_lean_profile_without_python_stacks_judges_the_same(profiled, capsys):
     """--lean drops the Python stacks (the profiler's costliest option): the markers name the
-    modules, and the verdict, the full tensor and every judged tensor are those of the full profile."""
+    modules, and the verdict, the full tensors and every tensor autograd saved (its record) are
+    judged as in the full profile. (Tensors seen by memory events alone may differ by a gloo
+    buffer or two between two launches: their frees happen on threads the profiler does not see.)"""
     lean = profiled("megatron-stray-full-save-lean")
     assert main(["info", str(lean), "--format", "json", "--no-cache"]) == 0
     info = json.loads(capsys.readouterr().out)
@@ -74,9 +76,14 @@ def test_lean_profile_without_python_stacks_judges_the_same(profiled, capsys):
     assert code == 1
     assert saved_full(report) == {(r, "layers.1.mlp.fc1", (256, 96), FULL) for r in range(8)}
     _, full = check(profiled("megatron-stray-full-save"), capsys)
-    assert report["counts"] == full["counts"]
-    judged = {(s["rank"], s["module"], s["class"]) for s in report["saved"]}
-    assert judged == {(s["rank"], s["module"], s["class"]) for s in full["saved"]}
+    assert report["verdict"]["status"] == full["verdict"]["status"] == "fail"
+    assert report["counts"]["full"] == full["counts"]["full"] == 8
+
+    def records(r):
+        return sorted((s["rank"], s["module"], tuple(s["shape"]), s["class"]) for s in r["saved"]
+                      if s["source"] == "sptrace.saved record")  # fmt: skip
+
+    assert records(report) == records(full) and len(records(report)) >= 8 * 10
 
 
 def test_stray_full_save_in_ulysses_also_flags_the_view(profiled, capsys):
