@@ -29,6 +29,7 @@ from sptrace.detect.collectives import COLUMNS, fill_from_peers
 from sptrace.detect.matching import Matching, match_collectives
 from sptrace.detect.timing import RankTiming
 from sptrace.errors import SptraceError, UsageError
+from sptrace.executors import Executor
 from sptrace.load.trace import RunTrace, files_of, read_run_info
 from sptrace.rankmap import COMPUTE_COLUMNS, MEMORY_COLUMNS, PHASE_COLUMNS, MapSpec, RankResult, map_run, summarize
 from sptrace.shape import ModelShape
@@ -178,7 +179,8 @@ def analyse_run(
 ) -> RunAnalysis:
     """Analyse one run (a folder, a trace file, or a loaded RunTrace). ``flags``: ModelShape
     fields the user passed; ``parts``: which of collectives / sharding to compute;
-    ``load_options``: cache, cache_dir, skip_bad and executor (sptrace.executors.Executor).
+    ``load_options``: cache, cache_dir, skip_bad, and executor (sptrace.executors.Executor) or
+    workers (local processes).
 
     A map over ranks (sptrace.rankmap: each rank summarized where it is parsed, on the
     executor's workers) and a reduce over the summaries, here: matching, timing, the cost-model
@@ -197,9 +199,11 @@ def analyse_run(
             parts, declared_model(run_info, flags).dtype_bytes, options.get("cache", True),
             Path(options["cache_dir"]) if options.get("cache_dir") else None,
         )  # fmt: skip
-        run, results = map_run(
-            path, spec, run_info=run_info, skip_bad=options.get("skip_bad", False), executor=options.get("executor")
-        )
+        executor = options.get("executor")
+        if executor is None and options.get("workers") is not None:
+            executor = Executor(workers=options["workers"])
+        skip_bad = options.get("skip_bad", False)
+        run, results = map_run(path, spec, run_info=run_info, skip_bad=skip_bad, executor=executor)
         run.warnings[:0] = notes
     return reduce_run(run, path, results, flags=flags, allow=allow, strict=strict, k=k, parts=parts)
 
