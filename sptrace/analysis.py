@@ -25,13 +25,21 @@ from sptrace.checks.sharding import ShardingReport, check_sharding
 from sptrace.costmodel import CommEstimate, activation_bytes_per_layer, estimate_comm
 from sptrace.costmodel.comm import NEEDS as COMM_NEEDS
 from sptrace.detect.allocations import Retention
-from sptrace.detect.collectives import COLUMNS, fill_from_peers
 from sptrace.detect.matching import Matching, match_collectives
 from sptrace.detect.timing import RankTiming
 from sptrace.errors import SptraceError, UsageError
 from sptrace.executors import Executor
 from sptrace.load.trace import RunTrace, files_of, read_run_info
-from sptrace.rankmap import COMPUTE_COLUMNS, MEMORY_COLUMNS, PHASE_COLUMNS, MapSpec, RankResult, map_run, summarize
+from sptrace.rankmap import (
+    COMPUTE_COLUMNS,
+    MEMORY_COLUMNS,
+    PHASE_COLUMNS,
+    MapSpec,
+    RankResult,
+    map_run,
+    merged_collectives,
+    summarize,
+)
 from sptrace.shape import ModelShape
 
 PARTS = ("collectives", "sharding")
@@ -222,10 +230,9 @@ def reduce_run(
     """The cross-rank reduce over the ranks' summaries (sptrace.rankmap.RankResult)."""
     model = resolve_model(run, flags)
     ranked = [results[r] for r in sorted(results)]
-    frames = [r.collectives for r in ranked if r.collectives is not None and not r.collectives.empty]
     timing = [r.timing for r in ranked if r.timing is not None]
     compute = [r.compute for r in ranked if r.compute is not None]
-    collectives = fill_from_peers(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame(columns=COLUMNS)
+    collectives = merged_collectives(results)
     if model.layers is None:
         layers = set(collectives["layer"].dropna().astype(int)) if len(collectives) else set()
         if layers:

@@ -10,13 +10,13 @@ with the event count of the run, only with these summaries.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sptrace.errors import TraceError
-from sptrace.executors import Executor, map_ranks
-from sptrace.load.trace import RankTrace, RunTrace, assemble_run, files_of, load_trace, read_run_info
+from sptrace.executors import Executor
+from sptrace.load.trace import RankTrace, RunTrace, files_of, load_trace, map_files
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -106,28 +106,27 @@ def map_run(
     """Every rank of a run through ``map_one`` on ``executor``: the run (its traces released)
     and each rank's result. Errors as sptrace.load.load_run's; its warnings are in
     ``run.warnings`` (not raised)."""
-    root, files, skipped = files_of(path_or_files)
+    found = files_of(path_or_files)
     spec = spec or MapSpec()
-    if len(files) == 1 and not spec.single_file:
-        spec = MapSpec(spec.parts, spec.element_size, spec.cache, spec.cache_dir, True)
-    total = sum(p.stat().st_size for p in files)
-    results: list[RankResult] = []
-    bad: list[tuple[Path, str]] = []
-    for p, got in map_ranks(map_one, files, (spec,), executor=executor, total_bytes=total):
-        if isinstance(got, TraceError):
-            if not skip_bad:
-                raise got
-            bad.append((p, got.problem))
-            continue
-        results.append(got)
-    notes = [f"skipped {p}: {why}" for p, why in skipped + bad]
-    if not results:
-        raise TraceError(root or files[0], "no usable trace among " + ", ".join(str(p) for p, _ in bad))
-    if run_info is False:
-        run_info = read_run_info(root, notes)
-    run = assemble_run(root, [r.trace for r in results], notes, run_info)
-    run.skipped = skipped + bad
-    return run, {r.trace.rank: r for r in results}  # type: ignore[misc]
+    if len(found[1]) == 1 and not spec.single_file:
+        spec = dataclasses.replace(spec, single_file=True)
+    run, results = map_files(
+        found, map_one, (spec,), executor=executor, skip_bad=skip_bad,
+        trace_of=lambda r: r.trace, run_info=run_info,
+    )  # fmt: skip
+    return run, {r.trace.rank: r for r in results}
+
+
+def merged_collectives(results: dict[int, RankResult]) -> pd.DataFrame:
+    """Every rank's collectives in one table, in rank order, with the element types a rank's
+    trace left out filled from its peers (the first step of the reduce)."""
+    import pandas as pd
+
+    from sptrace.detect.collectives import COLUMNS, fill_from_peers
+
+    frames = [results[r].collectives for r in sorted(results)]
+    frames = [f for f in frames if f is not None and not f.empty]
+    return fill_from_peers(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame(columns=COLUMNS)
 
 
 def rank_phases(trace: RankTrace) -> pd.DataFrame:

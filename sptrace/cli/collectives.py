@@ -20,16 +20,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     from sptrace.detect import COLUMNS
-    from sptrace.detect.collectives import fill_from_peers
+    from sptrace.rankmap import merged_collectives
 
     _, results = map_quietly(args, ("collectives",))
-    ranked = [results[r] for r in sorted(results)]
-    timing = [r.timing for r in ranked]
-    nonempty = [r.collectives for r in ranked if not r.collectives.empty]
-    frame = fill_from_peers(pd.concat(nonempty, ignore_index=True)) if nonempty else pd.DataFrame(columns=COLUMNS)
+    timing = [results[r].timing for r in sorted(results)]
+    frame = merged_collectives(results)
     if args.format == "csv":
         sys.stdout.write(frame.to_csv(index=False))
         return 0

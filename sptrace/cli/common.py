@@ -81,15 +81,15 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"cache": not args.no_cache, "skip_bad": args.skip_bad, "cache_dir": args.cache_dir, "executor": executor}
 
 
-def map_quietly(args: argparse.Namespace, parts: tuple[str, ...]):
+def map_quietly(args: argparse.Namespace, parts: tuple[str, ...], *, show_warnings: bool = True):
     """sptrace.rankmap.map_run with the CLI's flags: (run, per-rank results); its warnings go to
-    stderr, one line each."""
+    stderr, one line each, unless the command shows them itself."""
     from sptrace.rankmap import MapSpec, map_run
 
     options = load_options(args)
     spec = MapSpec(parts, cache=options["cache"], cache_dir=options["cache_dir"] and Path(options["cache_dir"]))
     run, results = map_run(args.path, spec, skip_bad=options["skip_bad"], executor=options["executor"])
-    for w in run.warnings:
+    for w in run.warnings if show_warnings else ():
         log(f"warning: {w}")
     return run, results
 

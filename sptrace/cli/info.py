@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from sptrace.cli.common import add_load_flags, load_options
+from sptrace.cli.common import add_load_flags, map_quietly
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,11 +18,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sptrace.load import describe
-    from sptrace.rankmap import MapSpec, map_run
 
-    options = load_options(args)
-    spec = MapSpec((), cache=options["cache"], cache_dir=options["cache_dir"] and Path(options["cache_dir"]))
-    run_, results = map_run(args.path, spec, skip_bad=options["skip_bad"], executor=options["executor"])
+    run_, results = map_quietly(args, (), show_warnings=False)  # info lists them in its report
     info = describe.describe_run(run_, {rank: r.description for rank, r in results.items()})
     print(json.dumps(info, indent=2) if args.format == "json" else describe.render_text(info))
     return 0

@@ -70,16 +70,25 @@ def _crc(path: Path) -> int:
     return crc
 
 
-def read_cached(cache_dir: Path, path: Path) -> tuple[dict[str, Any], pa.Table] | None:
+def _candidates(cache_dir: Path, path: Path) -> list[Path]:
+    """The entries written for the current version of ``path`` (usually one)."""
     try:
         _, version = _key(path)
-        candidates = sorted(cache_dir.glob(f"{version}*.arrow")) if cache_dir.is_dir() else []
+        return sorted(cache_dir.glob(f"{version}*.arrow")) if cache_dir.is_dir() else []
     except OSError:
-        return None
-    for entry in candidates:
-        match = _ENTRY.match(entry.name)
+        return []
+
+
+def _intact(entry: Path) -> bool:
+    """Whether the entry's bytes still have the CRC-32 its name carries."""
+    match = _ENTRY.match(entry.name)
+    return match is not None and _crc(entry) == int(match.group("crc"), 16)
+
+
+def read_cached(cache_dir: Path, path: Path) -> tuple[dict[str, Any], pa.Table] | None:
+    for entry in _candidates(cache_dir, path):
         try:
-            if match is None or _crc(entry) != int(match.group("crc"), 16):
+            if not _intact(entry):
                 raise ValueError("damaged")
             with pa.memory_map(str(entry), "r") as source:
                 table = ipc.open_file(source).read_all()
@@ -100,18 +109,12 @@ _VERIFIED: dict[tuple[str, int, int], bool] = {}
 def cached_entry(cache_dir: Path, path: Path) -> Path | None:
     """The checked entry of ``path``'s current version, for readers that query it in place
     (sptrace.load.window); None when there is none. Its CRC is checked once per process."""
-    try:
-        _, version = _key(path)
-        candidates = sorted(cache_dir.glob(f"{version}*.arrow")) if cache_dir.is_dir() else []
-    except OSError:
-        return None
-    for entry in candidates:
-        match = _ENTRY.match(entry.name)
+    for entry in _candidates(cache_dir, path):
         try:
             st = entry.stat()
             key = (str(entry), st.st_size, st.st_mtime_ns)
             if key not in _VERIFIED:
-                _VERIFIED[key] = match is not None and _crc(entry) == int(match.group("crc"), 16)
+                _VERIFIED[key] = _intact(entry)
             if _VERIFIED[key]:
                 return entry
             entry.unlink(missing_ok=True)  # damaged: never trusted

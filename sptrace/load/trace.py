@@ -12,7 +12,7 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -229,30 +229,56 @@ def load_run(
     different runs or worlds). A rank missing from 0..world_size-1 is a warning (the run is
     analysed over the ranks present). ``skip_bad`` turns a bad rank file into a warning too.
     """
-    root, files, skipped = files_of(path_or_files)
     directory = Path(cache_dir) if cache_dir is not None else None
     executor = executor or Executor(workers=workers, progress=progress)
-    traces: list[RankTrace] = []
-    bad: list[tuple[Path, str]] = []
+    run, traces = map_files(
+        files_of(path_or_files),
+        _load_in_worker,
+        (cache, directory),
+        executor=executor,
+        skip_bad=skip_bad,
+        desc="loading traces",
+    )
+    for trace in traces:
+        if trace.loaded is None:  # left in the cache by a worker: map it here
+            trace.table  # noqa: B018 - reads the table back
+    for note in run.warnings:
+        warnings.warn(note, TraceWarning, stacklevel=2)
+    return run
+
+
+def map_files(
+    found: tuple[Path | None, list[Path], list[tuple[Path, str]]],
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    *,
+    executor: Executor | None,
+    skip_bad: bool,
+    desc: str = "analysing ranks",
+    trace_of: Callable[[Any], RankTrace] = lambda result: result,
+    run_info: dict[str, Any] | bool | None = False,
+) -> tuple[RunTrace, list[Any]]:
+    """``fn(file, *args)`` for every trace file of a run (``found``: files_of's answer) on
+    ``executor``, and the run their traces (``trace_of(result)``) make: what load_run and
+    sptrace.rankmap.map_run share. A bad file raises, or with ``skip_bad`` is left out with a
+    note; no usable file raises."""
+    root, files, skipped = found
     total = sum(p.stat().st_size for p in files)
-    for p, got in map_ranks(_load_in_worker, files, (cache, directory), executor=executor, total_bytes=total,
-                            desc="loading traces"):  # fmt: skip
+    results: list[Any] = []
+    bad: list[tuple[Path, str]] = []
+    for p, got in map_ranks(fn, files, args, executor=executor, total_bytes=total, desc=desc):
         if isinstance(got, TraceError):
             if not skip_bad:
                 raise got
             bad.append((p, got.problem))
             continue
-        if got.loaded is None:  # left in the cache by a worker: map it here
-            got.table  # noqa: B018 - reads the table back
-        traces.append(got)
+        results.append(got)
     notes = [f"skipped {p}: {why}" for p, why in skipped + bad]
-    if not traces:
+    if not results:
         raise TraceError(root or files[0], "no usable trace among " + ", ".join(str(p) for p, _ in bad))
-    run = assemble_run(root, traces, notes)
+    run = assemble_run(root, [trace_of(r) for r in results], notes, run_info)
     run.skipped = skipped + bad
-    for note in run.warnings:
-        warnings.warn(note, TraceWarning, stacklevel=2)
-    return run
+    return run, results
 
 
 def files_of(path_or_files: Any) -> tuple[Path | None, list[Path], list[tuple[Path, str]]]:

@@ -108,12 +108,6 @@ def timeline(
             ranks = ranks[:max_lanes]
     if len(ranks) < len(present):
         frame = frame[frame["rank"].isin(ranks)]
-        if len(a.compute):
-            a_compute = a.compute[a.compute["rank"].isin(ranks)]
-        else:
-            a_compute = a.compute
-    else:
-        a_compute = a.compute
     lane = {r: i for i, r in enumerate(ranks)}
 
     def aligned(values: pd.Series, rank: pd.Series) -> pd.Series:
@@ -164,8 +158,8 @@ def timeline(
             fig.add_annotation(x=(p.s - t0) / 1e3, y=-0.5, text=p.phase, showarrow=False, xanchor="left",
                                yanchor="bottom", font={"size": 11, "color": COLORS["gray"]})  # fmt: skip
     # compute: a thin band at the bottom of each lane
-    if len(a_compute):
-        c = a_compute[a_compute["rank"].isin(ranks)]
+    if len(a.compute):
+        c = a.compute[a.compute["rank"].isin(ranks)]
         c = c.assign(s=aligned(c["start_us"], c["rank"]))
         fig.add_trace(go.Bar(
             y=[lane[int(r)] - 0.28 for r in c["rank"]], base=(c["s"] - t0) / 1e3,
