@@ -13,6 +13,7 @@ builds Python dicts, rounds nanoseconds and drops events without ``dur``.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import re
@@ -27,9 +28,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sptrace.errors import TraceError
+from sptrace.load.arrow import codes_of, dictionary, from_numpy, string_array, to_numpy
 from sptrace.load.schema import ARG_COLUMNS, SCHEMA, normalise_category
 
 _EXACT_FLOAT_US = float(2**43)  # below this a float µs with 3 decimals maps to a unique ns
+_EXACT_INT_US = float(2**53)  # below this every int µs is exactly a double
 
 
 _ABSENT = -(2**63)
@@ -273,20 +276,20 @@ def _us_to_ns(values: Sequence[int | float | None], path: Path, what: str, exact
             raise TraceError(path, f"an event's {what} ({bad} us) is beyond any time a 64-bit clock can hold")
         return pa.array(ns, type=pa.int64())
     try:
-        arr = pa.array(values, type=pa.float64(), from_pandas=True)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        x = np.array(values, dtype=np.float64)  # None -> NaN
+    except (TypeError, ValueError, OverflowError):
         raise _NeedsExactTime(what) from None
-    x = arr.to_numpy(zero_copy_only=False)
     finite = np.isfinite(x)
-    if finite.any() and np.abs(x[finite]).max() >= _MAX_US:
-        bad = x[finite][np.argmax(np.abs(x[finite]))]
+    magnitude = np.abs(np.where(finite, x, 0.0))
+    if magnitude.max(initial=0.0) >= _MAX_US:
+        bad = x[np.argmax(magnitude)]
         raise TraceError(path, f"an event's {what} ({bad:g} us) is beyond any time a 64-bit clock can hold")
     whole = np.floor(np.where(finite, x, 0.0))
     frac = np.where(finite, x, 0.0) - whole
-    if np.any((frac != 0) & (np.abs(x) >= _EXACT_FLOAT_US)):
-        raise _NeedsExactTime(what)
+    if np.any(((frac != 0) & (magnitude >= _EXACT_FLOAT_US)) | (magnitude >= _EXACT_INT_US)):
+        raise _NeedsExactTime(what)  # a fraction a double cannot hold, or an int it rounded
     ns = whole.astype(np.int64) * 1000 + np.round(frac * 1000).astype(np.int64)
-    return pa.array(ns, type=pa.int64(), mask=~finite)
+    return from_numpy(ns, finite)
 
 
 _INT64_MIN, _INT64_MAX = -(2**63) + 1, 2**63 - 1  # -2**63 is the typed decoder's "absent"
@@ -347,11 +350,23 @@ def _raw_text(raw: msgspec.Raw) -> str | None:
 
 def _ints(values: Sequence[Any]) -> pa.Array:
     """int64 column from Python values: numpy's C conversion when all are ints (the common
-    case), else value by value (None, numeric strings, "stream 7")."""
+    case), else the ints as they are and the rest value by value (None, numeric strings,
+    "stream 7")."""
+    n = len(values)
     try:
-        return pa.array(np.array(values, dtype=np.int64))
+        return from_numpy(np.fromiter(values, dtype=np.int64, count=n))
     except (TypeError, ValueError, OverflowError):
-        return pa.array([_int64(v if type(v) is int else _to_int(v)) for v in values], type=pa.int64())
+        pass
+    fixed = list(values)  # usually a handful of odd values ("Spans", "stream 7") among the ints
+    is_int = np.fromiter(map(isinstance, values, itertools.repeat(int)), dtype=bool, count=n)
+    for i in np.flatnonzero(~is_int).tolist():
+        value = _int64(_to_int(values[i]))
+        fixed[i] = _ABSENT if value is None else value
+    try:
+        arr = np.fromiter(fixed, dtype=np.int64, count=n)
+    except OverflowError:  # an int beyond 64 bits: no counter holds it, so it is no id
+        arr = np.fromiter((v if _INT64_MIN <= v <= _INT64_MAX else _ABSENT for v in fixed), dtype=np.int64, count=n)
+    return from_numpy(arr, arr != _ABSENT)
 
 
 def _sentinel_ints(objects: Sequence[Any], attr: str, n: int) -> pa.Array:
@@ -359,18 +374,21 @@ def _sentinel_ints(objects: Sequence[Any], attr: str, n: int) -> pa.Array:
     try:
         arr = np.fromiter(map(operator.attrgetter(attr), objects), dtype=np.int64, count=n)
     except (TypeError, OverflowError):  # a JSON null, or an int beyond 64 bits: both become nulls
-        values = list(map(operator.attrgetter(attr), objects))
-        return pa.array([None if v is None or v == _ABSENT else _int64(v) for v in values], type=pa.int64())
-    absent = arr == _ABSENT
-    return pa.array(arr, mask=absent) if absent.any() else pa.array(arr)
+        values = (_int64(v) for v in map(operator.attrgetter(attr), objects))
+        arr = np.fromiter((_ABSENT if v is None else v for v in values), dtype=np.int64, count=n)
+    return from_numpy(arr, arr != _ABSENT)
 
 
 def _texts(values: Sequence[Any], n: int) -> pa.Array:
+    """A string column (dictionary-encoded) from str or Raw values; a Raw's JSON text is
+    decoded once per distinct value."""
     if not any(values):
         return pa.nulls(n, type=pa.string())
     if isinstance(next(v for v in values if v), msgspec.Raw):
-        values = [_raw_text(v) if v else None for v in values]
-    return pa.array(values, type=pa.string())
+        raw = [bytes(v) if v else None for v in values]
+        text = {b: _raw_text(msgspec.Raw(b)) for b in dict.fromkeys(raw) if b is not None}
+        values = list(map(text.get, raw))
+    return dictionary(values)
 
 
 def _plain(arr: pa.Array) -> pa.Array:
@@ -382,32 +400,41 @@ def _categories(raw_cat: pa.Array, ph: pa.Array, name: pa.Array) -> pa.Array:
     rows whose category depends on the name (old traces' uncategorised [memory] instants,
     old "async"/"launch" flows) or on ph (metadata)."""
     encoded = raw_cat if pa.types.is_dictionary(raw_cat.type) else pc.dictionary_encode(raw_cat)
-    mapped = pa.array([normalise_category(c, "X", "") for c in encoded.dictionary.to_pylist()], type=pa.string())
-    cat = pc.take(mapped, encoded.indices)
-    ph, name = _plain(ph), _plain(name)
-    fallback = pc.if_else(
-        pc.equal(ph, "M"), "metadata", pc.if_else(pc.equal(name, "[memory]"), "cpu_instant_event", "other")
-    )
-    cat = pc.if_else(pc.is_null(encoded.indices), fallback, cat)
-    launch = pc.and_(pc.equal(_plain(raw_cat), "async"), pc.equal(name, "launch"))
-    return pc.if_else(pc.fill_null(launch, False), "ac2g", cat)
+    mapped = [normalise_category(c, "X", "") for c in encoded.dictionary.to_pylist()]
+    vocabulary = list(dict.fromkeys([*mapped, "metadata", "cpu_instant_event", "other", "ac2g"]))
+    code = {c: i for i, c in enumerate(vocabulary)}
+    cats = np.array([code[c] for c in mapped] + [-1], dtype=np.int32)[to_numpy(encoded.indices, fill=-1)]
+    uncategorised = cats < 0
+    if uncategorised.any():
+        fallback = np.where(
+            codes_of(ph, ["M"]),
+            code["metadata"],
+            np.where(codes_of(name, ["[memory]"]), code["cpu_instant_event"], code["other"]),
+        )
+        cats = np.where(uncategorised, fallback, cats).astype(np.int32)
+    launch = codes_of(raw_cat, ["async"]) & codes_of(name, ["launch"])
+    if launch.any():
+        cats[launch] = code["ac2g"]
+    return pa.DictionaryArray.from_arrays(from_numpy(cats), string_array(vocabulary))
 
 
 def _thread_names(pid: pa.Array, tid: pa.Array, ph: pa.Array, name: pa.Array, meta: pa.Array) -> pa.Array:
     """Each event's thread name, from the trace's thread_name metadata events."""
-    import pandas as pd
-
-    is_thread = pc.and_(pc.equal(_plain(ph), "M"), pc.equal(_plain(name), "thread_name"))
-    rows = pc.filter(pa.table({"pid": pid, "tid": tid, "meta": meta}), pc.fill_null(is_thread, False))
-    if rows.num_rows == 0:
+    rows = np.flatnonzero(codes_of(ph, ["M"]) & codes_of(name, ["thread_name"]))
+    if not len(rows):
         return pa.nulls(len(pid), pa.string())
-    frame = rows.to_pandas().drop_duplicates(["pid", "tid"], keep="last")  # the last name wins
-    known = pd.MultiIndex.from_arrays([frame["pid"], frame["tid"]])
-    known_names = frame["meta"].tolist()
-    lookup = pd.MultiIndex.from_arrays([pid.to_pandas(), tid.to_pandas()])
-    pos = known.get_indexer(lookup)
-    table = pa.array([*known_names, None], type=pa.string())
-    return pc.take(table, pa.array(np.where(pos < 0, len(known_names), pos)))
+    pids, tids = to_numpy(pid, fill=_ABSENT), to_numpy(tid, fill=_ABSENT)  # (no event's id is _ABSENT)
+    named = dict(zip(zip(pids[rows].tolist(), tids[rows].tolist()), meta.take(from_numpy(rows)).to_pylist()))
+    # the last name wins; each distinct (pid, tid) is looked up once (Arrow's hash encoding)
+    pid_codes = from_numpy(pids).dictionary_encode()
+    tid_codes = from_numpy(tids).dictionary_encode()
+    width = len(tid_codes.dictionary)
+    pair = to_numpy(pid_codes.indices).astype(np.int64) * width + to_numpy(tid_codes.indices)
+    pairs = from_numpy(pair).dictionary_encode()
+    distinct = to_numpy(pairs.dictionary)
+    first_pid, first_tid = to_numpy(pid_codes.dictionary), to_numpy(tid_codes.dictionary)
+    keys = zip(first_pid[distinct // width].tolist(), first_tid[distinct % width].tolist())
+    return dictionary([named.get(key) for key in keys]).take(pairs.indices)
 
 
 _RAW_ARGS = {"input_dims", "input_types", "concrete_inputs", "in_split", "out_split", "pg_name", "pg_ranks"}
@@ -417,13 +444,14 @@ _STR_ARGS = {"coll_name", "coll_dtype", "pg_desc"}
 def _finish(path: Path, columns: dict[str, pa.Array]) -> pa.Table:
     """Checks and derived columns shared by both paths; the table in schema order."""
     ts, ph, name = columns["ts_ns"], columns["ph"], columns["name"]
-    missing = pc.and_(pc.is_null(ts), pc.invert(pc.is_in(_plain(ph), pa.array(["M", ""]))))
-    n_missing = pc.sum(missing).as_py() or 0
+    timed = to_numpy(pc.is_valid(ts))
+    missing = ~timed & ~codes_of(ph, ["M", ""])
+    n_missing = int(missing.sum())
     if n_missing:
-        first = pc.index(missing, True).as_py()
+        first = int(np.argmax(missing))
         noun = "event has" if n_missing == 1 else "events have"
         raise TraceError(path, f"{n_missing} {noun} no ts (the first: {_plain(name)[first]})")
-    if pc.sum(pc.is_valid(ts)).as_py() in (0, None):
+    if not timed.any():
         raise TraceError(path, "no timed events: the trace is empty")
     columns["cat"] = _categories(columns["raw_cat"], ph, name)
     columns["thread_name"] = _thread_names(columns["pid"], columns["tid"], ph, name, columns["meta"])
@@ -444,8 +472,8 @@ def _group_columns(kind: type, events: list[Any]) -> dict[str, pa.Array]:
         return list(map(operator.attrgetter(attr), events))
 
     columns: dict[str, pa.Array] = {
-        "name": pa.array(field("name"), pa.string()),
-        "raw_cat": pa.array(field("cat"), pa.string()),
+        "name": dictionary(field("name")),
+        "raw_cat": dictionary(field("cat")),
         "ts": field("ts"),
         "pid": _ints(field("pid")),
         "tid": _ints(field("tid")),
@@ -457,7 +485,7 @@ def _group_columns(kind: type, events: list[Any]) -> dict[str, pa.Array]:
         columns["flow_bp"] = _texts(field("bp"), n)
     if kind is _M:
         metas = [a or {} for a in field("args")]
-        columns["meta"] = pa.array([_meta_text(m) for m in metas], pa.string())
+        columns["meta"] = dictionary([_meta_text(m) for m in metas])
     if kind in _ARGS:
         args = field("args")
         for attr in _ARGS[kind].__struct_fields__:
@@ -516,8 +544,8 @@ def _table_from_structs(path: Path, events: list[Any]) -> pa.Table:
         key = {"ts": "ts_ns", "dur": "dur_ns"}.get(column, column)
         columns[key] = pa.concat_arrays(arrays) if arrays else pa.nulls(0, arrow_type)
     columns["ph"] = pa.DictionaryArray.from_arrays(
-        pa.array(np.repeat(np.arange(len(parts), dtype=np.int32), [m for _, _, m in parts])),
-        pa.array([ph for ph, _, _ in parts], pa.string()),
+        from_numpy(np.repeat(np.arange(len(parts), dtype=np.int32), [m for _, _, m in parts])),
+        string_array([ph for ph, _, _ in parts]),
     )
     del parts
     # rows come grouped by phase (X, i, s, f, M), in file order within each group

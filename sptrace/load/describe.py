@@ -4,35 +4,34 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sptrace import markers
+from sptrace.load.arrow import codes_of, rows_where, to_numpy, value_counts
 from sptrace.load.trace import RankTrace, RunTrace
 from sptrace.units import rank_ranges
 
 
-def _count(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> int:
-    return int(pc.sum(pc.fill_null(mask, False)).as_py() or 0)
-
-
-def _name_prefix(table: pa.Table, prefix: str) -> pa.ChunkedArray:
-    return pc.starts_with(table["name"].cast(pa.string()), prefix)
-
-
-def _records(table: pa.Table) -> int:
+def _records(names: pa.ChunkedArray) -> int:
     """Saved-tensor records: each sptrace.saved event holds one, or a forward's (each record
     starts with the prefix)."""
-    names = table["name"].cast(pa.string())
-    saved = names.filter(pc.fill_null(pc.starts_with(names, markers.SAVED), False))
-    return int(pc.sum(pc.count_substring(saved, markers.SAVED)).as_py() or 0)
+    counts = value_counts(names)
+    return sum(name.count(markers.SAVED) * n for name, n in counts.items() if name.startswith(markers.SAVED))
 
 
 def describe_rank(trace: RankTrace) -> dict[str, Any]:
+    """Counts from the table's dictionaries: each distinct name is tested once."""
     t = trace.table
     cats = trace.category_counts()
     span = trace.time_span_ns()
-    is_cpu_op = pc.equal(t["cat"].cast(pa.string()), "cpu_op")
+    names = t["name"]
+    is_cpu_op = codes_of(t["cat"], ["cpu_op"])
+
+    def named(prefix: str) -> np.ndarray:
+        return rows_where(names, lambda name: name.startswith(prefix))
+
     return {
         "rank": trace.rank,
         "file": str(trace.path),
@@ -40,15 +39,15 @@ def describe_rank(trace: RankTrace) -> dict[str, Any]:
         "events": trace.num_events,
         "categories": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
         "span_ms": None if span is None else (span[1] - span[0]) / 1e6,
-        "memory_events": _count(t, pc.equal(t["name"].cast(pa.string()), "[memory]")),
+        "memory_events": int(codes_of(names, ["[memory]"]).sum()),
         "python_stacks": cats.get("python_function", 0),
-        "ops_with_shapes": _count(t, pc.and_(is_cpu_op, pc.is_valid(t["input_dims"]))),
+        "ops_with_shapes": int((is_cpu_op & to_numpy(pc.is_valid(t["input_dims"]))).sum()),
         "gpu_kernels": cats.get("kernel", 0),
-        "c10d_ops": _count(t, pc.and_(is_cpu_op, _name_prefix(t, "c10d::"))),
-        "collective_args": _count(t, pc.is_valid(t["coll_name"])),
-        "profiler_steps": _count(t, _name_prefix(t, "ProfilerStep#")),
-        "sptrace_markers": _count(t, _name_prefix(t, markers.PREFIX)),
-        "saved_tensor_records": _records(t),
+        "c10d_ops": int((is_cpu_op & named("c10d::")).sum()),
+        "collective_args": len(t) - t["coll_name"].null_count,
+        "profiler_steps": int(named("ProfilerStep#").sum()),
+        "sptrace_markers": int(named(markers.PREFIX).sum()),
+        "saved_tensor_records": _records(names),
     }
 
 

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from sptrace.errors import TraceError
 from sptrace.executors import Executor, map_ranks
 from sptrace.load import cache as table_cache
+from sptrace.load.arrow import to_numpy, value_counts
 from sptrace.load.decode import decode_trace
 from sptrace.units import rank_ranges
 
@@ -109,16 +110,16 @@ class RankTrace:
     def category_counts(self) -> dict[str, int]:
         if self.loaded is None and self.stats:
             return dict(self.stats[1])
-        counts = pc.value_counts(self.table["cat"].combine_chunks().dictionary_decode())
-        return {c["values"].as_py(): c["counts"].as_py() for c in counts}
+        return value_counts(self.table["cat"])
 
     def time_span_ns(self) -> tuple[int, int] | None:
         if self.loaded is None and self.stats:
             return self.stats[2]
-        ts = self.table["ts_ns"]
-        end = pc.add(ts, pc.fill_null(self.table["dur_ns"], 0))
-        lo, hi = pc.min(ts).as_py(), pc.max(end).as_py()
-        return None if lo is None else (lo, hi)
+        timed = to_numpy(pc.is_valid(self.table["ts_ns"]))
+        if not timed.any():
+            return None
+        start = to_numpy(self.table["ts_ns"])[timed]
+        return int(start.min()), int((start + to_numpy(self.table["dur_ns"])[timed]).max())
 
 
 @dataclass(eq=False)
