@@ -14,6 +14,7 @@ from sptrace.errors import ConfigError
 from sptrace.shape import RECOMPUTE, SCHEMES, ModelShape
 
 DTYPES = ACTIVATION_DTYPES
+REFERENCE_SCHEMES = SCHEMES
 # Faults the reference models can inject (reference_models/faults.py implements them).
 FAULTS = {
     "stray-full-save": (
@@ -39,8 +40,9 @@ class StepConfig:
     """One transformer training step under sequence parallelism (SPEC.md §1 notation)."""
 
     scheme: str = "megatron"
-    """megatron (TP = SP = P), ulysses (DeepSpeed DistributedAttention) or hybrid (Ulysses
-    attention + Megatron TP/SP MLP)."""
+    """megatron (TP = SP = P), ulysses (DeepSpeed DistributedAttention), hybrid (Ulysses
+    attention + Megatron TP/SP MLP), ring (ring attention over P2P, zigzag layout) or usp
+    (Ulysses over ``ulysses_degree`` ranks, ring attention across P/U of them)."""
     sp_size: int = 8
     """P: the sequence/tensor-parallel group size (the whole world in the reference runs)."""
     layers: int = 2
@@ -65,6 +67,8 @@ class StepConfig:
     all-reducing their gradients (ulysses: every parameter; hybrid: attention)."""
     recompute: str = "none"
     """'selective' recomputes core attention in backward (Korthikanti et al. §5)."""
+    ulysses_degree: int = 1
+    """usp: U, the ranks of one Ulysses group (a divisor of P); the ring spans P/U groups."""
     fault: str | None = None
     """A fault from FAULTS injected into one layer, for testing the checks."""
     fault_layer: int | None = None
@@ -79,7 +83,10 @@ class StepConfig:
             if not cond:
                 raise ConfigError(msg)
 
-        need(self.scheme in SCHEMES, f"unknown scheme {self.scheme!r}; choose one of {', '.join(SCHEMES)}")
+        need(
+            self.scheme in REFERENCE_SCHEMES,
+            f"unknown scheme {self.scheme!r}; choose one of {', '.join(REFERENCE_SCHEMES)}",
+        )
         need(self.dtype in DTYPES, f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         need(self.recompute in RECOMPUTE, f"unknown recompute {self.recompute!r}; choose one of {', '.join(RECOMPUTE)}")
         for name in ("sp_size", "layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn"):
@@ -89,22 +96,32 @@ class StepConfig:
         need(self.head_dim % 2 == 0, f"head dim {self.head_dim} (hidden/heads) must be even for RoPE")
         need(self.heads % self.kv_heads == 0, f"heads {self.heads} is not divisible by kv heads {self.kv_heads}")
         need(self.seq % P == 0, f"seq {self.seq} is not divisible by the sequence-parallel size {P}")
-        need(self.heads % P == 0, f"heads {self.heads} is not divisible by the sequence-parallel size {P}")
-        need(
-            self.kv_heads % P == 0 or P % self.kv_heads == 0,
-            f"kv heads {self.kv_heads} and P={P}: one must divide the other (Megatron and DeepSpeed require it)",
-        )
+        if self.scheme in ("ring", "usp"):  # heads sharded over U only; the zigzag layout: 2P/U chunks
+            U = self.ulysses_degree if self.scheme == "usp" else 1
+            need(U >= 1 and P % U == 0, f"--ulysses-degree {U} does not divide the sequence-parallel size {P}")
+            need(self.seq % (2 * P // U) == 0, f"seq {self.seq} is not divisible by 2P/U = {2 * P // U} (zigzag)")
+            need(self.heads % U == 0, f"heads {self.heads} is not divisible by the Ulysses degree {U}")
+            need(
+                self.kv_heads % U == 0 or U % self.kv_heads == 0,
+                f"kv heads {self.kv_heads} and Ulysses degree {U}: one must divide the other",
+            )
+        else:
+            need(self.heads % P == 0, f"heads {self.heads} is not divisible by the sequence-parallel size {P}")
+            need(
+                self.kv_heads % P == 0 or P % self.kv_heads == 0,
+                f"kv heads {self.kv_heads} and P={P}: one must divide the other (Megatron and DeepSpeed require it)",
+            )
         if self.scheme in ("megatron", "hybrid"):
             need(self.ffn % P == 0, f"ffn {self.ffn} is not divisible by the tensor-parallel size {P}")
         if self.zero3:
             need(
                 self.scheme != "megatron",
-                "--zero3 applies to ulysses and hybrid (Megatron's TP weights are already sharded)",
+                "--zero3 applies to ulysses, hybrid, ring and usp (Megatron's TP weights are already sharded)",
             )
         if self.fault is not None:
             need(self.fault in FAULTS, f"unknown fault {self.fault!r}; choose one of {', '.join(FAULTS)}")
             need(
-                not (self.fault == "missing-reduce-scatter" and self.scheme == "ulysses"),
+                not (self.fault == "missing-reduce-scatter" and self.scheme in ("ulysses", "ring", "usp")),
                 "fault missing-reduce-scatter needs a tensor-parallel MLP: use --scheme megatron or hybrid",
             )
             need(
@@ -127,8 +144,10 @@ class StepConfig:
         """The ModelShape this run declares: every field known."""
         values = {name: getattr(self, name) for name in (
             "scheme", "zero3", "sp_size", "layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "dtype",
-            "recompute", "grad_bucket_mib",
+            "recompute", "grad_bucket_mib", "ulysses_degree",
         )}  # fmt: skip
+        if self.scheme != "usp":  # only USP has a Ulysses degree
+            del values["ulysses_degree"]
         return ModelShape(**values, provenance={k: source for k in values})
 
     @property

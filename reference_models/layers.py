@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 # torch >= 2.14: checkpointing can honour the surrounding saved_tensors_hooks, so that sptrace's
 # saved-tensor records see what a checkpointed region keeps (older torch bypasses them)
-_CHECKPOINT_HOOKS = (
+CHECKPOINT_HOOKS = (
     {"respect_saved_tensors_hooks": True}
     if "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters
     else {}
@@ -59,10 +59,24 @@ def step_batch(cfg: StepConfig) -> tuple[Tensor, Tensor]:
     return torch.randn(*shape, generator=gen), torch.randn(*shape, generator=gen)
 
 
-def seq_shard(x: Tensor, rank: int, sp_size: int) -> Tensor:
-    """This rank's [B, S/P, ...] slice of a batch-first [B, S, ...] tensor."""
+def seq_shard(x: Tensor, rank: int, sp_size: int, zigzag: bool = False) -> Tensor:
+    """This rank's [B, S/P, ...] slice of a batch-first [B, S, ...] tensor: contiguous, or with
+    ``zigzag`` chunks rank and 2P-1-rank of 2P (ring attention's load-balanced layout)."""
+    if zigzag:
+        chunks = x.chunk(2 * sp_size, dim=1)
+        return torch.cat([chunks[rank], chunks[2 * sp_size - 1 - rank]], dim=1).contiguous()
     n = x.shape[1] // sp_size
     return x[:, rank * n : (rank + 1) * n].contiguous()
+
+
+def shard_of_step(x: Tensor, cfg: StepConfig, rank: int, sp_size: int) -> Tensor:
+    """The scheme's sequence shard of a step's [B, S, ...] input or target: contiguous, the
+    zigzag chunks (ring), or a slice of the ring rank's zigzag chunks (usp)."""
+    if cfg.scheme == "usp":
+        from sptrace.reference_models.ring import usp_positions
+
+        return x.index_select(1, usp_positions(x.shape[1], rank, sp_size, cfg.ulysses_degree)).contiguous()
+    return seq_shard(x, rank, sp_size, zigzag=cfg.scheme == "ring")
 
 
 def step_loss(out: Tensor, target: Tensor, cfg: StepConfig) -> Tensor:
@@ -85,12 +99,16 @@ def split_grouped_qkv(mixed: Tensor, groups: int, q_per_group: int, head_dim: in
     return q, k, v
 
 
-def apply_rope(x: Tensor, first_position: int, base: float = 10000.0) -> Tensor:
+def apply_rope(x: Tensor, first_position: int | Tensor, base: float = 10000.0) -> Tensor:
     """Rotary embedding (rotate-half form) of x [B, s, heads, d] at global positions
-    first_position .. first_position + s - 1."""
+    first_position .. first_position + s - 1, or at the s positions given as a tensor (the
+    zigzag layout of ring attention)."""
     s, d = x.shape[1], x.shape[-1]
     inv_freq = 1.0 / base ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    pos = torch.arange(first_position, first_position + s, device=x.device, dtype=torch.float32)
+    if isinstance(first_position, Tensor):
+        pos = first_position.to(device=x.device, dtype=torch.float32)
+    else:
+        pos = torch.arange(first_position, first_position + s, device=x.device, dtype=torch.float32)
     angles = torch.outer(pos, inv_freq)  # [s, d/2]
     cos = torch.cat((angles.cos(), angles.cos()), dim=-1)[None, :, None, :].to(x.dtype)
     sin = torch.cat((angles.sin(), angles.sin()), dim=-1)[None, :, None, :].to(x.dtype)
@@ -121,7 +139,7 @@ class CoreAttention(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.recompute and torch.is_grad_enabled():
-            return checkpoint(self._attend, q, k, v, use_reentrant=False, **_CHECKPOINT_HOOKS)
+            return checkpoint(self._attend, q, k, v, use_reentrant=False, **CHECKPOINT_HOOKS)
         return self._attend(q, k, v)
 
 

@@ -10,11 +10,12 @@ from sptrace.reference_models.config import StepConfig
 from sptrace.reference_models.hybrid import HybridBlock
 from sptrace.reference_models.layers import dense_layer_weights, torch_dtype
 from sptrace.reference_models.megatron_sp import MegatronBlock
+from sptrace.reference_models.ring import RingBlock, USPBlock
 from sptrace.reference_models.ulysses import UlyssesBlock
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-BLOCKS = {"megatron": MegatronBlock, "ulysses": UlyssesBlock, "hybrid": HybridBlock}
+BLOCKS = {"megatron": MegatronBlock, "ulysses": UlyssesBlock, "hybrid": HybridBlock, "ring": RingBlock, "usp": USPBlock}
 
 
 class SPTransformer(nn.Module):

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from sptrace.reference_models.config import StepConfig
-from sptrace.reference_models.layers import seq_shard, step_batch, step_loss, torch_dtype
+from sptrace.reference_models.layers import shard_of_step, step_batch, step_loss, torch_dtype
 from sptrace.reference_models.model import build_model
 
 import sptrace
@@ -40,8 +40,8 @@ def run_rank(
     phase = sptrace.phase if instrument else (lambda name: contextlib.nullcontext())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x_full, target_full = step_batch(cfg)
-    x = seq_shard(x_full, rank, world).to(device=device, dtype=torch_dtype(cfg))  # [B, S/P, H]
-    target = seq_shard(target_full, rank, world).to(device=device, dtype=torch_dtype(cfg))
+    x = shard_of_step(x_full, cfg, rank, world).to(device=device, dtype=torch_dtype(cfg))  # [B, S/P, H]
+    target = shard_of_step(target_full, cfg, rank, world).to(device=device, dtype=torch_dtype(cfg))
 
     def train_step(step: int) -> None:
         with phase("forward"):

@@ -3,10 +3,12 @@
     python -m torch.distributed.run --standalone --nproc-per-node 8 -m sptrace.reference_models.verify --out DIR
 
 1. Equivalence: for every case (scheme x P in 1, 2, 4, 8 x MHA/GQA, ZeRO-3, selective
-   recompute, faults), the world is split into groups of P ranks; each group runs the sharded
-   step and every rank compares the loss and each parameter gradient with the dense model.
+   recompute, faults; ring attention in its zigzag layout), the world is split into groups of
+   P ranks; each group runs the sharded step and every rank compares the loss and each
+   parameter gradient with the dense model.
 2. Collectives: at P = world size, CommDebugMode (torch.distributed.tensor.debug) counts the
-   c10d ops of forward and backward, globally and per module, as torchtitan's tests do.
+   c10d ops of forward and backward, globally and per module, as torchtitan's tests do, and
+   ``count_p2p`` the point-to-point sends and receives, which CommDebugMode does not see.
 
 Each rank writes DIR/verify_rank{r}.json; the tests read them.
 """
@@ -14,39 +16,50 @@ Each rank writes DIR/verify_rank{r}.json; the tests read them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from sptrace.reference_models.config import StepConfig
-from sptrace.reference_models.layers import DenseTransformer, seq_shard, step_batch, step_loss
+from sptrace.reference_models.layers import DenseTransformer, shard_of_step, step_batch, step_loss
 from sptrace.reference_models.model import build_model
 
 BASE = StepConfig(layers=2, batch=2, seq=32, hidden=64, heads=8, kv_heads=8, ffn=96)
 
 
+SCHEMES = ("megatron", "ulysses", "hybrid", "ring", "usp")
+
+
 def cases(world: int) -> Iterator[tuple[str, StepConfig]]:
-    for scheme in ("megatron", "ulysses", "hybrid"):
+    for scheme in SCHEMES:
+        base = BASE.replace(scheme=scheme, ulysses_degree=2 if scheme == "usp" else 1)
         for P in (1, 2, 4, 8):
             if P > world:
                 continue
             for kv in (8, 2):  # MHA; GQA with g >= P at P <= 2 and g < P at P >= 4
-                yield f"{scheme}-P{P}-kv{kv}", BASE.replace(scheme=scheme, sp_size=P, kv_heads=kv)
+                if scheme == "usp":  # every Ulysses degree U <= P (at U = 4, kv2 has g < U)
+                    for U in (1, 2, 4):
+                        if U <= P:
+                            cfg = base.replace(sp_size=P, kv_heads=kv, ulysses_degree=U)
+                            yield f"{scheme}-P{P}-U{U}-kv{kv}", cfg
+                    continue
+                yield f"{scheme}-P{P}-kv{kv}", base.replace(sp_size=P, kv_heads=kv)
         yield (
             f"{scheme}-P{world}-recompute",
-            BASE.replace(scheme=scheme, sp_size=world, kv_heads=2, recompute="selective"),
+            base.replace(sp_size=world, kv_heads=2, recompute="selective"),
         )
         if scheme != "megatron":
             for P in (2, world):
-                yield f"{scheme}-P{P}-zero3", BASE.replace(scheme=scheme, sp_size=P, kv_heads=2, zero3=True)
+                yield f"{scheme}-P{P}-zero3", base.replace(sp_size=P, kv_heads=2, zero3=True)
         for fault in ("stray-full-save", "missing-reduce-scatter", "debug-hook"):
-            if fault == "missing-reduce-scatter" and scheme == "ulysses":
+            if fault == "missing-reduce-scatter" and scheme in ("ulysses", "ring", "usp"):
                 continue
-            yield f"{scheme}-P{world}-{fault}", BASE.replace(scheme=scheme, sp_size=world, fault=fault, fault_layer=0)
+            yield f"{scheme}-P{world}-{fault}", base.replace(sp_size=world, fault=fault, fault_layer=0)
 
 
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -64,7 +77,7 @@ def check_equivalence(cfg: StepConfig, group: dist.ProcessGroup) -> dict[str, fl
     dense_grads = {n: p.grad for n, p in dense.named_parameters()}
 
     model = build_model(cfg, group, torch.device("cpu"))
-    loss = step_loss(model(seq_shard(x, rank, P)), seq_shard(target, rank, P), cfg)
+    loss = step_loss(model(shard_of_step(x, cfg, rank, P)), shard_of_step(target, cfg, rank, P), cfg)
     loss.backward()
     model.finish_grad_sync()
     total = loss.detach().clone()
@@ -78,8 +91,42 @@ def check_equivalence(cfg: StepConfig, group: dist.ProcessGroup) -> dict[str, fl
     return errors
 
 
+@contextlib.contextmanager
+def count_p2p(calls: list[dict[str, object]]) -> Iterator[None]:
+    """Every ``torch.distributed.isend``/``irecv`` call (batch_isend_irecv issues them) appended
+    to ``calls`` as {op, peer, bytes}: CommDebugMode does not see point-to-point ops (they do
+    not go through the dispatcher), so this wraps the two functions themselves."""
+    from torch.distributed import distributed_c10d as c10d
+
+    originals = {"isend": c10d.isend, "irecv": c10d.irecv}
+
+    def counted(name: str, fn: Callable[..., object]) -> Callable[..., object]:
+        def call(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
+            peer = args[0] if args else kwargs.get("dst", kwargs.get("src"))
+            local = kwargs.get("group_dst", kwargs.get("group_src"))
+            if peer is None and local is not None:  # a rank of the group: its global rank
+                group = kwargs.get("group")
+                peer = dist.get_global_rank(group, local) if group is not None else local
+            calls.append({"op": name, "peer": peer, "bytes": tensor.numel() * tensor.element_size()})
+            return fn(tensor, *args, **kwargs)
+
+        return call
+
+    wrapped = {name: counted(name, fn) for name, fn in originals.items()}
+    for module in (c10d, dist):  # P2POp checks its op against distributed_c10d's own names
+        for name, fn in wrapped.items():
+            setattr(module, name, fn)
+    try:
+        yield
+    finally:
+        for module in (c10d, dist):
+            for name, fn in originals.items():
+                setattr(module, name, fn)
+
+
 def count_collectives(cfg: StepConfig) -> dict[str, object]:
-    """CommDebugMode counts of one step on the whole world, forward and backward apart."""
+    """CommDebugMode counts of one step on the whole world, forward and backward apart, and
+    the point-to-point calls (count_p2p)."""
     from torch.distributed.tensor.debug import CommDebugMode
 
     rank, P = dist.get_rank(), dist.get_world_size()
@@ -87,13 +134,15 @@ def count_collectives(cfg: StepConfig) -> dict[str, object]:
     model = build_model(cfg, dist.group.WORLD, torch.device("cpu"))
     result: dict[str, object] = {}
     fwd, bwd = CommDebugMode(), CommDebugMode()
-    with fwd:
-        loss = step_loss(model(seq_shard(x, rank, P)), seq_shard(target, rank, P), cfg)
-    with bwd:
+    p2p: dict[str, list[dict[str, object]]] = {"forward": [], "backward": [], "grad_sync": []}
+    with fwd, count_p2p(p2p["forward"]):
+        loss = step_loss(model(shard_of_step(x, cfg, rank, P)), shard_of_step(target, cfg, rank, P), cfg)
+    with bwd, count_p2p(p2p["backward"]):
         loss.backward()
     grad_sync = CommDebugMode()
-    with grad_sync:
+    with grad_sync, count_p2p(p2p["grad_sync"]):
         model.finish_grad_sync()
+    result["p2p"] = p2p
     for phase, mode in (("forward", fwd), ("backward", bwd), ("grad_sync", grad_sync)):
         result[phase] = {str(op).split(".")[-1]: n for op, n in mode.get_comm_counts().items() if n}
         per_module: dict[str, dict[str, int]] = {}
@@ -118,9 +167,9 @@ def main() -> None:
     report: dict[str, object] = {"rank": rank, "world_size": world, "equivalence": {}, "collectives": {}}
     for name, cfg in cases(world):
         report["equivalence"][name] = check_equivalence(cfg, groups[cfg.sp_size])  # type: ignore[index]
-    for scheme in ("megatron", "ulysses", "hybrid"):
+    for scheme in SCHEMES:
         for kv in (8, 2):
-            cfg = BASE.replace(scheme=scheme, sp_size=world, kv_heads=kv)
+            cfg = BASE.replace(scheme=scheme, sp_size=world, kv_heads=kv, ulysses_degree=2 if scheme == "usp" else 1)
             report["collectives"][f"{scheme}-kv{kv}"] = count_collectives(cfg)  # type: ignore[index]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

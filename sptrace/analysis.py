@@ -19,13 +19,15 @@ import pandas as pd
 
 from sptrace.checks.comm import CommReport, check_collectives
 from sptrace.checks.crossrank import CrossRankReport, check_cross_rank
-from sptrace.checks.findings import Finding, Verdict
+from sptrace.checks.findings import Finding, Verdict, merge_ranks
+from sptrace.checks.p2p import check_point_to_point
 from sptrace.checks.sharding import NEEDS as SHARDING_NEEDS
 from sptrace.checks.sharding import ShardingReport, check_sharding
 from sptrace.costmodel import CommEstimate, activation_bytes_per_layer, estimate_comm
 from sptrace.costmodel.comm import NEEDS as COMM_NEEDS
 from sptrace.detect.allocations import Retention
 from sptrace.detect.matching import Matching, match_collectives
+from sptrace.detect.p2p import P2PReport, analyse_point_to_point
 from sptrace.detect.timing import RankTiming
 from sptrace.errors import SptraceError, UsageError
 from sptrace.executors import Executor
@@ -76,6 +78,8 @@ class RunAnalysis:
     the collectives; ``analyze`` renders it when the cost-model comparison cannot run."""
     peak_allocated: dict[int, int] = field(default_factory=dict)
     """Per rank, the largest allocated memory a [memory] event recorded (bytes)."""
+    p2p: P2PReport | None = None
+    """Sends paired with receives, ring steps, overlap and balance (None without point-to-point)."""
 
     def step_start_us(self, rank: int) -> float:
         """Where a rank's step starts: its first phase (ProfilerStep or sptrace.phase), else its
@@ -256,10 +260,19 @@ def reduce_run(
                     f"ranks without a trace: {len(run.missing_ranks)} of {run.world_size}; analysed the rest"
                 )
     crossrank = None
+    p2p = None
     if "collectives" in parts:
         crossrank = check_cross_rank(collectives, matching, sorted(run.ranks), comm_unavailable)
         if run.missing_ranks:
             crossrank.notes.append(f"ranks without a trace: {len(run.missing_ranks)} of {run.world_size}")
+        if len(collectives) and collectives["kind"].isin(["send", "recv"]).any():
+            p2p = analyse_point_to_point(collectives, _concat(compute, COMPUTE_COLUMNS))
+            found = check_point_to_point(p2p, sorted(run.ranks))
+            # they count in whichever verdict analyze gives: against the model, or across ranks
+            for report in (comm, crossrank):
+                if report is not None:
+                    report.findings = merge_ranks([*report.findings, *found])
+                    report.notes += p2p.notes
     expected_act = activation_bytes_per_layer(model)
     if expected_act is not None and model.dtype_bytes:
         expected_act = expected_act * model.dtype_bytes / 2  # Korthikanti counts 2-byte activations
@@ -283,7 +296,7 @@ def reduce_run(
         sharding=sharding, sharding_unavailable=sharding_unavailable, expected_activation_bytes=expected_act,
         phases=_concat([r.phases for r in ranked if r.phases is not None], PHASE_COLUMNS),
         memory=_concat([r.memory for r in ranked if r.memory is not None], MEMORY_COLUMNS),
-        compute=_concat(compute, COMPUTE_COLUMNS), crossrank=crossrank,
+        compute=_concat(compute, COMPUTE_COLUMNS), crossrank=crossrank, p2p=p2p,
         peak_allocated={r.trace.rank: r.peak_allocated for r in ranked if r.peak_allocated is not None},
     )  # fmt: skip
 

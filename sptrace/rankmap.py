@@ -122,11 +122,12 @@ def merged_collectives(results: dict[int, RankResult]) -> pd.DataFrame:
     trace left out filled from its peers (the first step of the reduce)."""
     import pandas as pd
 
-    from sptrace.detect.collectives import COLUMNS, fill_from_peers
+    from sptrace.detect.collectives import COLUMNS, fill_from_peers, resolve_peers
 
     frames = [results[r].collectives for r in sorted(results)]
     frames = [f for f in frames if f is not None and not f.empty]
-    return fill_from_peers(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame(columns=COLUMNS)
+    merged = fill_from_peers(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame(columns=COLUMNS)
+    return resolve_peers(merged)
 
 
 def rank_phases(trace: RankTrace) -> pd.DataFrame:

@@ -17,13 +17,15 @@ from typing import Any
 from sptrace.dtypes import ACTIVATION_DTYPES, element_size
 from sptrace.errors import UsageError
 
-SCHEMES = ("megatron", "ulysses", "hybrid")
-SCHEME_CHOICES = ("megatron", "ulysses", "ulysses-zero3", "hybrid", "hybrid-zero3")
+SCHEMES = ("megatron", "ulysses", "hybrid", "ring", "usp")
+SCHEME_CHOICES = (
+    "megatron", "ulysses", "ulysses-zero3", "hybrid", "hybrid-zero3", "ring", "ring-zero3", "usp", "usp-zero3",
+)  # fmt: skip
 RECOMPUTE = ("none", "selective")
 
 # field -> (flag, what it is)
 FIELDS: dict[str, tuple[str, str]] = {
-    "scheme": ("--scheme", "megatron, ulysses or hybrid (the -zero3 variants set zero3)"),
+    "scheme": ("--scheme", "megatron, ulysses, hybrid, ring or usp (the -zero3 variants set zero3)"),
     "zero3": ("--scheme ...-zero3", "replicated weights sharded by ZeRO-3 / FSDP2"),
     "sp_size": ("--sp", "P, the sequence-parallel group size"),
     "layers": ("--layers", "L transformer layers"),
@@ -36,8 +38,9 @@ FIELDS: dict[str, tuple[str, str]] = {
     "dtype": ("--dtype", "activation dtype"),
     "recompute": ("--recompute", "none or selective"),
     "grad_bucket_mib": ("--grad-bucket-mib", "gradient all-reduce bucket cap (DDP's bucket_cap_mb)"),
+    "ulysses_degree": ("--ulysses-degree", "U, the ranks of one Ulysses group (usp; the ring spans P/U)"),
 }
-INT_FIELDS = ("sp_size", "layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn")
+INT_FIELDS = ("sp_size", "layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "ulysses_degree")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +60,7 @@ class ModelShape:
     dtype: str | None = None
     recompute: str | None = None
     grad_bucket_mib: float | None = None
+    ulysses_degree: int | None = None
     provenance: Mapping[str, str] = field(default_factory=dict)
     """field -> where its value came from ('run.json', '--seq', 'the run's only process group')."""
 
@@ -144,9 +148,10 @@ class ModelShape:
             value = getattr(self, name)
             return "?" if value is None else str(value)
 
+        usp = f" U={v('ulysses_degree')}" if self.scheme == "usp" else ""
         return (
             f"P={v('sp_size')} L={v('layers')} B={v('batch')} S={v('seq')} H={v('hidden')} a={v('heads')} "
-            f"g={v('kv_heads')} F={v('ffn')} {v('dtype')}"
+            f"g={v('kv_heads')} F={v('ffn')} {v('dtype')}{usp}"
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -42,16 +42,18 @@ def sweep_runs(root: Path) -> list[Path]:
 def measure_run(path: Path) -> dict[str, Any]:
     """One row of the comparison, from the run's analysis (sptrace.analysis): its scheme and S,
     its slowest rank's step time, communication (transfer) time and exposed communication, the
-    largest peak of allocated memory over ranks, and wire bytes per rank (measured and modelled)."""
+    largest peak of allocated memory over ranks, retained bytes per layer (the sharding check's
+    mean), and wire bytes per rank (measured and modelled)."""
     from sptrace.analysis import analyse_run
 
-    a = analyse_run(path, parts=("collectives",))
+    a = analyse_run(path)
     peak = max(a.peak_allocated.values(), default=0)
     t = a.time_summary()
+    retained = a.retained_per_layer()
     return {
         "run": path.name, "scheme": a.model.label, "seq": a.model.seq,
         "step_ms": t["step_ms"] or 0.0, "comm_ms": t["comm_ms"] or 0.0, "exposed_ms": t["exposed_ms"],
-        "peak_GiB": peak / 2**30,
+        "peak_GiB": peak / 2**30, "retained_KiB_per_layer": None if retained is None else retained / 2**10,
         "comm_GiB": a.wire_bytes_per_rank() / 2**30,
         "model_comm_GiB": a.estimate.wire_per_step() / 2**30 if a.estimate is not None else None,
     }  # fmt: skip

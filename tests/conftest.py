@@ -44,6 +44,10 @@ RUNS: dict[str, list[str]] = {
     "ulysses-stray-full-save": ["--scheme", "ulysses", "--fault", "stray-full-save", "--fault-layer", "0"],
     "megatron-missing-reduce-scatter": ["--scheme", "megatron", "--fault", "missing-reduce-scatter"],
     "hybrid-debug-hook": ["--scheme", "hybrid", "--fault", "debug-hook", "--fault-layer", "0"],
+    # context parallelism: ring attention (zigzag) and Ulysses x ring (U = 2, rings of 4)
+    "ring": ["--scheme", "ring"],
+    "usp": ["--scheme", "usp", "--ulysses-degree", "2"],
+    "ring-stray-full-save": ["--scheme", "ring", "--fault", "stray-full-save"],
     # no sptrace markers or saved-tensor records: what a foreign framework's trace looks like
     "megatron-uninstrumented": ["--scheme", "megatron", "--no-instrument"],
     "megatron-stray-full-save-uninstrumented": [

@@ -102,12 +102,37 @@ def render(store: RunStore, view: View) -> Any:
         ], mt="lg", mb=4),
         grid(collective_rows(a), "collectives-grid", "collectives"),
     ]  # fmt: skip
+    parts += p2p_section(a)
     matched = matched_rows(a)
     if len(matched):
         parts += skew_section(a, "collectives")
         parts.append(graph("collectives-bandwidth", figures.bandwidth_vs_size(a.matching.matched)))
         parts.append(grid(matched, "matched-grid", "matched across ranks: skew, straggler, bandwidth"))
     return parts
+
+
+def p2p_section(a: RunAnalysis) -> list[Any]:
+    """Point-to-point traffic (ring attention): who sent whom how much, and each ring step's
+    per-hop time and overlap."""
+    if a.p2p is None or a.p2p.pairs.empty:
+        return []
+    p2p = a.p2p
+    share, imbalance = p2p.overlap_share(), p2p.imbalance()
+    facts = [f"{len(p2p.pairs)} sends paired with their receives", f"{len(p2p.unpaired)} unpaired"]
+    if share is not None:
+        facts.append(f"{100 * share:.0f}% of the transfer time hidden behind compute")
+    if imbalance is not None:
+        facts.append(f"compute between transfers max/mean {imbalance:.2f}")
+    steps = p2p.steps.astype(object).where(p2p.steps.notna(), None)
+    return [
+        dmc.Title("point-to-point: the ring", order=4, mt="lg", mb="xs"),
+        dmc.Text("; ".join(facts), size="sm", mb="xs", id="p2p-summary"),
+        dmc.SimpleGrid([
+            graph("collectives-p2p-matrix", figures.p2p_matrix(a)),
+            graph("collectives-p2p-steps", figures.p2p_steps(a)),
+        ], cols={"base": 1, "lg": 2}),
+        grid(steps, "p2p-steps-grid", "ring steps: hops, bytes, transfer time, bandwidth, skew, overlap"),
+    ]  # fmt: skip
 
 
 def skew_section(a: RunAnalysis, page: str, k: int = 10) -> list[Any]:

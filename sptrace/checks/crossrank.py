@@ -13,7 +13,6 @@ Findings:
 - ``collective-count`` (warning): ranks of one group issued different numbers of collectives. A
   profiled window that starts or stops at a different point on some rank does this too, so it
   does not fail the check.
-- ``unpaired-p2p`` (warning): sends and receives with no partner in the traces.
 - ``straggler`` (info): the rank that arrived last most often, and the largest arrival skew.
 """
 
@@ -107,8 +106,7 @@ def check_cross_rank(
             findings.append(Finding("warning", "cross-rank", "collective-count",
                                     f"group {group}: {int(r.n)} collectives where most of its ranks issued {common}",
                                     (int(r.rank),), page="collectives"))  # fmt: skip
-    unpaired = [n for n in matching.notes if "found no partner" in n]
-    findings += [Finding("warning", "cross-rank", "unpaired-p2p", n) for n in unpaired]
+    # (unpaired sends and receives: sptrace.checks.p2p names each)
     notes = [n for n in matching.notes if "found no partner" not in n and "disagree in kind or size" not in n]
     m = matching.matched
     if len(m) and m["arrival_skew_us"].notna().any():

@@ -47,12 +47,16 @@ def run(args: argparse.Namespace) -> int:
                 matched = analysis.matching.matched.drop(columns=["ranks"])
                 out["matched_collectives"] = matched.astype(object).where(matched.notna(), None).to_dict("records")
                 out["clock_offsets_us"] = analysis.matching.offsets_us
+            if analysis.p2p is not None:
+                out["point_to_point"] = analysis.p2p.to_dict()
             print(json.dumps(out, indent=1, default=str))
         else:
             print(render_cross_rank(analysis, args.max_findings))
         return cross.verdict.exit_code
     if args.format == "json":
         out = {**report.to_dict(), "model": analysis.model.to_dict(), "timing": [t.to_dict() for t in analysis.timing]}
+        if analysis.p2p is not None:
+            out["point_to_point"] = analysis.p2p.to_dict()
         print(json.dumps(out, indent=1, default=str))
         return report.verdict.exit_code
     print(render_text(analysis, args.max_findings))
@@ -82,9 +86,36 @@ def render_text(analysis: RunAnalysis, max_findings: int = 30) -> str:
             lines.append("\nlayers whose counts differ from the model (rank, layer, phase: observed / expected):")
             for r in off.head(40).itertuples():
                 lines.append(f"  rank {r.rank}, layer {r.layer}, {r.phase}: {r.observed} / {r.expected}")
+    lines += render_point_to_point(analysis)
     lines += _findings_and_notes(analysis, report.findings, report.notes, max_findings)
     lines.append("\n" + report.verdict.line())
     return "\n".join(lines)
+
+
+def render_point_to_point(analysis: RunAnalysis, max_rows: int = 24) -> list[str]:
+    """The ring steps: hops, bytes, transfer time, bandwidth, skew and overlap per (layer, phase, step)."""
+    import pandas as pd
+
+    p2p = analysis.p2p
+    if p2p is None or p2p.pairs.empty:
+        return []
+    lines = [
+        f"\npoint-to-point: {len(p2p.pairs)} sends paired with their receives, {len(p2p.unpaired)} unpaired",
+        f"{'layer':>6} {'phase':<9}{'step':>5}{'hops':>6}{'bytes':>12}{'xfer ms max':>13}{'GB/s':>8}{'skew ms':>9}"
+        f"{'hidden':>8}",
+    ]
+    for r in p2p.steps.head(max_rows).itertuples():
+        layer = "-" if r.layer is None or r.layer is pd.NA else str(r.layer)
+        hidden = "" if pd.isna(r.overlap) else f"{100 * r.overlap:.0f}%"
+        bw = "" if pd.isna(r.algbw_gbps_mean) else f"{r.algbw_gbps_mean:.3f}"
+        lines.append(
+            f"{layer:>6} {r.phase!s:<9}{r.step:>5}{r.hops:>6}{human_bytes(float(r.bytes or 0)):>12}"
+            f"{r.transfer_us_max / 1e3:>13.2f}{bw:>8}{r.skew_us_max / 1e3:>9.2f}{hidden:>8}"
+        )
+    if len(p2p.steps) > max_rows:
+        lines.append(f"  ... and {len(p2p.steps) - max_rows} more steps (--format json lists all)")
+    lines.append("  (hidden: the share of the step's transfer time the rank spent computing)")
+    return lines
 
 
 def _time_cells(t: RankTiming | None) -> str:
@@ -125,6 +156,7 @@ def render_cross_rank(analysis: RunAnalysis, max_findings: int = 30) -> str:
         lines.append(f"{r.rank:>4}{r.collectives:>13}{wire:>13}{r.disagree:>10}{_time_cells(timing.get(r.rank))}")
     lines.append("  (wire +?: some collectives' size or group is not in the trace; disagree: collectives whose kind "
                  "or size differs from the rest of their group's)")  # fmt: skip
+    lines += render_point_to_point(analysis)
     lines += _findings_and_notes(analysis, cross.findings, cross.notes, max_findings)
     lines.append("\n" + cross.verdict.line())
     return "\n".join(lines)

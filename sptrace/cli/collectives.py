@@ -34,6 +34,10 @@ def run(args: argparse.Namespace) -> int:
             {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}
             for rec in frame[COLUMNS].to_dict(orient="records")
         ]
+        for rec in records:  # a rank is an int (pandas made the column float around its nulls)
+            for key in ("peer", "group_size", "layer", "step", "seq"):
+                if isinstance(rec.get(key), float):
+                    rec[key] = int(rec[key])
         print(json.dumps(records, indent=1, default=str))
         return 0
     if frame.empty:

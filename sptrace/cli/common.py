@@ -25,7 +25,7 @@ def log(msg: str) -> None:
     print(f"sptrace: {msg}", file=sys.stderr, flush=True)
 
 
-SHAPE_FLAGS = ("layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn")
+SHAPE_FLAGS = ("layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "ulysses_degree")
 
 
 def add_shape_flags(p: argparse.ArgumentParser, *, scheme: bool = True, names: tuple[str, ...] = SHAPE_FLAGS) -> None:

@@ -52,7 +52,7 @@ def _preset(name: str | None) -> tuple[ModelShape, bool]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sptrace.costmodel import activation_bytes_per_layer, estimate_comm, korthikanti_bytes_per_layer
+    from sptrace.costmodel import KINDS, activation_bytes_per_layer, estimate_comm, korthikanti_bytes_per_layer
 
     if args.k not in (1, 2):
         raise UsageError("--k must be 1 or 2")
@@ -98,9 +98,10 @@ def run(args: argparse.Namespace) -> int:
             f"{human_bytes(c.wire_bytes * n):>12}  {c.what}"
         )
     print("\nwire bytes sent per rank, one direction:")
-    for kind in ("all_gather", "reduce_scatter", "all_to_all", "all_reduce"):
+    for kind in KINDS:
         if est.count(kind):
-            print(f"  {kind:<15}{est.count(kind):>5} collectives  {human_bytes(est.wire_per_step(kind)):>12}")
+            noun = "ops" if kind in ("send", "recv") else "collectives"
+            print(f"  {kind:<15}{est.count(kind):>5} {noun:<12}{human_bytes(est.wire_per_step(kind)):>12}")
     print(f"  {'per layer':<15}{'':>18}{human_bytes(est.wire_per_layer()):>12}  (layer-level collectives)")
     step = est.wire_per_step()
     print(f"  {'per step':<15}{est.count():>5} collectives  {human_bytes(step):>12}  ({step / 2**20:.2f} MiB)")

@@ -13,6 +13,7 @@ from sptrace.reference_models.config import FAULTS, StepConfig
 from sptrace.shape import RECOMPUTE, SCHEME_CHOICES, SCHEMES
 
 DEMO_DIR = Path("sptrace-demo")
+DEMO_SCHEMES = ("megatron", "ulysses", "hybrid")  # the first article's three systems
 
 
 def _add_model_flags(p: argparse.ArgumentParser, *, with_seq: bool = True) -> None:
@@ -27,7 +28,13 @@ def _add_model_flags(p: argparse.ArgumentParser, *, with_seq: bool = True) -> No
     g.add_argument("--kv-heads", type=int, default=d.kv_heads, help=f"g kv heads, GQA (default {d.kv_heads})")
     g.add_argument("--ffn", type=int, default=d.ffn, help=f"F MLP width (default {d.ffn})")
     g.add_argument("--dtype", choices=ACTIVATION_DTYPES, default=d.dtype)
-    g.add_argument("--zero3", action="store_true", help="shard replicated weights with FSDP2 (ulysses, hybrid)")
+    g.add_argument(
+        "--zero3", action="store_true", help="shard replicated weights with FSDP2 (ulysses, hybrid, ring, usp)"
+    )
+    g.add_argument(
+        "--ulysses-degree", type=int,
+        help="usp: U ranks per Ulysses group, the ring spans P/U of them (default 2 when P is even)",
+    )  # fmt: skip
     g.add_argument("--recompute", choices=RECOMPUTE, default=d.recompute, help="selective: recompute core attention")
     g.add_argument(
         "--fault", choices=tuple(FAULTS),
@@ -42,8 +49,14 @@ def _config_from(args: argparse.Namespace, scheme: str, nproc: int) -> StepConfi
         scheme=scheme, sp_size=nproc, layers=args.layers, batch=args.batch, seq=args.seq,
         hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads, ffn=args.ffn,
         dtype=args.dtype, zero3=args.zero3, recompute=args.recompute, fault=args.fault,
-        fault_layer=args.fault_layer, seed=args.seed,
+        fault_layer=args.fault_layer, seed=args.seed, ulysses_degree=_ulysses_degree(args, scheme, nproc),
     )  # fmt: skip
+
+
+def _ulysses_degree(args: argparse.Namespace, scheme: str, nproc: int) -> int:
+    if args.ulysses_degree is not None:
+        return args.ulysses_degree
+    return 2 if scheme == "usp" and nproc % 2 == 0 else 1
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -79,7 +92,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("sweep", help="profile schemes x sequence lengths, tabulate them and fit the regression")
-    p.add_argument("--schemes", default="megatron,ulysses,hybrid", help="comma-separated (default: all three)")
+    p.add_argument(
+        "--schemes", default="megatron,ulysses,hybrid",
+        help="comma-separated, of megatron, ulysses, hybrid, ring, usp and their -zero3 (default: the first three)",
+    )  # fmt: skip
     p.add_argument("--seq", dest="seqs", required=True, help="comma-separated sequence lengths, e.g. 128,256,512")
     p.add_argument("--out", required=True)
     p.add_argument("--nproc", type=int, default=8)
@@ -113,7 +129,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     base = _config_from(args, "megatron", args.nproc)
     runs = []
-    for scheme in SCHEMES:
+    for scheme in DEMO_SCHEMES:
         cfg = base.replace(scheme=scheme)
         runs.append(profile_reference(cfg, out / scheme, warmup=args.warmup, device=args.device, force=True, log=log))
     print(f"Profiled one training step of each scheme on {args.nproc} ranks:")
@@ -166,6 +182,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     seqs = _int_list(args.seqs, "--seq")
     args.seq = seqs[0]
     base = _config_from(args, "megatron", args.nproc)
+    base = base.replace(ulysses_degree=_ulysses_degree(args, "usp", args.nproc))  # (only usp reads it)
     for s in schemes:  # every combination is checked before anything is launched
         for n in seqs:
             base.replace(scheme=s.removesuffix("-zero3"), zero3=s.endswith("-zero3"), seq=n)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sptrace.costmodel.comm import as_shape
+from sptrace.costmodel.spec import as_shape
 
 KORTHIKANTI_SETTINGS = ("none", "tp", "tp_sp", "tp_sp_selective", "full_recompute")
 
@@ -28,12 +28,21 @@ def korthikanti_bytes_per_layer(setting: str, *, seq: int, batch: int, hidden: i
 
 
 def activation_bytes_per_layer(cfg: Any) -> float | None:
-    """Korthikanti's figure for the scheme of ``cfg``: every scheme keeps its activations
-    sequence- or head-sharded, so all reach s*b*h/P*(34 + 5*a*s/h) (SPEC.md §3), or
-    34*s*b*h/P when core attention is recomputed."""
+    """Bytes of activations one layer keeps for backward, per rank, for the scheme of ``cfg``.
+
+    megatron, ulysses, hybrid: Korthikanti's figure; every scheme keeps its activations sequence-
+    or head-sharded, so all reach s*b*h/P*(34 + 5*a*s/h) (SPEC.md §3), or 34*s*b*h/P when core
+    attention is recomputed.
+    ring, usp: the attention is flash-style (blockwise with an online softmax) and keeps no
+    score matrix, so the 5*a*s/h term is gone with or without recompute: 34*s*b*h/P, plus the
+    softmax log-sum-exp it saves instead, one fp32 value per query token and head, a*s*b/P*4.
+    """
     cfg = as_shape(cfg)
     if cfg.missing(("seq", "batch", "hidden", "heads", "sp_size", "recompute")):
         return None
+    if cfg.scheme in ("ring", "usp"):
+        S, B, H, a, P = cfg.seq, cfg.batch, cfg.hidden, cfg.heads, cfg.sp_size
+        return 34 * S * B * H / P + a * S * B / P * 4
     setting = "tp_sp_selective" if cfg.recompute == "selective" else "tp_sp"
     return korthikanti_bytes_per_layer(
         setting, seq=cfg.seq, batch=cfg.batch, hidden=cfg.hidden, heads=cfg.heads, tp=cfg.sp_size

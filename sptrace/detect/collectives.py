@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -45,6 +46,8 @@ COLUMNS = [
     "in_bytes", "out_bytes", "wire_bytes", "start_us", "dur_us", "transfer_start_us", "transfer_dur_us", "phase",
     "step", "layer", "module", "role", "seq", "source", "unknown", "tid",
 ]  # fmt: skip
+RANK_COLUMNS = [*COLUMNS, "peer_candidates"]
+"""A rank's table, before the reduce (resolve_peers) settles the peers only other ranks can name."""
 """start_us / dur_us: the CPU issue span; transfer_*: when the data moved (NCCL kernel, gloo worker)."""
 
 # record_param_comms "Collective name" -> kind (None: not a collective, e.g. work.wait())
@@ -432,7 +435,7 @@ def detect_collectives(trace: RankTrace, index: RankIndex | None = None) -> pd.D
     rows.sort(key=lambda r: r.start)
     groups = _GroupTable(trace)
     records = [_resolve(idx, trace.rank, groups, row) for row in rows]
-    return pd.DataFrame(records, columns=COLUMNS)
+    return pd.DataFrame(records, columns=RANK_COLUMNS)
 
 
 def _first_collective_record(rpc: Intervals, inside: np.ndarray) -> Any:
@@ -588,6 +591,15 @@ class _GroupTable:
             if ranks is not None and trace.rank in ranks:
                 self.mine.append(entry)
 
+    def peer_candidates(self, local: int) -> list[dict[str, Any]]:
+        """What a peer named by its rank in an unnamed group can be: in each of this rank's
+        groups that has such a rank, its global rank."""
+        return [
+            {"peer": int(g["ranks"][local]), "group": g["name"], "size": g["size"], "ranks": g["ranks"]}
+            for g in self.mine
+            if g["ranks"] and 0 <= local < len(g["ranks"]) and g["ranks"][local] != self.rank  # not itself
+        ]
+
     def resolve(self, name: str | None, size: int | None) -> tuple[str | None, int | None, list | None, str | None]:
         """(group, size, ranks, how) from what the collective itself said (its group's name or
         size), else from this rank's groups when they leave one answer."""
@@ -701,7 +713,7 @@ def _resolve(idx: RankIndex, rank: int | None, groups: _GroupTable, row: _Row) -
         if ratio is not None:
             group_size = ratio
             source.append("group size: out/in ratio")
-    if group_size is None:
+    if group_size is None and row.kind not in ("send", "recv"):
         unknown.append("group size: the trace records no process group for it")
     sizes = sizes.complete(row.kind, group_size)
     elem = dtypes.element_size(sizes.dtype)
@@ -715,11 +727,24 @@ def _resolve(idx: RankIndex, rank: int | None, groups: _GroupTable, row: _Row) -
         unknown.append(f"in bytes: {sizes.why_in or 'no sizes recorded'}")
     if sizes.out_elems is None:
         unknown.append(f"out bytes: {sizes.why_out or 'no sizes recorded'}")
+    candidates = None
     if peer is not None and group_ranks and 0 <= peer < len(group_ranks):
         peer = int(group_ranks[peer])  # the op names the peer by its rank in the group
+    elif peer is not None and row.kind in ("send", "recv"):
+        # the group is unnamed (c10d::send records none): the peer's rank in which group?
+        options = groups.peer_candidates(peer)
+        if len({o["peer"] for o in options}) == 1:
+            peer = options[0]["peer"]
+            if len(options) == 1:
+                group_name, group_size, group_ranks = options[0]["group"], options[0]["size"], options[0]["ranks"]
+        elif options:
+            unknown.append(f"peer: rank {peer} of a process group the trace does not name ({len(options)} fit)")
+            candidates, peer = options, None  # resolve_peers decides from the partners' traces
     wire = None
     if row.kind in ("barrier",):
         wire = 0.0
+    elif row.kind in ("send", "recv") and in_bytes is not None:
+        wire = wire_bytes(row.kind, in_bytes, out_bytes or in_bytes, 2)
     elif in_bytes is not None and out_bytes is not None and group_size is not None:
         wire = wire_bytes(row.kind, in_bytes, out_bytes, group_size)
     transfer = _transfer_span(row)
@@ -745,6 +770,7 @@ def _resolve(idx: RankIndex, rank: int | None, groups: _GroupTable, row: _Row) -
         "phase": idx.phase_of(row.start, row.end, row.tid if row.tid is not None else -1),
         "step": idx.step_of(row.start), "layer": layer_of(module), "module": module, "role": role, "seq": seq,
         "source": "; ".join(source), "unknown": "; ".join(unknown) or None, "tid": row.tid,
+        "peer_candidates": candidates,
     }  # fmt: skip
 
 
@@ -766,7 +792,51 @@ def detect_run_collectives(run: RunTrace) -> pd.DataFrame:
     frames = [f for f in frames if not f.empty]
     if not frames:
         return pd.DataFrame(columns=COLUMNS)
-    return fill_from_peers(pd.concat(frames, ignore_index=True))
+    return resolve_peers(fill_from_peers(pd.concat(frames, ignore_index=True)))
+
+
+def resolve_peers(frame: pd.DataFrame) -> pd.DataFrame:
+    """Sends and receives whose peer is a rank of a group the trace does not name: of the global
+    ranks that peer can be (one per group holding this rank), the one whose own trace has the
+    opposite operation of the same size naming this rank, when exactly one does. The
+    ``peer_candidates`` column is dropped."""
+    if "peer_candidates" not in frame.columns:
+        return frame
+    todo = frame.index[frame["peer"].isna() & frame["peer_candidates"].notna()] if len(frame) else frame.index
+    if not len(todo):
+        return frame.drop(columns=["peer_candidates"])
+    frame = frame.copy()
+
+    def where(row: Any) -> tuple:  # a send and its receive share their size, phase and layer
+        size = None if pd.isna(row.in_bytes) else int(row.in_bytes)
+        layer = None if pd.isna(row.layer) else int(row.layer)
+        return size, str(row.phase), layer
+
+    claims: Counter = Counter()  # (rank, kind, where, claimed peer) -> how many ops claim it
+    for row in frame[frame["kind"].isin(["send", "recv"])].itertuples(index=False):
+        if row.peer is not None and not pd.isna(row.peer):
+            claims[(row.rank, row.kind, where(row), int(row.peer))] += 1
+        for option in row.peer_candidates or ():
+            claims[(row.rank, row.kind, where(row), option["peer"])] += 1
+    opposite = {"send": "recv", "recv": "send"}
+    for i in todo:
+        rank, kind = int(frame.at[i, "rank"]), frame.at[i, "kind"]
+        place = where(frame.loc[i])
+        options = frame.at[i, "peer_candidates"]
+        peers = list(dict.fromkeys(o["peer"] for o in options))  # several groups may name one rank
+        scores = [claims[(peer, opposite[kind], place, rank)] for peer in peers]
+        best = max(scores)
+        if best == 0 or scores.count(best) > 1:
+            continue
+        fitting = [o for o in options if o["peer"] == peers[scores.index(best)]]
+        frame.at[i, "peer"] = fitting[0]["peer"]
+        if len(fitting) == 1:  # the group too, unless several of this rank's groups hold that peer
+            frame.at[i, "group"], frame.at[i, "group_size"] = fitting[0]["group"], fitting[0]["size"]
+            frame.at[i, "group_ranks"] = fitting[0]["ranks"]
+        frame.at[i, "source"] = f"{frame.at[i, 'source']}; peer: the one of {len(options)} whose trace answers it"
+        left = [u for u in str(frame.at[i, "unknown"] or "").split("; ") if u and not u.startswith("peer:")]
+        frame.at[i, "unknown"] = "; ".join(left) or None
+    return frame.drop(columns=["peer_candidates"])
 
 
 def fill_from_peers(frame: pd.DataFrame) -> pd.DataFrame:

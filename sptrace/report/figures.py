@@ -241,14 +241,26 @@ def _links_and_stragglers(fig: go.Figure, a: Any, f: pd.DataFrame, lane: dict[in
     members = m.members.merge(f[["rank", "start_us", "bar_start"]], on=["rank", "start_us"], how="inner")
     xs: list[float | None] = []
     ys: list[float | None] = []
-    for _, g in list(members.groupby(["group", "key"], sort=False))[:800]:
+    px: list[float | None] = []  # send -> receive, from the send's start to the receive's end
+    py: list[float | None] = []
+    ends = f.set_index(["rank", "start_us"])["bar_dur"]
+    for (group, _), g in list(members.groupby(["group", "key"], sort=False))[:800]:
         if len(g) < 2:
+            continue
+        if group == "p2p" and len(g) == 2:
+            send, recv = g.iloc[0], g.iloc[1]  # matching lists the sender first
+            px += [(send["bar_start"] - t0) / 1e3, (recv["bar_start"] + ends.get((recv["rank"], recv["start_us"]), 0.0)
+                                                    - t0) / 1e3, None]  # fmt: skip
+            py += [lane[int(send["rank"])] + 0.08, lane[int(recv["rank"])] + 0.08, None]
             continue
         g = g.sort_values("rank")
         xs += [*((g["bar_start"] - t0) / 1e3), None]
         ys += [*(lane[int(r)] + 0.08 for r in g["rank"]), None]
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="same collective", hoverinfo="skip",
                              line={"color": "rgba(73,80,87,0.25)", "width": 1}))  # fmt: skip
+    if px:
+        fig.add_trace(go.Scatter(x=px, y=py, mode="lines", name="send -> receive", hoverinfo="skip",
+                                 line={"color": "rgba(190,75,219,0.45)", "width": 1}))  # fmt: skip
     strag = members.merge(m.matched[["group", "key", "straggler"]], on=["group", "key"])
     strag = strag[strag["rank"] == strag["straggler"]]
     if len(strag):
@@ -370,6 +382,87 @@ def skew_heatmap(a: Any, max_rows: int = 400, max_columns: int = 256) -> go.Figu
     fig.update_layout(
         xaxis={"title": x_title, "type": "category", "showgrid": False},
         yaxis={"title": "collective, in issue order", "autorange": "reversed", "type": "category", "showgrid": False},
+    )  # fmt: skip
+    return fig
+
+
+def p2p_matrix(a: Any, max_ranks: int = 256) -> go.Figure:
+    """Bytes each rank sent each other rank point to point in the step (src rows, dst columns):
+    a ring is one off-diagonal band (two: forward to r+1, backward to r-1). Past ``max_ranks``
+    neighbouring ranks share a row and a column (their sum)."""
+    report = getattr(a, "p2p", None)
+    if report is None or report.pairs.empty:
+        return _empty("point-to-point: no send paired with a receive")
+    pairs = report.pairs
+    ranks = sorted(set(pairs["src"]) | set(pairs["dst"]))
+    per = -(-(max(ranks) + 1) // max_ranks)
+    src, dst = pairs["src"] // per, pairs["dst"] // per
+    n = max(ranks) // per + 1
+    z = np.zeros((n, n))
+    np.add.at(z, (src.to_numpy(), dst.to_numpy()), pairs["bytes"].fillna(0).to_numpy(dtype=float))
+    labels = [str(i) if per == 1 else f"{i * per}-{i * per + per - 1}" for i in range(n)]
+    fig = _figure(f"point-to-point bytes sent in the step: {len(pairs)} sends, {len(ranks)} ranks",
+                  height=max(300, min(760, 140 + 18 * n)))  # fmt: skip
+    fig.add_trace(go.Heatmap(
+        z=np.where(z > 0, z / 2**10, np.nan), x=labels, y=labels, colorscale="Purples",
+        colorbar={"title": {"text": "KiB"}, "thickness": 12}, hoverongaps=False,
+        hovertemplate="rank %{y} -> rank %{x}: %{z:.1f} KiB<extra></extra>",
+    ))  # fmt: skip
+    fig.update_layout(
+        xaxis={"title": "to rank" + ("s" if per > 1 else ""), "type": "category", "showgrid": False},
+        yaxis={"title": "from rank" + ("s" if per > 1 else ""), "type": "category", "autorange": "reversed",
+               "showgrid": False},
+    )  # fmt: skip
+    return fig
+
+
+def p2p_steps(a: Any) -> go.Figure:
+    """Per ring step, in execution order: the slowest and the mean hop's transfer time, and the
+    share of the transfer the ranks spent computing (overlap)."""
+    report = getattr(a, "p2p", None)
+    steps = report.steps if report is not None else pd.DataFrame()
+    if steps.empty:
+        return _empty("ring steps: no send paired with a receive")
+    labels = [
+        f"{'L' + str(int(r.layer)) if r.layer is not None and r.layer is not pd.NA else '-'} "
+        f"{str(r.phase)[:3]} {int(r.step)}"
+        for r in steps.itertuples()
+    ]
+    fig = _figure("per-hop transfer time by ring step (bars) and the share hidden behind compute (line)",
+                  height=340, showlegend=True)  # fmt: skip
+    fig.add_trace(
+        go.Bar(
+            x=labels,
+            y=steps["transfer_us_max"] / 1e3,
+            name="slowest hop",
+            marker={"color": COLORS["grape"]},
+            hovertemplate="%{x}: %{y:.2f} ms<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            x=labels,
+            y=steps["transfer_us_mean"] / 1e3,
+            name="mean hop",
+            marker={"color": COLORS["pink"]},
+            hovertemplate="%{x}: %{y:.2f} ms<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=labels,
+            y=steps["overlap"] * 100,
+            name="hidden %",
+            yaxis="y2",
+            mode="lines+markers",
+            line={"color": COLORS["teal"]},
+            hovertemplate="%{x}: %{y:.0f}% hidden<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        barmode="group", xaxis={"title": "layer, phase, ring step", "type": "category"},
+        yaxis={"title": "ms"}, yaxis2={"title": "% hidden", "overlaying": "y", "side": "right", "range": [0, 100],
+                                       "showgrid": False},
     )  # fmt: skip
     return fig
 
@@ -557,19 +650,31 @@ def compare_runs(analyses: list[Any]) -> go.Figure:
 
 
 def model_sweep(
-    base: object, seqs: list[int], schemes: tuple[str, ...] = ("megatron", "ulysses", "hybrid")
+    base: object, seqs: list[int], schemes: tuple[str, ...] = ("megatron", "ulysses", "hybrid", "ring", "usp")
 ) -> go.Figure:
     """The cost model's wire GiB per rank and step against sequence length (the first article's
-    table), for each scheme at ``base``'s other settings (a ModelShape with every value known)."""
+    table), for each scheme at ``base``'s other settings (a ModelShape with every value known).
+    USP takes ``base``'s Ulysses degree, else 2 (1 at an odd P); a length a scheme cannot split
+    (ring's zigzag needs 2P chunks) is a gap."""
+    from sptrace.errors import UsageError
+
     fig = _figure("model: wire bytes per rank and step", xaxis_title="sequence length", yaxis_title="GiB",
                   xaxis_type="log")  # fmt: skip
     shape = as_shape(base)
+    P = shape.sp_size or 1
+    degree = shape.ulysses_degree or (2 if P % 2 == 0 else 1)
     for scheme in schemes:
         ys = []
         for s in seqs:
             zero = "-zero3" if shape.zero3 and scheme != "megatron" else ""
-            ys.append(estimate_comm(shape.override("sweep", scheme=scheme + zero, seq=s)).wire_per_step() / 2**30)
-        fig.add_trace(go.Scatter(x=seqs, y=ys, mode="lines+markers", name=scheme))
+            extra = {"ulysses_degree": degree} if scheme == "usp" else {}
+            try:
+                est = estimate_comm(shape.override("sweep", scheme=scheme + zero, seq=s, **extra))
+                ys.append(est.wire_per_step() / 2**30)
+            except UsageError:  # this length does not split evenly for the scheme
+                ys.append(None)
+        name = f"usp (U={degree})" if scheme == "usp" else scheme
+        fig.add_trace(go.Scatter(x=seqs, y=ys, mode="lines+markers", name=name))
     fig.update_xaxes(tickvals=seqs, ticktext=[_seq_text(s) for s in seqs])
     return fig
 

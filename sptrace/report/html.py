@@ -65,6 +65,9 @@ def render_html(paths: list[Path]) -> tuple[str, int]:
         parts.append(_figure(figures.timeline(a)))
         parts.append(_figure(figures.wire_by_kind(frame, a.estimate)))
         parts.append(_figure(figures.wire_by_layer(frame, a.estimate)))
+        if a.p2p is not None and not a.p2p.pairs.empty:
+            parts.append(_figure(figures.p2p_matrix(a)))
+            parts.append(_figure(figures.p2p_steps(a)))
         if a.comm is not None:
             parts.append(_findings_table("collective findings", a.comm.findings))
             parts.append(_table(a.comm.ranks, "per rank: collectives and wire bytes against the model"))

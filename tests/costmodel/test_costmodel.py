@@ -129,7 +129,7 @@ def test_model_cli_text_and_json(capsys):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--scheme", "ring"], "invalid choice: 'ring'"),
+        (["--scheme", "zigzag"], "invalid choice: 'zigzag'"),
         (
             ["--scheme", "ulysses", "--preset", "reference", "--heads", "12", "--kv-heads", "12"],
             "heads 12 is not divisible by the sequence-parallel size 8",

@@ -51,6 +51,33 @@ def test_sweep_end_to_end(tmp_path, capsys):
     assert UNDERDETERMINED in page  # the same warning the CLI prints
 
 
+def test_sweep_puts_the_five_schemes_side_by_side(tmp_path, capsys):
+    """megatron, ulysses, hybrid, ring and usp on the same model: every run's measured wire
+    bytes are its model's, its retained bytes per layer are measured, and the Compare page
+    shows all five runs and the five schemes' model curves."""
+    out = tmp_path / "five"
+    schemes = ["megatron", "ulysses", "hybrid", "ring", "usp"]
+    flags = ["--schemes", ",".join(schemes), "--seq", "32", "--nproc", "2", "--layers", "1", "--warmup", "0"]
+    assert main(["sweep", *flags, "--out", str(out)]) == 0
+    capsys.readouterr()
+    table = pd.read_csv(out / "comparison.csv")
+    assert sorted(table["scheme"]) == sorted(schemes)
+    assert (table["comm_GiB"] == table["model_comm_GiB"]).all()
+    assert (table["retained_KiB_per_layer"] > 0).all() and (table["step_ms"] > 0).all()
+    from plotly.utils import PlotlyJSONEncoder
+    from sptrace.dashboards.app import create_app
+    from sptrace.dashboards.pages import compare
+    from sptrace.dashboards.pages.common import View
+
+    from sptrace.sweep import sweep_runs
+
+    app = create_app(sweep_runs(out), [out])
+    page = json.dumps(compare.render(app.sptrace_store, View("compare")), cls=PlotlyJSONEncoder)  # every run
+    for name in ("ring-S32", "usp-S32", "megatron-S32"):
+        assert name in page
+    assert "usp (U=2)" in page  # the model's curve of each scheme
+
+
 def test_regression_recovers_known_coefficients():
     rows = []
     for seq, peak, comm in [

@@ -18,20 +18,24 @@ def test_defaults_avoid_shape_collisions():
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"scheme": "ring"}, "unknown scheme 'ring'"),
+        ({"scheme": "pipeline"}, "unknown scheme 'pipeline'"),
         ({"heads": 12, "kv_heads": 4}, "heads 12 is not divisible by the sequence-parallel size 8"),
         ({"seq": 100}, "seq 100 is not divisible by the sequence-parallel size 8"),
         ({"hidden": 100}, "hidden 100 is not divisible by heads 16"),
         ({"kv_heads": 3}, "heads 16 is not divisible by kv heads 3"),
         ({"sp_size": 4, "heads": 12, "kv_heads": 6, "hidden": 96}, "kv heads 6 and P=4"),
         ({"ffn": 100}, "ffn 100 is not divisible by the tensor-parallel size 8"),
-        ({"zero3": True}, "--zero3 applies to ulysses and hybrid"),
+        ({"zero3": True}, "--zero3 applies to ulysses, hybrid, ring and usp"),
         ({"scheme": "ulysses", "fault": "missing-reduce-scatter"}, "needs a tensor-parallel MLP"),
         ({"fault": "stray-full-save", "fault_layer": 2}, "--fault-layer 2 is outside 0..1"),
         ({"fault": "nope"}, "unknown fault 'nope'"),
         ({"dtype": "int8"}, "unknown dtype 'int8'"),
         ({"layers": 0}, "--layers must be >= 1"),
         ({"hidden": 80, "heads": 16}, "head dim 5 (hidden/heads) must be even"),
+        ({"scheme": "ring", "seq": 136}, "seq 136 is not divisible by 2P/U = 16 (zigzag)"),
+        ({"scheme": "usp", "ulysses_degree": 3}, "--ulysses-degree 3 does not divide the sequence-parallel size 8"),
+        ({"scheme": "usp", "ulysses_degree": 8, "heads": 12, "kv_heads": 4}, "heads 12 is not divisible by the Ul"),
+        ({"scheme": "ring", "fault": "missing-reduce-scatter"}, "needs a tensor-parallel MLP"),
     ],
 )
 def test_invalid_configs_say_why(changes, message):

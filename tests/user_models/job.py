@@ -10,6 +10,7 @@ DIR/oracle/<scenario>/rank{r}.json
     saved         a saved_tensors_hooks census of one forward: local shape, dtype, storage, module
     held          tensors the model keeps outside autograd across the boundary (their shapes)
     sac           what the SAC policy told checkpointing to keep (op, shape)
+    p2p           every dist.isend / dist.irecv of a forward and a backward: peer, bytes
     config        B, S, H, a, F, P of the scenario
 
 The oracles come from the models and torch, never from sptrace.
@@ -239,6 +240,51 @@ def p2p_ring(root: Path) -> None:
     })  # fmt: skip
 
 
+def p2p_calls(step: Callable[[], None]) -> dict[str, list[dict[str, Any]]]:
+    """Every dist.isend / dist.irecv of one forward and one backward, with its global peer and
+    bytes: torch's own functions wrapped (CommDebugMode does not see point-to-point ops)."""
+    calls: dict[str, list[dict[str, Any]]] = {"forward": [], "backward": []}
+    phase = ["forward"]
+    originals = {"isend": dist.isend, "irecv": dist.irecv}
+
+    def counted(name: str) -> Callable[..., Any]:
+        def call(tensor: Tensor, peer: int, *args: Any, **kwargs: Any) -> Any:
+            calls[phase[0]].append({"op": name, "peer": peer, "bytes": tensor.numel() * tensor.element_size()})
+            return originals[name](tensor, peer, *args, **kwargs)
+
+        return call
+
+    dist.isend, dist.irecv = counted("isend"), counted("irecv")
+    try:
+        loss = step()
+        phase[0] = "backward"
+        loss.backward()
+    finally:
+        dist.isend, dist.irecv = originals["isend"], originals["irecv"]
+    return calls
+
+
+def ring_isend(root: Path) -> None:
+    """Two rings of four ranks (even and odd ranks), each on its own sequence: the peers in the
+    trace are ranks of a subgroup the trace does not name."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rings = [dist.new_group(list(range(i, world, 2))) for i in range(2)]  # every rank creates both
+    ring, members = rings[rank % 2], list(range(rank % 2, world, 2))
+    torch.manual_seed(5)
+    model = models.UserRingAttention(H, HEADS, ring)
+    x = shard_of(torch.randn(B, S, H, generator=torch.Generator().manual_seed(rank % 2)), rank // 2, len(members))
+
+    def forward() -> Tensor:
+        return model(x).square().mean()
+
+    calls = p2p_calls(forward)
+    profiled(root / "ring_isend", sgd_step(model, forward))
+    write_oracle(root, "ring_isend", {
+        "p2p": calls, "members": members,
+        "config": {"batch": B, "seq": S, "hidden": H, "heads": HEADS, "ring": len(members)},
+    })  # fmt: skip
+
+
 def stray_list(root: Path) -> None:
     """Megatron-style SP that saves shards correctly, plus a debug list that keeps each layer's
     gathered [B, S, H] activation until the optimizer step is done."""
@@ -357,6 +403,7 @@ SCENARIOS = {
     "functional_ulysses": functional_ulysses,
     "list_allgather": list_allgather,
     "p2p_ring": p2p_ring,
+    "ring_isend": ring_isend,
     "stray_list": stray_list,
     "ffn4h_p4": ffn4h_p4,
     "forward_only": forward_only,

@@ -326,3 +326,90 @@ class CheckpointedGather(nn.Module):
         return checkpoint(
             self._inner, x, use_reentrant=False, context_fn=partial(create_selective_checkpoint_contexts, self.policy)
         )
+
+
+# ---- 7. ring attention over a subgroup, written with dist.isend / dist.irecv -------------------------
+
+
+class _UserRingAttention(torch.autograd.Function):
+    """Non-causal ring attention as a user writes it from the papers: K and V (concatenated)
+    go to the next rank of the ring at each step while the block in hand is attended; in backward
+    K,V go around again and each block's dK,dV accumulator travels with it, one more hop at the
+    end bringing it home (P-1 K,V and P dK,dV transfers). Plain isend/irecv, no batching."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup) -> Tensor:
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        nxt, prv = dist.get_global_rank(group, (rank + 1) % size), dist.get_global_rank(group, (rank - 1) % size)
+        scale = q.shape[-1] ** -0.5
+        out = torch.zeros_like(q)
+        lse = torch.full(q.shape[:-1], float("-inf"))
+        kv = torch.cat([k, v], dim=-1).contiguous()
+        for step in range(size):
+            works = []
+            if step < size - 1:
+                incoming = torch.empty_like(kv)
+                works = [dist.isend(kv, nxt, group=group, tag=0), dist.irecv(incoming, prv, group=group, tag=0)]
+            kb, vb = kv.split(k.shape[-1], dim=-1)
+            s = q @ kb.transpose(-1, -2) * scale
+            block_lse = s.logsumexp(-1)
+            new = torch.logaddexp(lse, block_lse)
+            out = (
+                out * (lse - new).exp()[..., None]
+                + (s - block_lse[..., None]).exp() @ vb * (block_lse - new).exp()[..., None]
+            )
+            lse = new
+            for work in works:
+                work.wait()
+            if works:
+                kv = incoming
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.group = group
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        q, k, v, out, lse = ctx.saved_tensors
+        group = ctx.group
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        nxt, prv = dist.get_global_rank(group, (rank + 1) % size), dist.get_global_rank(group, (rank - 1) % size)
+        scale = q.shape[-1] ** -0.5
+        delta = (dout * out).sum(-1)
+        dq = torch.zeros_like(q)
+        kv = torch.cat([k, v], dim=-1).contiguous()
+        dkv = torch.zeros_like(kv)
+        for step in range(size):
+            works = []
+            if step < size - 1:
+                incoming = torch.empty_like(kv)
+                works = [dist.isend(kv, nxt, group=group, tag=0), dist.irecv(incoming, prv, group=group, tag=0)]
+            kb, vb = kv.split(k.shape[-1], dim=-1)
+            p = (q @ kb.transpose(-1, -2) * scale - lse[..., None]).exp()
+            ds = p * (dout @ vb.transpose(-1, -2) - delta[..., None])
+            dq += ds @ kb * scale
+            dkv = dkv + torch.cat([ds.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ dout], dim=-1)
+            arriving = torch.empty_like(dkv)
+            passing = [dist.isend(dkv, nxt, group=group, tag=1), dist.irecv(arriving, prv, group=group, tag=1)]
+            for work in works + passing:
+                work.wait()
+            dkv = arriving
+            if works:
+                kv = incoming
+        dk, dv = dkv.split(k.shape[-1], dim=-1)
+        return dq, dk, dv, None
+
+
+class UserRingAttention(nn.Module):
+    """qkv projection, ring attention over ``group`` on this rank's tokens, output projection."""
+
+    def __init__(self, hidden: int, heads: int, group: dist.ProcessGroup) -> None:
+        super().__init__()
+        self.heads, self.group = heads, group
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
+        self.proj = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:  # [B, S/P, H]
+        B, s, H = x.shape
+        q, k, v = self.qkv(x).view(B, s, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)  # [B, h, s, d]
+        ctx = _UserRingAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), self.group)
+        return x + self.proj(ctx.transpose(1, 2).reshape(B, s, H))

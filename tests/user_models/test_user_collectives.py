@@ -31,7 +31,8 @@ def oracle(root, name, rank=0):
 def frames(user_runs, tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     out = {}
-    for name in ("tp_sp_native", "functional_ulysses", "list_allgather", "p2p_ring", "ffn4h_p4", "forward_only"):
+    names = ("tp_sp_native", "functional_ulysses", "list_allgather", "p2p_ring", "ffn4h_p4", "forward_only")
+    for name in (*names, "ring_isend"):
         run = sptrace.load_run(user_runs / name, cache_dir=cache, workers=1)
         out[name] = detect_run_collectives(run)
     return out
@@ -177,3 +178,32 @@ def test_analyze_without_a_model_finds_correct_models_consistent(user_runs, caps
         if name in ("functional_ulysses", "list_allgather"):
             # every collective the oracle counted is matched across ranks, the uneven ones included
             assert report["matched"] == sum(oracle(user_runs, name)["comm_counts"].values()), name
+
+
+def test_ring_attention_with_isend_irecv_in_a_subgroup(user_runs, frames):
+    """GIVEN ring attention written with plain dist.isend / dist.irecv over two rings of four
+    ranks (even and odd), whose traces name the peer by its rank in a group they do not name
+    THEN each rank's sends and receives, per phase, have the global peers and the bytes the
+    wrapped torch.distributed calls saw, and every send pairs with its receive."""
+    from sptrace.detect.p2p import analyse_point_to_point
+
+    frame = fwd_bwd(frames["ring_isend"])
+    for rank in range(WORLD):
+        o = oracle(user_runs, "ring_isend", rank)
+        mine = frame[frame["rank"] == rank]
+        for phase in ("forward", "backward"):
+            for op, kind in (("isend", "send"), ("irecv", "recv")):
+                want = sorted((c["peer"], c["bytes"]) for c in o["p2p"][phase] if c["op"] == op)
+                rows = mine[(mine["kind"] == kind) & (mine["phase"] == phase)]
+                got = sorted(zip(rows["peer"].astype(int), rows["in_bytes"].astype(int)))
+                assert got == want, (rank, phase, kind)
+    report = analyse_point_to_point(frame)
+    sends = sum(1 for r in range(WORLD) for ph in ("forward", "backward")
+                for c in oracle(user_runs, "ring_isend", r)["p2p"][ph] if c["op"] == "isend")  # fmt: skip
+    assert len(report.pairs) == sends and report.unpaired.empty
+    assert not report.pairs["peer_disagrees"].any()
+    # each pair stays inside its ring: even ranks with even ranks
+    assert ((report.pairs["src"] % 2) == (report.pairs["dst"] % 2)).all()
+    # forward: P-1 = 3 steps per ring, each with one hop per rank of both rings
+    fwd = report.steps[report.steps["phase"] == "forward"]
+    assert list(fwd["step"]) == [0, 1, 2] and set(fwd["hops"]) == {WORLD}

@@ -1,0 +1,270 @@
+"""Point-to-point traffic across ranks: each send paired with its receive, ring steps, per-hop
+time, bandwidth and skew, how much of each step's transfer computation hid, and the balance of
+the work between the transfers.
+
+Pairing, from both ends: a send names its destination and a receive its source. First the k-th
+send from a to b pairs with the k-th receive on b from a. PyTorch traces can name the wrong
+source on a receive (pytorch#153819), so what is left is paired again by destination alone, in
+order and by size: those pairs are marked ``peer_disagrees`` and reported. What still has no
+partner is unpaired.
+
+Ring steps: a rank's sends within one (layer, phase) are steps 0, 1, 2 ... in issue order (ring
+attention sends one block per step); a pair takes its send's step.
+
+Overlap of a step, on one rank: the part of the step's transfer interval (from the first of its
+send and receive to the last end) during which the rank computed (``detect_compute``: GPU
+compute kernels, or the aten ops of the busiest CPU thread).
+
+Balance: a rank's compute time between the first and the last of its sends and receives of a
+(layer, phase): for ring attention, the attention of the blocks in hand. The zigzag layout exists
+to make it equal across ranks under a causal mask; max / mean says how far it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+PAIR_COLUMNS = [
+    "src", "dst", "k", "bytes", "recv_bytes", "phase", "layer", "module", "step", "send_start_us",
+    "recv_start_us", "transfer_us", "algbw_gbps", "skew_us", "peer_disagrees",
+]  # fmt: skip
+UNPAIRED_COLUMNS = ["rank", "kind", "peer", "bytes", "phase", "layer", "module", "start_us"]
+STEP_COLUMNS = ["layer", "phase", "step", "hops", "bytes", "transfer_us_max", "transfer_us_mean", "algbw_gbps_mean",
+                "skew_us_max", "overlap"]  # fmt: skip
+BALANCE_COLUMNS = ["layer", "phase", "rank", "compute_us"]
+
+
+@dataclass
+class P2PReport:
+    pairs: pd.DataFrame
+    """One row per send paired with its receive."""
+    unpaired: pd.DataFrame
+    """Sends and receives with no partner."""
+    steps: pd.DataFrame
+    """Per (layer, phase, ring step): hops, bytes, transfer time, bandwidth, skew, overlap."""
+    overlap: pd.DataFrame
+    """Per (rank, layer, phase, step): transfer and computed-during-transfer microseconds."""
+    balance: pd.DataFrame
+    """Per (layer, phase, rank): compute time during the ring."""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return self.pairs.empty and self.unpaired.empty
+
+    def imbalance(self) -> float | None:
+        """max / mean over ranks of the compute time during the rings, summed over layers and
+        phases (None without rings)."""
+        if self.balance.empty:
+            return None
+        per_rank = self.balance.groupby("rank")["compute_us"].sum()
+        mean = float(per_rank.mean())
+        return float(per_rank.max()) / mean if mean > 0 else None
+
+    def overlap_share(self) -> float | None:
+        """Transfer time hidden behind computation, over all ranks and steps."""
+        total = float(self.overlap["transfer_us"].sum()) if len(self.overlap) else 0.0
+        return float(self.overlap["hidden_us"].sum()) / total if total > 0 else None
+
+    def matrix(self, phase: str | None = None) -> pd.DataFrame:
+        """Bytes sent, src (rows) x dst (columns), summed over the step (or one phase)."""
+        p = self.pairs if phase is None else self.pairs[self.pairs["phase"] == phase]
+        if p.empty:
+            return pd.DataFrame()
+        return p.pivot_table(index="src", columns="dst", values="bytes", aggfunc="sum", fill_value=0)
+
+    def to_dict(self) -> dict[str, object]:
+        def rows(frame: pd.DataFrame) -> list[dict[str, object]]:
+            return [
+                {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in r.items()}
+                for r in frame.to_dict(orient="records")
+            ]
+
+        return {
+            "pairs": len(self.pairs), "unpaired": rows(self.unpaired), "steps": rows(self.steps),
+            "overlap_share": self.overlap_share(), "imbalance": self.imbalance(),
+            "peer_disagreements": int(self.pairs["peer_disagrees"].sum()) if len(self.pairs) else 0,
+            "notes": self.notes,
+        }  # fmt: skip
+
+
+def _end(frame: pd.DataFrame) -> pd.Series:
+    start = frame["transfer_start_us"].where(frame["transfer_start_us"].notna(), frame["start_us"])
+    dur = frame["transfer_dur_us"].where(frame["transfer_dur_us"].notna(), frame["dur_us"])
+    return start + dur.fillna(0.0)
+
+
+def _arrival(frame: pd.DataFrame) -> pd.Series:
+    return frame["transfer_start_us"].where(frame["transfer_start_us"].notna(), frame["start_us"])
+
+
+def pair_point_to_point(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(pairs, unpaired) of the sends and receives in a run's collectives table."""
+    p2p = frame[frame["kind"].isin(["send", "recv"])] if len(frame) else frame
+    if p2p.empty:
+        return pd.DataFrame(columns=PAIR_COLUMNS), pd.DataFrame(columns=UNPAIRED_COLUMNS)
+    f = p2p.sort_values(["rank", "start_us"], kind="stable").reset_index(drop=True)
+    f = f.assign(arrive_us=_arrival(f), end_us=_end(f), row=np.arange(len(f)))
+    sends, recvs = f[f["kind"] == "send"], f[f["kind"] == "recv"]
+    named_s, named_r = sends[sends["peer"].notna()], recvs[recvs["peer"].notna()]
+    named_s = named_s.assign(src=named_s["rank"], dst=named_s["peer"].astype(int))
+    named_r = named_r.assign(dst=named_r["rank"], src=named_r["peer"].astype(int))
+    named_s = named_s.assign(k=named_s.groupby(["src", "dst"]).cumcount())
+    named_r = named_r.assign(k=named_r.groupby(["src", "dst"]).cumcount())
+    first = named_s.merge(named_r, on=["src", "dst", "k"], suffixes=("_s", "_r"))
+    first = first[
+        (first["in_bytes_s"] == first["in_bytes_r"]) | first["in_bytes_s"].isna() | first["in_bytes_r"].isna()
+    ]
+    first = first.assign(peer_disagrees=False)
+    used = set(first["row_s"]) | set(first["row_r"])
+    # second pass: by destination alone (the send's claim), in order and by size
+    left_s = sends[~sends["row"].isin(used) & sends["peer"].notna()]
+    left_r = recvs[~recvs["row"].isin(used)]
+    second = []
+    for dst, group in left_s.groupby(left_s["peer"].astype(int)):
+        pool = left_r[left_r["rank"] == dst]
+        taken: set[int] = set()
+        for s in group.itertuples(index=False):
+            hit = next(
+                (
+                    r
+                    for r in pool.itertuples(index=False)
+                    if r.row not in taken and (pd.isna(r.in_bytes) or pd.isna(s.in_bytes) or r.in_bytes == s.in_bytes)
+                ),
+                None,
+            )
+            if hit is not None:
+                taken.add(hit.row)
+                second.append((s, hit))
+    rows = []
+    for p in first.itertuples(index=False):
+        rows.append(_pair_row(p.src, p.dst, p.k, p.in_bytes_s, p.in_bytes_r, p.phase_s, p.layer_s, p.module_s,
+                              p.arrive_us_s, p.arrive_us_r, p.end_us_s, p.end_us_r, False))  # fmt: skip
+    for s, r in second:
+        used.update((s.row, r.row))
+        rows.append(_pair_row(s.rank, r.rank, -1, s.in_bytes, r.in_bytes, s.phase, s.layer, s.module, s.arrive_us,
+                              r.arrive_us, s.end_us, r.end_us, True))  # fmt: skip
+    pairs = pd.DataFrame(rows, columns=PAIR_COLUMNS)
+    if len(pairs):
+        order = pairs.sort_values(["src", "send_start_us"], kind="stable")
+        step = order.groupby(["src", "layer", "phase"], dropna=False).cumcount()
+        pairs["step"] = step.reindex(pairs.index)
+        pairs = pairs.sort_values(["send_start_us", "src"], kind="stable").reset_index(drop=True)
+    left = f[~f["row"].isin(used)]
+    unpaired = pd.DataFrame({
+        "rank": left["rank"], "kind": left["kind"], "peer": left["peer"], "bytes": left["in_bytes"],
+        "phase": left["phase"], "layer": left["layer"], "module": left["module"], "start_us": left["start_us"],
+    }, columns=UNPAIRED_COLUMNS).reset_index(drop=True)  # fmt: skip
+    return pairs, unpaired
+
+
+def _pair_row(src, dst, k, sent, received, phase, layer, module, arrive_s, arrive_r, end_s, end_r, disagrees):
+    last = max(float(arrive_s), float(arrive_r))
+    transfer = max(float(end_r) - last, 0.0)
+    algbw = float(sent) / (transfer * 1e-6) / 1e9 if transfer > 0 and pd.notna(sent) else np.nan
+    return {
+        "src": int(src), "dst": int(dst), "k": int(k), "bytes": sent, "recv_bytes": received, "phase": phase,
+        "layer": layer, "module": module, "step": -1, "send_start_us": float(arrive_s),
+        "recv_start_us": float(arrive_r), "transfer_us": transfer, "algbw_gbps": algbw,
+        "skew_us": abs(float(arrive_s) - float(arrive_r)), "peer_disagrees": disagrees,
+    }  # fmt: skip
+
+
+def analyse_point_to_point(frame: pd.DataFrame, compute: pd.DataFrame | None = None) -> P2PReport:
+    """Pairs, ring steps, overlap and balance of a run's sends and receives. ``compute``: the
+    ranks' compute intervals (rank, start_us, dur_us), as ``detect_compute`` gives them."""
+    pairs, unpaired = pair_point_to_point(frame)
+    notes = []
+    if len(pairs) and pairs["peer_disagrees"].any():
+        n = int(pairs["peer_disagrees"].sum())
+        notes.append(f"{n} receives name a source that sent them nothing; paired by destination and size instead")
+    overlap = _overlap(frame, compute)
+    steps = _steps(pairs, overlap)
+    balance = _balance(frame, compute)
+    return P2PReport(pairs, unpaired, steps, overlap, balance, notes)
+
+
+def _intervals(compute: pd.DataFrame | None, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    if compute is None or compute.empty:
+        return np.empty(0), np.empty(0)
+    c = compute[compute["rank"] == rank]
+    starts = c["start_us"].to_numpy(dtype=float)
+    return starts, starts + c["dur_us"].to_numpy(dtype=float)
+
+
+def _covered(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> float:
+    """Length of [lo, hi) covered by the (disjoint) intervals."""
+    if not len(starts) or hi <= lo:
+        return 0.0
+    return float(np.clip(np.minimum(ends, hi) - np.maximum(starts, lo), 0.0, None).sum())
+
+
+def _ring_ops(frame: pd.DataFrame) -> pd.DataFrame:
+    p2p = frame[frame["kind"].isin(["send", "recv"])] if len(frame) else frame
+    if p2p.empty:
+        return p2p
+    p2p = p2p.sort_values(["rank", "start_us"], kind="stable")
+    # the i-th send and the i-th receive of a (layer, phase) are step i, whichever is issued first
+    step = p2p.groupby([p2p["rank"], p2p["layer"].fillna(-1), p2p["phase"], p2p["kind"]]).cumcount()
+    return p2p.assign(step=step, arrive_us=_arrival(p2p), end_us=_end(p2p))
+
+
+def _overlap(frame: pd.DataFrame, compute: pd.DataFrame | None) -> pd.DataFrame:
+    ops = _ring_ops(frame)
+    columns = ["rank", "layer", "phase", "step", "transfer_us", "hidden_us"]
+    if ops.empty:
+        return pd.DataFrame(columns=columns)
+    rows = []
+    for (rank, layer, phase, step), g in ops.groupby(["rank", ops["layer"].fillna(-1), "phase", "step"]):
+        lo, hi = float(g["arrive_us"].min()), float(g["end_us"].max())
+        starts, ends = _intervals(compute, int(rank))
+        rows.append({
+            "rank": int(rank), "layer": None if layer == -1 else int(layer), "phase": phase, "step": int(step),
+            "transfer_us": hi - lo, "hidden_us": _covered(starts, ends, lo, hi),
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _steps(pairs: pd.DataFrame, overlap: pd.DataFrame) -> pd.DataFrame:
+    if pairs.empty:
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    keyed = pairs.assign(layer=pairs["layer"].fillna(-1))
+    g = keyed.groupby(["layer", "phase", "step"])
+    steps = pd.DataFrame({
+        "hops": g.size(), "bytes": g["bytes"].sum(min_count=1), "transfer_us_max": g["transfer_us"].max(),
+        "transfer_us_mean": g["transfer_us"].mean(), "algbw_gbps_mean": g["algbw_gbps"].mean(),
+        "skew_us_max": g["skew_us"].max(),
+    }).reset_index()  # fmt: skip
+    if len(overlap):
+        o = overlap.assign(layer=overlap["layer"].fillna(-1)).groupby(["layer", "phase", "step"])
+        share = (o["hidden_us"].sum() / o["transfer_us"].sum().replace(0, np.nan)).rename("overlap").reset_index()
+        steps = steps.merge(share, on=["layer", "phase", "step"], how="left")
+    else:
+        steps["overlap"] = np.nan
+    # execution order: forward by layer, then backward from the last layer
+    phase_order = steps["phase"].map({"forward": 0, "backward": 1}).fillna(2)
+    layer_order = np.where(phase_order == 1, -steps["layer"], steps["layer"])
+    steps = steps.assign(_p=phase_order, _l=layer_order).sort_values(["_p", "_l", "step"], kind="stable")
+    steps["layer"] = steps["layer"].astype("Int64").replace(-1, pd.NA)
+    return steps[STEP_COLUMNS].reset_index(drop=True)
+
+
+def _balance(frame: pd.DataFrame, compute: pd.DataFrame | None) -> pd.DataFrame:
+    ops = _ring_ops(frame)
+    if ops.empty or compute is None or compute.empty:
+        return pd.DataFrame(columns=BALANCE_COLUMNS)
+    rows = []
+    for (rank, layer, phase), g in ops.groupby(["rank", ops["layer"].fillna(-1), "phase"]):
+        starts, ends = _intervals(compute, int(rank))
+        rows.append(
+            {
+                "layer": None if layer == -1 else int(layer),
+                "phase": phase,
+                "rank": int(rank),
+                "compute_us": _covered(starts, ends, float(g["start_us"].min()), float(g["end_us"].max())),
+            }
+        )
+    return pd.DataFrame(rows, columns=BALANCE_COLUMNS)
