@@ -20,12 +20,13 @@ Each step yields a partial output and its log-sum-exp; they are merged exactly (
 softmax), so the result equals dense causal attention. Every step but the first does half the
 work of a full block: the balance the zigzag layout exists for.
 
-Backward: K,V go around the ring again (P-1 transfers) and, with them, the dK,dV accumulator
-of the block in hand: a rank adds its share to the accumulator it received and passes it on.
-After the last step the accumulator of block r+1 is complete and goes home to rank r+1 (P
-transfers of dK,dV in all). dQ stays local. Saved for backward: q, k, v, the output and the
-final log-sum-exp (per query and head), as TransformerEngine does; the K,V blocks in flight are
-transient.
+Backward runs the other way (to rank r-1, from rank r+1), starting with the block of rank r+1,
+the last one forward received: K,V go around again, and with them the dK,dV accumulator of the
+block a rank just worked on. Step 0 sends K,V alone, the middle steps K,V with the accumulator in
+one buffer, the last step the accumulator alone: P-1 transfers of each, and the last accumulator
+to arrive is the rank's own block's, complete. dQ stays local. Saved for backward: q, the last
+K,V block received, the output and the final log-sum-exp (per query and head), as
+TransformerEngine saves them; the other K,V blocks in flight are transient.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from torch.utils.checkpoint import checkpoint
 
 from sptrace import markers
 
-_KV_TAG, _DKV_TAG = 1, 2  # gloo pairs a send with its recv by tag; NCCL ignores tags
+_KV_TAG = 1  # gloo pairs a send with its recv by tag; NCCL ignores tags
 
 
 def zigzag_positions(seq: int, rank: int, size: int) -> Tensor:
