@@ -229,8 +229,15 @@ class RingAttention(nn.Module):
         self.recompute = cfg.recompute == "selective"
         self.tag = ""
 
+    def _ring(self, q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup | None) -> Tensor:
+        """Ring attention, checkpointed with selective recomputation (Megatron's core attention
+        with context parallelism): its forward ring runs again in backward."""
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(ring_attention, q, k, v, group, self.tag, use_reentrant=False, **CHECKPOINT_HOOKS)
+        return ring_attention(q, k, v, group, self.tag)
+
     def _core(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return ring_attention(q, k, v, self.group, self.tag)
+        return self._ring(q, k, v, self.group)
 
     def positions(self, device: torch.device) -> Tensor:
         """Global positions of this rank's tokens (for RoPE)."""
@@ -241,11 +248,7 @@ class RingAttention(nn.Module):
         q, k, v = split_grouped_qkv(self.qkv(x), cfg.kv_heads, cfg.heads // cfg.kv_heads, cfg.head_dim)
         positions = self.positions(x.device)
         q, k = apply_rope(q, positions), apply_rope(k, positions)
-        if self.recompute and torch.is_grad_enabled():  # the ring runs again in backward
-            ctx = checkpoint(self._core, q, k, v, use_reentrant=False, **CHECKPOINT_HOOKS)
-        else:
-            ctx = self._core(q, k, v)
-        return self.proj(ctx.flatten(2))
+        return self.proj(self._core(q, k, v).flatten(2))
 
 
 class RingBlock(UlyssesBlock):
@@ -307,14 +310,14 @@ class USPAttention(RingAttention):
     def _core(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         U, tag, ulysses = self.cfg.ulysses_degree, self.tag, self.ulysses_group
         if ulysses is None:  # U = 1: the ring alone
-            return ring_attention(q, k, v, self.ring_group, tag)
+            return self._ring(q, k, v, self.ring_group)
         if k.shape[2] < U:  # GQA with g < U: one kv head per Ulysses rank, as DeepSpeed does
             k = k.repeat_interleave(U // k.shape[2], dim=2)
             v = v.repeat_interleave(U // v.shape[2], dim=2)
         q = comm_ops.all_to_all_seq_to_heads(q, ulysses, f"{tag}::q")  # [B, S*U/P, a/U, d]
         k = comm_ops.all_to_all_seq_to_heads(k, ulysses, f"{tag}::k")
         v = comm_ops.all_to_all_seq_to_heads(v, ulysses, f"{tag}::v")
-        ctx = ring_attention(q, k, v, self.ring_group, tag)
+        ctx = self._ring(q, k, v, self.ring_group)
         return comm_ops.all_to_all_heads_to_seq(ctx, ulysses, f"{tag}::context")  # [B, S/P, a, d]
 
     def positions(self, device: torch.device) -> Tensor:

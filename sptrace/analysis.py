@@ -24,7 +24,7 @@ from sptrace.checks.p2p import check_point_to_point
 from sptrace.checks.sharding import NEEDS as SHARDING_NEEDS
 from sptrace.checks.sharding import ShardingReport, check_sharding
 from sptrace.costmodel import CommEstimate, activation_bytes_per_layer, estimate_comm
-from sptrace.costmodel.comm import NEEDS as COMM_NEEDS
+from sptrace.costmodel.spec import needs as comm_needs
 from sptrace.detect.allocations import Retention
 from sptrace.detect.matching import Matching, match_collectives
 from sptrace.detect.p2p import P2PReport, analyse_point_to_point
@@ -247,7 +247,7 @@ def reduce_run(
     estimate = comm = None
     comm_unavailable = None
     if "collectives" in parts:
-        comm_unavailable = model.why_missing(COMM_NEEDS, "checking collectives against the cost model")
+        comm_unavailable = model.why_missing(comm_needs(model.scheme), "checking collectives against the cost model")
         if comm_unavailable is None:
             try:
                 estimate = estimate_comm(model, k=k)

@@ -75,7 +75,7 @@ def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
     if "collectives" in spec.parts:
         from sptrace.detect.timing import detect_compute, detect_timing
 
-        result.collectives = detect_collectives(trace, index)
+        result.collectives = detect_collectives(trace, index, for_reduce=True)
         result.timing = detect_timing(trace, result.collectives, index)
         result.compute = detect_compute(trace, index)
     if "sharding" in spec.parts:

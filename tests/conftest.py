@@ -48,6 +48,7 @@ RUNS: dict[str, list[str]] = {
     "ring": ["--scheme", "ring"],
     "usp": ["--scheme", "usp", "--ulysses-degree", "2"],
     "ring-stray-full-save": ["--scheme", "ring", "--fault", "stray-full-save"],
+    "ring-gqa-recompute": ["--scheme", "ring", "--kv-heads", "2", "--recompute", "selective"],
     # no sptrace markers or saved-tensor records: what a foreign framework's trace looks like
     "megatron-uninstrumented": ["--scheme", "megatron", "--no-instrument"],
     "megatron-stray-full-save-uninstrumented": [

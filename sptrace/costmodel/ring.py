@@ -18,20 +18,29 @@ def _step(b: Builder, phase: str, shape: tuple[int, ...], ranks: int, send: str,
     b.add(phase, "recv", "attn", recv, shape, shape, group=ranks)
 
 
-def p2p_forward(b: Builder, ranks: int, tokens: int, kv_heads: int) -> None:
+def p2p_forward(b: Builder, ranks: int, tokens: int, kv_heads: int, *, phase: str = "forward") -> None:
     """Steps 0..R-2: each rank passes the K,V block it holds to rank r+1 (it needs no block
     after the last step, hence R-1 transfers). ``tokens`` and ``kv_heads`` are what one ring
-    rank holds (S/P and g for ring; S/R and max(g/U, 1) for usp)."""
+    rank holds (S/P and g for ring; S/R and max(g/U, 1) for usp). ``phase`` backward: the
+    forward ring run again by selective recomputation, before the backward ring."""
     block = _block(b, tokens, kv_heads)
+    again = "recomputed " if phase == "backward" else ""
     for i in range(ranks - 1):
         _step(
             b,
-            "forward",
+            phase,
             block,
             ranks,
-            f"ring step {i}: send of the K,V block to rank r+1",
-            f"ring step {i}: recv of the K,V block from rank r-1",
+            f"{again}ring step {i}: send of the K,V block to rank r+1",
+            f"{again}ring step {i}: recv of the K,V block from rank r-1",
         )
+
+
+def p2p_recompute(b: Builder, ranks: int, tokens: int, kv_heads: int) -> None:
+    """Selective recomputation checkpoints the ring attention: its forward ring runs again at
+    the start of its backward."""
+    if b.cfg.recompute == "selective":
+        p2p_forward(b, ranks, tokens, kv_heads, phase="backward")
 
 
 def p2p_backward(b: Builder, ranks: int, tokens: int, kv_heads: int) -> None:
@@ -62,4 +71,5 @@ def collectives(b: Builder, *, attention_only: bool) -> None:
     """One layer's P2P in execution order (the MLP is local)."""
     P, S, g = b.cfg.sp_size, b.cfg.seq, b.cfg.kv_heads
     p2p_forward(b, P, S // P, g)
+    p2p_recompute(b, P, S // P, g)
     p2p_backward(b, P, S // P, g)

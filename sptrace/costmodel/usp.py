@@ -22,6 +22,7 @@ def collectives(b: Builder, *, attention_only: bool) -> None:
     if a2a:
         ulysses.context_forward(b, U)
         ulysses.context_backward(b, U)
+    ring.p2p_recompute(b, R, tokens, kv)  # selective recomputation checkpoints the ring alone
     ring.p2p_backward(b, R, tokens, kv)
     if a2a:
         ulysses.qkv_backward(b, U)

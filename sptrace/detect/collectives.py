@@ -368,9 +368,10 @@ class _Row:
     anchor: str = "op"  # op | record | annotation | kernel | gloo
 
 
-def detect_collectives(trace: RankTrace, index: RankIndex | None = None) -> pd.DataFrame:
+def detect_collectives(trace: RankTrace, index: RankIndex | None = None, *, for_reduce: bool = False) -> pd.DataFrame:
     """One row per collective this rank issued (COLUMNS), in issue order. ``index``: the rank's
-    RankIndex when the caller has built it already."""
+    RankIndex when the caller has built it already. ``for_reduce``: keep the ``peer_candidates``
+    column that ``resolve_peers`` settles once every rank's table is there (RANK_COLUMNS)."""
     idx = index or RankIndex(trace)
     cpu = idx.cpu_ops
     is_anchor = matches(cpu["name"], lambda v: v.isin(list(forms.FORMS)) | v.str.startswith("symm_mem::"))
@@ -435,7 +436,8 @@ def detect_collectives(trace: RankTrace, index: RankIndex | None = None) -> pd.D
     rows.sort(key=lambda r: r.start)
     groups = _GroupTable(trace)
     records = [_resolve(idx, trace.rank, groups, row) for row in rows]
-    return pd.DataFrame(records, columns=RANK_COLUMNS)
+    frame = pd.DataFrame(records, columns=RANK_COLUMNS)
+    return frame if for_reduce else frame.drop(columns=["peer_candidates"])
 
 
 def _first_collective_record(rpc: Intervals, inside: np.ndarray) -> Any:
@@ -788,7 +790,7 @@ def _transfer_span(row: _Row) -> tuple[int, int] | None:
 
 
 def detect_run_collectives(run: RunTrace) -> pd.DataFrame:
-    frames = [detect_collectives(t) for t in run]
+    frames = [detect_collectives(t, for_reduce=True) for t in run]
     frames = [f for f in frames if not f.empty]
     if not frames:
         return pd.DataFrame(columns=COLUMNS)

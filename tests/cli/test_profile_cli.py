@@ -15,14 +15,18 @@ from sptrace.cli import main
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--scheme", "ring"], "argument --scheme: invalid choice: 'ring'"),
+        (["--scheme", "zigzag"], "argument --scheme: invalid choice: 'zigzag'"),
+        (
+            ["--scheme", "usp", "--ulysses-degree", "3"],
+            "--ulysses-degree 3 does not divide the sequence-parallel size 8",
+        ),
         (
             ["--scheme", "megatron", "--heads", "12", "--kv-heads", "4"],
             "heads 12 is not divisible by the sequence-parallel size 8",
         ),
         (["--scheme", "megatron", "--seq", "100"], "seq 100 is not divisible by the sequence-parallel size 8"),
         (["--scheme", "ulysses", "--nproc", "3"], "seq 128 is not divisible by the sequence-parallel size 3"),
-        (["--scheme", "megatron", "--zero3"], "--zero3 applies to ulysses and hybrid"),
+        (["--scheme", "megatron", "--zero3"], "--zero3 applies to ulysses, hybrid, ring and usp"),
         (["--scheme", "ulysses", "--fault", "missing-reduce-scatter"], "needs a tensor-parallel MLP"),
         (["--scheme", "megatron", "--fault", "oops"], "argument --fault: invalid choice: 'oops'"),
         (["--scheme", "megatron", "--layers", "x"], "argument --layers: invalid int value: 'x'"),

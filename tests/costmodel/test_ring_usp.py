@@ -203,3 +203,18 @@ def test_activation_bytes_flash_style(scheme, U, recompute):
 
 def test_activation_bytes_other_schemes_unchanged():
     assert activation_bytes_per_layer(shape("ulysses")) == 32 * 2 * 64 / 8 * (34 + 5 * 8 * 32 / 64)
+
+
+@pytest.mark.parametrize("scheme, U, R, tokens, kv", [("ring", None, 8, S // 8, 8), ("usp", 2, 4, S // 4, 4)])
+def test_selective_recompute_runs_the_forward_ring_again_in_backward(scheme, U, R, tokens, kv):
+    """The checkpointed ring attention reruns its forward ring (R-1 blocks to rank r+1) at the
+    start of its backward, before the backward ring."""
+    N = 2 * B * tokens * kv * d * b
+    plain = estimate_comm(shape(scheme, U=U))
+    again = estimate_comm(shape(scheme, U=U, recompute="selective"))
+    sends = [c for c in p2p(again, "backward") if c.kind == "send"]
+    fwd, bwd = ring_schedule(R, N)
+    assert [c.in_bytes for c in sends] == fwd + bwd
+    assert all("recomputed" in c.what and "r+1" in c.what for c in sends[: R - 1])
+    assert p2p(again, "forward") == p2p(plain, "forward")
+    assert again.count("send") == plain.count("send") + L * (R - 1)

@@ -94,3 +94,15 @@ def test_analyze_prints_the_ring_steps(profiled, capsys):
     assert code == 0
     pairs = L * (P - 1) * P + L * P * P
     assert f"point-to-point: {pairs} sends paired with their receives, 0 unpaired" in out
+
+
+def test_ring_with_selective_recompute_matches_its_model(profiled, private_cache):
+    """GQA (g = 2 kv heads travel unreplicated) and the checkpointed ring, whose forward ring runs
+    again in backward: the backward's first P-1 sends go to rank r+1, with K,V blocks."""
+    a = analyse_run(profiled("ring-gqa-recompute"), load_options={"cache_dir": private_cache})
+    assert a.comm is not None and a.comm.verdict.exit_code == 0, a.comm.verdict.line()
+    block = 2 * B * (S // P) * 2 * D * FP32
+    bwd = a.p2p.pairs[a.p2p.pairs["phase"] == "backward"]
+    forward_again = bwd[bwd["dst"] == (bwd["src"] + 1) % P]
+    assert len(forward_again) == L * (P - 1) * P and set(forward_again["bytes"]) == {block}
+    assert a.sharding is not None and a.sharding.verdict.exit_code == 0

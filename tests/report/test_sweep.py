@@ -101,7 +101,7 @@ def test_regression_recovers_known_coefficients():
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--schemes", "ring", "--seq", "64"], "unknown scheme 'ring'"),
+        (["--schemes", "zigzag", "--seq", "64"], "unknown scheme 'zigzag'"),
         (["--seq", "64,x"], "--seq takes comma-separated integers"),
         (["--seq", "64,100"], "seq 100 is not divisible by the sequence-parallel size 8"),
     ],
