@@ -814,20 +814,32 @@ def resolve_peers(frame: pd.DataFrame) -> pd.DataFrame:
         layer = None if pd.isna(row.layer) else int(row.layer)
         return size, str(row.phase), layer
 
-    claims: Counter = Counter()  # (rank, kind, where, claimed peer) -> how many ops claim it
+    # (rank, kind, where, claimed peer, through which group) -> how many ops claim it; a group of
+    # None: the peer is known, the group not
+    claims: Counter = Counter()
     for row in frame[frame["kind"].isin(["send", "recv"])].itertuples(index=False):
         if row.peer is not None and not pd.isna(row.peer):
-            claims[(row.rank, row.kind, where(row), int(row.peer))] += 1
+            claims[(row.rank, row.kind, where(row), int(row.peer), row.group)] += 1
         for option in row.peer_candidates or ():
-            claims[(row.rank, row.kind, where(row), option["peer"])] += 1
+            claims[(row.rank, row.kind, where(row), option["peer"], option["group"])] += 1
+    answers: Counter = Counter()  # the same, whatever the group
+    for (rank_, kind_, place_, peer_, _), n in claims.items():
+        answers[(rank_, kind_, place_, peer_)] += n
     opposite = {"send": "recv", "recv": "send"}
     for i in todo:
         rank, kind = int(frame.at[i, "rank"]), frame.at[i, "kind"]
         place = where(frame.loc[i])
         options = frame.at[i, "peer_candidates"]
         peers = list(dict.fromkeys(o["peer"] for o in options))  # several groups may name one rank
-        scores = [claims[(peer, opposite[kind], place, rank)] for peer in peers]
+        # first the partner naming this rank through the same group, then through any group
+        scores = [
+            sum(claims[(o["peer"], opposite[kind], place, rank, o["group"])] for o in options if o["peer"] == peer)
+            for peer in peers
+        ]
         best = max(scores)
+        if best == 0:
+            scores = [answers[(peer, opposite[kind], place, rank)] for peer in peers]
+            best = max(scores)
         if best == 0 or scores.count(best) > 1:
             continue
         fitting = [o for o in options if o["peer"] == peers[scores.index(best)]]

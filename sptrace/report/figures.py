@@ -654,15 +654,15 @@ def model_sweep(
 ) -> go.Figure:
     """The cost model's wire GiB per rank and step against sequence length (the first article's
     table), for each scheme at ``base``'s other settings (a ModelShape with every value known).
-    USP takes ``base``'s Ulysses degree, else 2 (1 at an odd P); a length a scheme cannot split
-    (ring's zigzag needs 2P chunks) is a gap."""
+    USP takes ``base``'s Ulysses degree when ``base`` is a USP run, else 2 (1 at an odd P); a
+    length a scheme cannot split (ring's zigzag needs 2P chunks) is a gap."""
     from sptrace.errors import UsageError
 
     fig = _figure("model: wire bytes per rank and step", xaxis_title="sequence length", yaxis_title="GiB",
                   xaxis_type="log")  # fmt: skip
     shape = as_shape(base)
     P = shape.sp_size or 1
-    degree = shape.ulysses_degree or (2 if P % 2 == 0 else 1)
+    degree = shape.ulysses_degree if shape.scheme == "usp" and shape.ulysses_degree else 2 if P % 2 == 0 else 1
     for scheme in schemes:
         ys = []
         for s in seqs:

@@ -239,7 +239,7 @@ def test_compare_page(app):
     names = {tuple(t["x"]) for t in figure["data"]}
     assert names == {("megatron", "megatron-stray-full-save")}
     sweep = next(x for x in _walk(page) if x.get("props", {}).get("id") == "compare-sweep")["props"]["figure"]
-    assert [t["name"] for t in sweep["data"]] == ["megatron", "ulysses", "hybrid"]
+    assert [t["name"] for t in sweep["data"]] == ["megatron", "ulysses", "hybrid", "ring", "usp (U=2)"]
     assert "overview-cards" not in text(page)  # no table that repeats the Overview
     assert response["header-runs-wrap"]["style"] == {} and response["header-run-wrap"]["style"] == {"display": "none"}
     assert response["header-runs-label"]["children"] == "2 of 3 runs"
