@@ -11,13 +11,16 @@ the plain model:
   profiled+instr.   the same with sptrace.instrument (module ranges + saved-tensor records)
   lean              torch.profiler without Python stacks (sptrace profile --lean), not instrumented
   lean+instr.       the same with sptrace.instrument
-The instrumentation's overhead is each instrumented variant over its uninstrumented one, with
-the same profiler options (printed last); the target is <= 5%.
+All variants run on one model (hooks added and removed outside the timed region), in a shuffled
+order each round. The instrumentation's overhead is each instrumented variant over its
+uninstrumented one with the same profiler options, paired round by round (median and quartiles
+of the per-round ratios, printed last); the target is <= 5%.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 
@@ -35,42 +38,60 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     cfg = StepConfig(scheme="megatron", sp_size=1, layers=4, batch=2, seq=512, hidden=256, heads=8, kv_heads=4, ffn=704)
-    plain, instrumented = DenseTransformer(cfg), DenseTransformer(cfg)
-    sptrace.instrument(instrumented)
+    model = DenseTransformer(cfg)  # one model for every variant: two instances differ by noise alone
     x = torch.randn(cfg.batch, cfg.seq, cfg.hidden)
+    hooks: list[sptrace.Instrumentation] = []
 
-    def step(model):
+    def step() -> None:
         model(x).square().mean().backward()
+        model.zero_grad(set_to_none=True)
 
-    def profiled(model, with_stack=True):
+    def profiled(with_stack: bool = True) -> None:
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True,
                      with_stack=with_stack):  # fmt: skip
-            step(model)
+            step()
 
+    # (instrumented?, what runs); hooks go on and off outside the timed region
     variants = {
-        "plain": lambda: step(plain),
-        "instrumented": lambda: step(instrumented),
-        "profiled": lambda: profiled(plain),
-        "profiled+instr.": lambda: profiled(instrumented),
-        "lean": lambda: profiled(plain, with_stack=False),
-        "lean+instr.": lambda: profiled(instrumented, with_stack=False),
+        "plain": (False, step),
+        "instrumented": (True, step),
+        "profiled": (False, profiled),
+        "profiled+instr.": (True, profiled),
+        "lean": (False, lambda: profiled(with_stack=False)),
+        "lean+instr.": (True, lambda: profiled(with_stack=False)),
     }
+
+    def run(name: str) -> float:
+        instrumented, fn = variants[name]
+        if instrumented and not hooks:
+            hooks.append(sptrace.instrument(model))
+        elif not instrumented and hooks:
+            hooks.pop().remove()
+        start = time.process_time()
+        fn()
+        return time.process_time() - start
+
+    rng = random.Random(0)
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for fn in variants.values():
-        fn()  # warm up
+    for name in variants:
+        run(name)  # warm up
     for _ in range(args.repeats):
-        for name, fn in variants.items():
-            start = time.process_time()
-            fn()
-            times[name].append(time.process_time() - start)
+        order = list(variants)
+        rng.shuffle(order)  # no variant always runs after the same one
+        for name in order:
+            times[name].append(run(name))
     base = statistics.median(times["plain"])
     print(f"{'variant':<18}{'median CPU ms':>14}{'ratio':>8}")
     for name, samples in times.items():
         med = statistics.median(samples)
         print(f"{name:<18}{med * 1e3:>14.2f}{med / base:>8.3f}")
+    # paired: each round's instrumented step over the same round's uninstrumented one, so that
+    # the machine's slow and fast minutes cancel; median and quartiles over the rounds
     for with_instr, without in (("profiled+instr.", "profiled"), ("lean+instr.", "lean")):
-        over = statistics.median(times[with_instr]) / statistics.median(times[without]) - 1
-        print(f"instrumentation overhead, {without:<9} {100 * over:+.1f}%  (target <= 5%)")
+        ratios = [a / b - 1 for a, b in zip(times[with_instr], times[without])]
+        q1, med, q3 = statistics.quantiles(ratios, n=4)
+        print(f"instrumentation overhead, {without:<9} {100 * med:+.1f}%  (quartiles {100 * q1:+.1f}%, "
+              f"{100 * q3:+.1f}%; target <= 5%)")  # fmt: skip
 
 
 if __name__ == "__main__":

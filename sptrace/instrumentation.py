@@ -14,6 +14,8 @@ pop a name, so an instrumented model can stay instrumented in production.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import operator
 from typing import Any
 
 import torch
@@ -24,6 +26,19 @@ from sptrace import markers
 from sptrace.markers import SavedTensor
 
 _profiler_enabled = torch.autograd._profiler_enabled
+
+
+def _kernel(op: Any) -> Any:
+    """An operator overload's C++ callable: calling it from a hook adds no Python frame that
+    ``with_stack=True`` would record (``OpOverload.__call__`` is one)."""
+    return getattr(op, "_op", op)
+
+
+# record_function's own enter and exit, without the Python class around them: a module range is
+# the same user_annotation event, opened and closed with one C call each instead of about ten
+# recorded Python frames (benchmarks/bench_instrument.py measures the difference).
+_range_enter = _kernel(torch.ops.profiler._record_function_enter_new.default)
+_range_exit = _kernel(torch.ops.profiler._record_function_exit._RecordFunction)
 
 
 def _profiling() -> bool:
@@ -50,11 +65,7 @@ def describe_saved(tensor: torch.Tensor, module: str) -> SavedTensor:
     """What a pack hook records about one saved tensor. A DTensor is described by its local
     shard: that is what this rank keeps (its global shape says nothing about the rank)."""
     local = _local(tensor)
-    try:
-        storage = local.untyped_storage()
-        ptr, storage_nbytes = storage.data_ptr(), storage.nbytes()
-    except (RuntimeError, NotImplementedError):  # subclasses without storage (fake, sparse)
-        ptr, storage_nbytes = 0, 0
+    ptr, storage_nbytes = _storage_or_none(local)
     base = tensor._base
     if isinstance(base, torch.Tensor) and base.is_leaf and base.requires_grad:
         kind = "param"  # a view of a weight, e.g. W.t() saved by a matmul
@@ -80,9 +91,9 @@ class Instrumentation:
         self.model = model
         self.prefix = prefix
         self.saved_tensors = saved_tensors
-        # (qualname, open record_function or None, open saved_tensors_hooks or None) per call
+        # (qualname, open range's handle or None, open saved_tensors_hooks or None) per call
         self._stack: list[tuple[str, Any, Any]] = []
-        self._pending: list[str] = []
+        self._pending: list[tuple[str, torch.Tensor, str]] = []
         """Saved-tensor records of the forward running now, written when the root returns."""
         self._handles: list[Any] = []
         for name, module in model.named_modules():
@@ -97,17 +108,18 @@ class Instrumentation:
         return self._stack[-1][0] if self._stack else "<outside>"
 
     def _make_pre(self, qualname: str) -> Any:
+        range_name = markers.module_name(qualname)
+
+        # The hooks push with += and pop with del, which are no calls that with_stack records.
         def pre_hook(module: nn.Module, args: Any) -> None:
-            if not _profiling():
-                self._stack.append((qualname, None, None))
+            if not _profiler_enabled():
+                self._stack += ((qualname, None, None),)
                 return
             hooks = None
             if self.saved_tensors and not self._stack:
-                hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+                hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack_first)
                 hooks.__enter__()
-            rf = record_function(markers.module_name(qualname))
-            rf.__enter__()
-            self._stack.append((qualname, rf, hooks))
+            self._stack += ((qualname, _range_enter(range_name, None), hooks),)
 
         return pre_hook
 
@@ -115,9 +127,10 @@ class Instrumentation:
         def post_hook(module: nn.Module, args: Any, output: Any) -> None:
             if not self._stack:
                 return
-            _, rf, hooks = self._stack.pop()
-            if rf is not None:
-                rf.__exit__(None, None, None)
+            _, handle, hooks = self._stack[-1]
+            del self._stack[-1]
+            if handle is not None:
+                _range_exit(handle)
             if hooks is not None:
                 hooks.__exit__(None, None, None)
             if not self._stack and self._pending:
@@ -126,38 +139,45 @@ class Instrumentation:
         return post_hook
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        # The hot path: with_stack=True records every call made here, C methods included, so it
-        # makes as few calls as it can and leaves the formatting to _flush (describe_saved is
-        # the readable equivalent). A DTensor is described by its local shard.
-        if _profiler_enabled():
-            local = getattr(tensor, "_local_tensor", tensor)
-            try:
-                storage = local.untyped_storage()
-                ptr, storage_nbytes = storage.data_ptr(), storage.nbytes()
-            except (RuntimeError, NotImplementedError):
-                ptr, storage_nbytes = 0, 0
-            base = tensor._base
-            if base is not None and base.is_leaf and base.requires_grad:
-                kind = "param"
-            elif tensor.grad_fn is not None:
-                kind = "activation"
-            else:
-                kind = "param" if tensor.requires_grad else "input"
-            module = self._stack[-1][0] if self._stack else "<outside>"
-            self._pending.append((module, local.shape, local.dtype, local.nbytes, ptr, storage_nbytes, kind))
-        return tensor
+        # The hot path. with_stack=True records every Python frame and every call a frame makes,
+        # C methods included, so this makes no call and reads attributes only:
+        # the storage, shape and dtype are read in bulk by _flush, when the root's forward
+        # returns and every tensor kept here is still alive. Autograd keeps it until backward
+        # anyway; only a graph dropped inside the forward has its saved tensors kept that long.
+        # describe_saved is the readable equivalent. A DTensor is described by its local shard.
+        local = tensor if tensor.__class__ in _PLAIN else getattr(tensor, "_local_tensor", tensor)
+        base = tensor._base
+        if base is not None and base.is_leaf and base.requires_grad:
+            kind = "param"
+        elif tensor.grad_fn is not None:
+            kind = "activation"
+        else:
+            kind = "param" if tensor.requires_grad else "input"
+        self._pending += ((self._stack[-1][0] if self._stack else "<outside>", local, kind),)
+        return (tensor,)  # unpacked by _unpack_first, a C callable: no recorded frame in backward
 
     def _flush(self) -> None:
         """The forward's saved-tensor records as one profiler event, each starting with
-        markers.SAVED (markers.SavedTensor.all_from_marker reads them)."""
+        markers.SAVED (markers.SavedTensor.all_from_marker reads them).
+
+        Each step runs over all tensors inside ``map``, whose calls the profiler's Python tracer
+        does not see (it records calls made by Python code), so the event costs a few recorded
+        calls whatever the number of tensors."""
         pending, self._pending = self._pending, []
-        if _profiling():
-            records = [
-                markers.saved_marker(module, shape, str(dtype)[6:], nbytes, ptr, storage_nbytes, kind)
-                for module, shape, dtype, nbytes, ptr, storage_nbytes, kind in pending
-            ]
-            with record_function(" ".join(records)):
-                pass
+        if not pending or not _profiler_enabled():
+            return
+        modules, tensors, kinds = zip(*pending)
+        try:
+            storages = list(map(_storage_of, tensors))
+            ptrs, sizes = list(map(_storage_ptr, storages)), list(map(_storage_nbytes, storages))
+        except (RuntimeError, NotImplementedError):  # a subclass without storage (fake, sparse)
+            ptrs, sizes = zip(*map(_storage_or_none, tensors))
+        dims = list(map("x".join, map(map, itertools.repeat(str), map(_shape_of, tensors))))
+        dims = map(_SCALAR.get, dims, dims)  # "" (no dimension) -> "scalar"
+        dtypes = map(_DTYPE_PREFIX, map(str, map(_dtype_of, tensors)))
+        nbytes = map(_nbytes_of, tensors)
+        records = map(_RECORD.format, modules, dims, dtypes, nbytes, ptrs, sizes, kinds)
+        _range_exit(_range_enter(" ".join(records), None))
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -171,8 +191,34 @@ class Instrumentation:
         self.remove()
 
 
+_PLAIN = frozenset({torch.Tensor, nn.Parameter})
+_storage_of = torch.Tensor.untyped_storage
+_storage_ptr = torch.UntypedStorage.data_ptr
+_storage_nbytes = torch.UntypedStorage.nbytes
+_shape_of = operator.attrgetter("shape")
+_dtype_of = operator.attrgetter("dtype")
+_nbytes_of = operator.attrgetter("nbytes")
+_DTYPE_PREFIX = operator.methodcaller("removeprefix", "torch.")
+_SCALAR = {"": "scalar"}
+_RECORD = markers.SAVED + "module={}|shape={}|dtype={}|bytes={}|ptr={:#x}|storage_bytes={}|kind={}"
+"""markers.saved_marker's format (tests/unit/test_instrumentation.py checks that they agree)."""
+
+
+def _storage_or_none(tensor: torch.Tensor) -> tuple[int, int]:
+    """(storage pointer, storage bytes), or (0, 0) for a subclass without storage (fake, sparse)."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return 0, 0
+
+
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
+
+
+_unpack_first = operator.itemgetter(0)
+"""Instrumentation's unpack hook: its pack hook keeps each tensor in a 1-tuple."""
 
 
 def instrument(model: nn.Module, *, prefix: str = "", saved_tensors: bool = True) -> Instrumentation:

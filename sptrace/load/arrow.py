@@ -14,6 +14,11 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
+try:  # the kernels alone: importing pyarrow.compute wraps ~290 functions in Python, 0.1 s of CPU
+    from pyarrow._compute import CastOptions, call_function
+except ImportError:  # pragma: no cover - a pyarrow that moved its private module
+    from pyarrow.compute import CastOptions, call_function
+
 _OFFSET_MAX = 2**31 - 1  # pa.string() offsets are int32
 
 
@@ -82,6 +87,19 @@ def dictionary(values: Sequence[str | None]) -> pa.DictionaryArray:
     )
 
 
+def compute(function: str, *args: pa.Array | pa.Scalar) -> pa.Array:
+    """An Arrow compute kernel by name (``is_valid``, ``coalesce``, ``take``, ``dictionary_encode``).
+
+    Array methods such as ``cast`` and ``take`` import pyarrow.compute on first use; the decoder
+    and ``sptrace info`` call the kernels here instead (tests/cli/test_lazy_imports.py checks that)."""
+    return call_function(function, list(args))
+
+
+def cast(arr: pa.Array, target: pa.DataType) -> pa.Array:
+    """``arr.cast(target)`` (safe) without importing pyarrow.compute."""
+    return arr if arr.type == target else call_function("cast", [arr], CastOptions.safe(target))
+
+
 def scalar(text: str) -> pa.Scalar:
     """A string scalar (for compute kernels' comparisons)."""
     return string_array([text])[0]
@@ -118,4 +136,4 @@ def value_counts(arr: pa.Array | pa.ChunkedArray) -> dict[str, int]:
 def _dictionary_of(arr: pa.Array | pa.ChunkedArray) -> pa.DictionaryArray:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.unify_dictionaries().combine_chunks() if pa.types.is_dictionary(arr.type) else arr.combine_chunks()
-    return arr if pa.types.is_dictionary(arr.type) else arr.dictionary_encode()
+    return arr if pa.types.is_dictionary(arr.type) else compute("dictionary_encode", arr)

@@ -25,10 +25,9 @@ from typing import Any
 import msgspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sptrace.errors import TraceError
-from sptrace.load.arrow import codes_of, dictionary, from_numpy, string_array, to_numpy
+from sptrace.load.arrow import cast, codes_of, compute, dictionary, from_numpy, string_array, to_numpy
 from sptrace.load.schema import ARG_COLUMNS, SCHEMA, normalise_category
 
 _EXACT_FLOAT_US = float(2**43)  # below this a float µs with 3 decimals maps to a unique ns
@@ -47,7 +46,7 @@ def _raw(name: str) -> Any:
     return msgspec.field(default=msgspec.Raw(), name=name)
 
 
-class _XArgs(msgspec.Struct, gc=False):
+class _XArgs(msgspec.Struct, gc=False, omit_defaults=True):
     """args of complete ("X") events: ops, kernels, runtime calls, annotations, python frames."""
 
     external_id: int | None = _field("External id")
@@ -77,7 +76,7 @@ class _XArgs(msgspec.Struct, gc=False):
     ev_idx: int | None = _field("Ev Idx")
 
 
-class _IArgs(msgspec.Struct, gc=False):
+class _IArgs(msgspec.Struct, gc=False, omit_defaults=True):
     """args of instant ("i") events: the [memory] allocator events."""
 
     mem_addr: int | None = _field("Addr")
@@ -369,14 +368,61 @@ def _ints(values: Sequence[Any]) -> pa.Array:
     return from_numpy(arr, arr != _ABSENT)
 
 
-def _sentinel_ints(objects: Sequence[Any], attr: str, n: int) -> pa.Array:
-    """int64 column of a typed-Struct field whose absent value is ``_ABSENT``."""
+def _sentinel_values(objects: Sequence[Any], attr: str, n: int) -> np.ndarray:
+    """int64 values of a typed-Struct field whose absent value is ``_ABSENT`` (kept as is)."""
     try:
-        arr = np.fromiter(map(operator.attrgetter(attr), objects), dtype=np.int64, count=n)
+        return np.fromiter(map(operator.attrgetter(attr), objects), dtype=np.int64, count=n)
     except (TypeError, OverflowError):  # a JSON null, or an int beyond 64 bits: both become nulls
         values = (_int64(v) for v in map(operator.attrgetter(attr), objects))
-        arr = np.fromiter((_ABSENT if v is None else v for v in values), dtype=np.int64, count=n)
-    return from_numpy(arr, arr != _ABSENT)
+        return np.fromiter((_ABSENT if v is None else v for v in values), dtype=np.int64, count=n)
+
+
+def _take(items: list[Any], rows: np.ndarray) -> list[Any] | tuple[Any, ...]:
+    """``items`` at ``rows`` (at least one), gathered in C; itemgetter of one index returns the
+    item itself, hence the special case."""
+    if len(rows) == 1:
+        return [items[int(rows[0])]]
+    return operator.itemgetter(*rows.tolist())(items)  # (Python ints: numpy scalars are slower)
+
+
+def _rows_with(args: list[Any], cat: pa.DictionaryArray) -> dict[str, np.ndarray | None]:
+    """Which rows may carry each args field: None for all of them; a field no row carries is
+    left out.
+
+    Reading a field off every Struct costs the same whether it is there or not, and each
+    category of event carries a few of the ~25 declared fields (a kernel: ids, stream, device;
+    a runtime call: ids alone). So the rows are split by category, and each category's args are
+    encoded back with msgspec, which omits absent fields (``omit_defaults``): a field whose key
+    is not in that text is absent from the whole category, and is not read there. A key that
+    only appears inside a string value makes the field read for nothing, never missed."""
+    codes = to_numpy(cat.indices, fill=-1) if len(cat) else np.zeros(0, np.int32)
+    order = np.argsort(codes, kind="stable")
+    groups = np.split(order, np.flatnonzero(np.diff(codes[order])) + 1)
+    keys = {attr: f'"{name}":'.encode() for attr, name in zip(type(args[0]).__struct_fields__, _encoded_names(args[0]))}
+    found: dict[str, tuple[int, ...]] = {}
+    for g, rows in enumerate(groups):
+        members = _take(args, rows)
+        text = _ENCODER.encode(members)
+        # a category's events carry much the same fields: take those of a sample of its events,
+        # and scan for every other key only when their count falls short of the text's '":'
+        sample = _ENCODER.encode(members[:: max(1, len(members) // 256)])
+        present = [attr for attr, key in keys.items() if key in sample]
+        if sum(text.count(keys[attr]) for attr in present) != text.count(b'":'):
+            present = [attr for attr, key in keys.items() if key in text]
+        for attr in present:
+            found[attr] = (*found.get(attr, ()), g)
+    rows_of: dict[tuple[int, ...], np.ndarray | None] = {}  # one array per set of categories
+    for which in set(found.values()):
+        rows_of[which] = None if len(which) == len(groups) else np.sort(np.concatenate([groups[g] for g in which]))
+    return {attr: rows_of[which] for attr, which in found.items()}
+
+
+def _encoded_names(struct: Any) -> tuple[str, ...]:
+    """The JSON keys of a Struct's fields (their ``name=``), in field order."""
+    return tuple(f.encode_name for f in msgspec.structs.fields(struct))
+
+
+_ENCODER = msgspec.json.Encoder()
 
 
 def _texts(values: Sequence[Any], n: int) -> pa.Array:
@@ -392,14 +438,14 @@ def _texts(values: Sequence[Any], n: int) -> pa.Array:
 
 
 def _plain(arr: pa.Array) -> pa.Array:
-    return arr.cast(pa.string()) if pa.types.is_dictionary(arr.type) else arr
+    return cast(arr, pa.string())
 
 
 def _categories(raw_cat: pa.Array, ph: pa.Array, name: pa.Array) -> pa.Array:
     """Vectorised ``normalise_category``: map the few distinct raw categories, then patch the
     rows whose category depends on the name (old traces' uncategorised [memory] instants,
     old "async"/"launch" flows) or on ph (metadata)."""
-    encoded = raw_cat if pa.types.is_dictionary(raw_cat.type) else pc.dictionary_encode(raw_cat)
+    encoded = raw_cat if pa.types.is_dictionary(raw_cat.type) else compute("dictionary_encode", raw_cat)
     mapped = [normalise_category(c, "X", "") for c in encoded.dictionary.to_pylist()]
     vocabulary = list(dict.fromkeys([*mapped, "metadata", "cpu_instant_event", "other", "ac2g"]))
     code = {c: i for i, c in enumerate(vocabulary)}
@@ -424,17 +470,18 @@ def _thread_names(pid: pa.Array, tid: pa.Array, ph: pa.Array, name: pa.Array, me
     if not len(rows):
         return pa.nulls(len(pid), pa.string())
     pids, tids = to_numpy(pid, fill=_ABSENT), to_numpy(tid, fill=_ABSENT)  # (no event's id is _ABSENT)
-    named = dict(zip(zip(pids[rows].tolist(), tids[rows].tolist()), meta.take(from_numpy(rows)).to_pylist()))
+    names = compute("take", meta, from_numpy(rows)).to_pylist()
+    named = dict(zip(zip(pids[rows].tolist(), tids[rows].tolist()), names))
     # the last name wins; each distinct (pid, tid) is looked up once (Arrow's hash encoding)
-    pid_codes = from_numpy(pids).dictionary_encode()
-    tid_codes = from_numpy(tids).dictionary_encode()
+    pid_codes = compute("dictionary_encode", from_numpy(pids))
+    tid_codes = compute("dictionary_encode", from_numpy(tids))
     width = len(tid_codes.dictionary)
     pair = to_numpy(pid_codes.indices).astype(np.int64) * width + to_numpy(tid_codes.indices)
-    pairs = from_numpy(pair).dictionary_encode()
+    pairs = compute("dictionary_encode", from_numpy(pair))
     distinct = to_numpy(pairs.dictionary)
     first_pid, first_tid = to_numpy(pid_codes.dictionary), to_numpy(tid_codes.dictionary)
     keys = zip(first_pid[distinct // width].tolist(), first_tid[distinct % width].tolist())
-    return dictionary([named.get(key) for key in keys]).take(pairs.indices)
+    return compute("take", dictionary([named.get(key) for key in keys]), pairs.indices)
 
 
 _RAW_ARGS = {"input_dims", "input_types", "concrete_inputs", "in_split", "out_split", "pg_name", "pg_ranks"}
@@ -444,7 +491,7 @@ _STR_ARGS = {"coll_name", "coll_dtype", "pg_desc"}
 def _finish(path: Path, columns: dict[str, pa.Array]) -> pa.Table:
     """Checks and derived columns shared by both paths; the table in schema order."""
     ts, ph, name = columns["ts_ns"], columns["ph"], columns["name"]
-    timed = to_numpy(pc.is_valid(ts))
+    timed = to_numpy(compute("is_valid", ts))
     missing = ~timed & ~codes_of(ph, ["M", ""])
     n_missing = int(missing.sum())
     if n_missing:
@@ -459,7 +506,7 @@ def _finish(path: Path, columns: dict[str, pa.Array]) -> pa.Table:
     for field in SCHEMA:
         arr = columns[field.name]
         if pa.types.is_dictionary(field.type) and not pa.types.is_dictionary(arr.type):
-            arr = pc.dictionary_encode(arr)
+            arr = compute("dictionary_encode", arr)
         arrays.append(arr)
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
 
@@ -488,14 +535,48 @@ def _group_columns(kind: type, events: list[Any]) -> dict[str, pa.Array]:
         columns["meta"] = dictionary([_meta_text(m) for m in metas])
     if kind in _ARGS:
         args = field("args")
+        rows_of = _rows_with(args, columns["raw_cat"]) if n else {}
+        subsets: dict[int, Any] = {}
         for attr in _ARGS[kind].__struct_fields__:
             if attr == "external_id_old":
                 continue
-            values = list(map(operator.attrgetter(attr), args)) if attr in _RAW_ARGS | _STR_ARGS else None
-            columns[attr] = _texts(values, n) if values is not None else _sentinel_ints(args, attr, n)
-        if kind is _X:
-            columns["external_id"] = pc.coalesce(columns["external_id"], _sentinel_ints(args, "external_id_old", n))
+            columns[attr] = _arg_column(args, attr, rows_of, n, subsets)
+        if kind is _X and "external_id_old" in rows_of:
+            old = _arg_column(args, "external_id_old", rows_of, n, subsets)
+            columns["external_id"] = compute("coalesce", columns["external_id"], old)
     return columns
+
+
+def _arg_column(
+    args: list[Any], attr: str, rows_of: dict[str, np.ndarray | None], n: int, subsets: dict[int, Any]
+) -> pa.Array:
+    """One args field as a column, read only on the rows that may carry it (``_rows_with``);
+    ``subsets`` keeps each set of rows' Structs for the next field on the same rows."""
+    text = attr in _RAW_ARGS | _STR_ARGS
+    if attr not in rows_of:
+        return pa.nulls(n, pa.string() if text else pa.int64())
+    rows = rows_of[attr]
+    if rows is None:
+        subset = args
+    elif id(rows) in subsets:
+        subset = subsets[id(rows)]
+    else:
+        subset = _take(args, rows)
+        subsets[id(rows)] = subset
+    if text:
+        values = list(map(operator.attrgetter(attr), subset))
+        if rows is not None:
+            full: list[Any] = [None] * n
+            for i, v in zip(rows.tolist(), values):
+                full[i] = v
+            values = full
+        return _texts(values, n)
+    found = _sentinel_values(subset, attr, len(subset))
+    if rows is not None:
+        full_ints = np.full(n, _ABSENT, dtype=np.int64)
+        full_ints[rows] = found
+        found = full_ints
+    return from_numpy(found, found != _ABSENT)
 
 
 def _meta_text(args: dict[str, Any]) -> str | None:
@@ -512,10 +593,8 @@ def _table_from_structs(path: Path, events: list[Any]) -> pa.Table:
     groups: list[tuple[type, list[Any] | None]] = []
     for code, kind in enumerate(_KINDS):
         idx = np.flatnonzero(codes == code)
-        if len(idx) == 1:
-            groups.append((kind, [events[idx[0]]]))
-        elif len(idx) > 1:
-            groups.append((kind, list(operator.itemgetter(*idx)(events))))
+        if len(idx):
+            groups.append((kind, list(_take(events, idx))))
     events.clear()  # the Structs now live only in their group
     del codes
     parts: list[tuple[str, dict[str, Any], int]] = [("", {}, 0)] * len(groups)
@@ -536,10 +615,9 @@ def _table_from_structs(path: Path, events: list[Any]) -> pa.Table:
             arrow_type = pa.int64()
         else:
             arrow_type = SCHEMA.field(column).type
-        if pa.types.is_dictionary(arrow_type):
-            arrow_type = pa.string()
         chunks = [cols.pop(column, None) for _, cols, _ in parts]
-        arrays = [pa.nulls(m, arrow_type) if c is None else c.cast(arrow_type) for c, (_, _, m) in zip(chunks, parts)]
+        # dictionary columns stay encoded: concat_arrays unifies the kinds' dictionaries
+        arrays = [_as_type(c, m, arrow_type) for c, (_, _, m) in zip(chunks, parts)]
         del chunks
         key = {"ts": "ts_ns", "dur": "dur_ns"}.get(column, column)
         columns[key] = pa.concat_arrays(arrays) if arrays else pa.nulls(0, arrow_type)
@@ -550,6 +628,14 @@ def _table_from_structs(path: Path, events: list[Any]) -> pa.Table:
     del parts
     # rows come grouped by phase (X, i, s, f, M), in file order within each group
     return _finish(path, columns)
+
+
+def _as_type(chunk: pa.Array | None, n: int, arrow_type: pa.DataType) -> pa.Array:
+    if chunk is None:
+        return pa.nulls(n, arrow_type)
+    if pa.types.is_dictionary(arrow_type) and not pa.types.is_dictionary(chunk.type):
+        chunk = compute("dictionary_encode", chunk)
+    return cast(chunk, arrow_type)
 
 
 def _table_from_dicts(path: Path, events: list[Any], times: list[tuple[Any, Any]] | None = None) -> pa.Table:

@@ -6,10 +6,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sptrace import markers
-from sptrace.load.arrow import codes_of, rows_where, to_numpy, value_counts
+from sptrace.load.arrow import codes_of, compute, rows_where, to_numpy, value_counts
 from sptrace.load.trace import RankTrace, RunTrace
 from sptrace.units import rank_ranges
 
@@ -41,7 +40,7 @@ def describe_rank(trace: RankTrace) -> dict[str, Any]:
         "span_ms": None if span is None else (span[1] - span[0]) / 1e6,
         "memory_events": int(codes_of(names, ["[memory]"]).sum()),
         "python_stacks": cats.get("python_function", 0),
-        "ops_with_shapes": int((is_cpu_op & to_numpy(pc.is_valid(t["input_dims"]))).sum()),
+        "ops_with_shapes": int((is_cpu_op & to_numpy(compute("is_valid", t["input_dims"]))).sum()),
         "gpu_kernels": cats.get("kernel", 0),
         "c10d_ops": int((is_cpu_op & named("c10d::")).sum()),
         "collective_args": len(t) - t["coll_name"].null_count,

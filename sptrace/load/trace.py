@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sptrace.errors import TraceError
 from sptrace.executors import Executor, map_ranks
 from sptrace.load import cache as table_cache
-from sptrace.load.arrow import to_numpy, value_counts
+from sptrace.load.arrow import compute, to_numpy, value_counts
 from sptrace.load.decode import decode_trace
 from sptrace.units import rank_ranges
 
@@ -115,7 +114,7 @@ class RankTrace:
     def time_span_ns(self) -> tuple[int, int] | None:
         if self.loaded is None and self.stats:
             return self.stats[2]
-        timed = to_numpy(pc.is_valid(self.table["ts_ns"]))
+        timed = to_numpy(compute("is_valid", self.table["ts_ns"]))
         if not timed.any():
             return None
         start = to_numpy(self.table["ts_ns"])[timed]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sptrace.load.arrow import codes_of, dictionary, from_numpy, rows_where, string_array, to_numpy, value_counts
@@ -60,3 +62,62 @@ def test_all_null_and_empty():
     assert to_numpy(pa.array([], pa.int64())).tolist() == []
     assert dictionary([]).to_pylist() == []
     assert dictionary([None, None]).null_count == 2
+
+
+# ---- the decoder reads an args field only on the categories that carry it -----------------
+
+_ARG_KEYS = {"External id": "external_id", "Python id": "python_id", "stream": "stream", "Ev Idx": "ev_idx"}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["cpu_op", "kernel", "python_function", None]),
+            st.dictionaries(st.sampled_from(sorted(_ARG_KEYS)), st.integers(0, 2**40), max_size=4),
+            st.sampled_from(["", 'x "Python id":1 y', '"stream":']),  # keys inside a string value
+        ),
+        min_size=1,
+        max_size=700,
+    )
+)
+def test_args_on_any_mix_of_categories(tmp_path, events):
+    """Each event's int args, and a string arg whose text holds other fields' keys, equal
+    json's reading of the same file, however the fields are spread over categories (a field on
+    one event of 700, outside the decoder's sample of each category, included)."""
+    from sptrace.load.decode import decode_trace
+
+    raw = []
+    for i, (cat, args, text) in enumerate(events):
+        event = {"ph": "X", "name": f"op{i % 5}", "pid": 1, "tid": 1, "ts": 10 + i, "dur": 1, "args": dict(args)}
+        if cat is not None:
+            event["cat"] = cat
+        if text:
+            event["args"]["Collective name"] = text
+        raw.append(event)
+    path = tmp_path / f"t{len(events)}.json"
+    path.write_text(json.dumps({"traceEvents": raw}))
+    _, table = decode_trace(path)
+    assert table.num_rows == len(raw)
+    by_ts = sorted(range(table.num_rows), key=table["ts_ns"].to_pylist().__getitem__)
+    for key, column in _ARG_KEYS.items():
+        got = table[column].to_pylist()
+        assert [got[r] for r in by_ts] == [e["args"].get(key) for e in raw], key
+    names = table["coll_name"].to_pylist()
+    assert [names[r] for r in by_ts] == [e["args"].get("Collective name") for e in raw]
+
+
+def test_a_field_on_one_event_outside_the_sample(tmp_path):
+    """1,000 kernels sample every 3rd event: a stream on event 1 alone must still be read."""
+    from sptrace.load.decode import decode_trace
+
+    raw = [
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": i, "dur": 1, "args": {"correlation": i}}
+        for i in range(1000)
+    ]
+    raw[1]["args"]["stream"] = 7
+    path = tmp_path / "kernels.json"
+    path.write_text(json.dumps({"traceEvents": raw}))
+    _, table = decode_trace(path)
+    assert table["stream"].to_pylist() == [7 if i == 1 else None for i in range(1000)]
+    assert table["correlation"].to_pylist() == list(range(1000))

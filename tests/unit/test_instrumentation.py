@@ -143,3 +143,37 @@ def test_lean_profile_has_no_python_stacks(tmp_path):
     assert not any(e.get("cat") == "python_function" for e in events)
     assert any(e["name"].startswith("sptrace.saved::") for e in events)
     assert json.loads((tmp_path / "run" / "run.json").read_text())["profiler"]["with_stack"] is False
+
+
+def test_bulk_records_match_the_readable_description():
+    """_flush formats records in bulk (C-level maps); each must equal markers.saved_marker of
+    describe_saved for the same tensor, 0-d tensors and views of weights included."""
+    from sptrace import markers
+    from sptrace.instrumentation import _RECORD, describe_saved
+
+    scale = nn.Parameter(torch.tensor(0.5))
+    weight = nn.Parameter(torch.randn(4, 6))
+
+    class Scaled(nn.Module):
+        def forward(self, x):
+            return (x @ weight.t()) * scale.exp()  # saves x, W.t() (a view), exp's 0-d result
+
+    model = Scaled()
+    x = torch.randn(3, 6, requires_grad=True)  # so that matmul keeps W.t() for x's gradient
+    kept: list[torch.Tensor] = []
+    inst = sptrace.instrument(model)
+    original = Instrumentation._pack
+    Instrumentation._pack = lambda self, t: kept.append(t) or original(self, t)
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(x).sum().backward()
+    finally:
+        Instrumentation._pack = original
+        inst.remove()
+    [event] = [e.name for e in prof.events() if e.name.startswith(markers.SAVED)]
+    expected = [describe_saved(t, "<root>") for t in kept]
+    assert SavedTensor.all_from_marker(event) == expected
+    assert {r.shape for r in expected} >= {(), (3, 6), (6, 4)}
+    assert {(r.shape, r.kind) for r in expected} >= {((), "activation"), ((6, 4), "param")}
+    args = ("m", "3x6", "float32", 72, 0x7F00, 96, "activation")
+    assert _RECORD.format(*args) == markers.saved_marker("m", (3, 6), *args[2:])
