@@ -14,7 +14,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml constraints/cpu.txt
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py sptrace/load/_kineto.c constraints/cpu.txt
 	$(BIN)/python -m pip install --quiet -e '.[dev]' $(CONSTRAINTS)
 	touch $@
 

@@ -3,16 +3,19 @@
     python benchmarks/bench_load.py [--repeats 5] [--sizes 1,2,4,8] [--trace PATH]
 
 0. The JSON decoders, on the decompressed text alone: json, orjson (when installed), msgspec
-   untyped, and msgspec into sptrace's typed Structs (what sptrace uses).
+   untyped, msgspec into sptrace's typed Structs (the fallback), and sptrace's native decoder
+   (sptrace/load/_kineto.c, straight to columns; what sptrace uses when it is built).
 1. CPU time, in one process, alternating: HTA's ``hta.common.trace.parse_trace_file`` (default
-   config), ``sptrace.load_trace(..., cache=False)`` (cold) and ``sptrace.load_trace`` from its
-   table cache (warm), each warmed up once first; medians and ratios to HTA.
+   config), ``sptrace.load_trace(..., cache=False)`` (cold), the same with the native decoder
+   off (SPTRACE_DECODER=msgspec: an install without a C compiler) and ``sptrace.load_trace``
+   from its table cache (warm), each warmed up once first; medians and ratios to HTA.
 2. Peak RSS of each, in a fresh process per variant (the memory above the process's size after
    imports is printed too).
 3. Growth: synthetic traces of 2x, 4x, 8x the events (the real events replicated, shifted in
    time) loaded cold in fresh processes: CPU time, peak RSS, and the table they produce.
 4. What a user waits for, imports included: ``sptrace info --no-cache TRACE`` in a fresh
-   Python process against a fresh process that imports HTA and runs ``parse_trace_file``; user
+   Python process (with and without the native decoder) against a fresh process that imports
+   HTA and runs ``parse_trace_file``; user
    + system CPU of the whole child, medians, alternating. Both run with their bytecode cached
    (one warm-up each first), as an installed package does.
 
@@ -169,6 +172,17 @@ def run_cold(path: Path) -> object:
     return sptrace.load_trace(path, cache=False)
 
 
+def run_cold_msgspec(path: Path) -> object:
+    """The cold load with the native decoder turned off (what an install without a C compiler does)."""
+    import sptrace
+
+    os.environ["SPTRACE_DECODER"] = "msgspec"
+    try:
+        return sptrace.load_trace(path, cache=False)
+    finally:
+        del os.environ["SPTRACE_DECODER"]
+
+
 def run_cached(path: Path, cache_dir: Path) -> object:
     import sptrace
 
@@ -190,6 +204,7 @@ def child(variant: str, path: Path, cache_dir: Path) -> None:
     result = {
         "hta": lambda: run_hta(path),
         "cold": lambda: run_cold(path),
+        "cold-msgspec": lambda: run_cold_msgspec(path),
         "cached": lambda: run_cached(path, cache_dir),
     }[variant]()
     cpu = time.process_time() - start
@@ -250,20 +265,22 @@ def fresh_processes(path: Path, repeats: int) -> None:
     commands = {
         "HTA parse_trace_file": [sys.executable, "-c", HTA_SCRIPT, str(path)],
         "sptrace info --no-cache": [sys.executable, "-m", "sptrace", "info", "--no-cache", str(path)],
+        "the same, msgspec only": [sys.executable, "-m", "sptrace", "info", "--no-cache", str(path)],
     }
 
-    def cpu_of(cmd: list[str]) -> float:
+    def cpu_of(cmd: list[str], name: str = "") -> float:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        child_env = {**env, "SPTRACE_DECODER": "msgspec"} if "msgspec" in name else env
+        subprocess.run(cmd, env=child_env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
-    for cmd in commands.values():
-        cpu_of(cmd)  # warm-up: writes the bytecode caches
+    for name, cmd in commands.items():
+        cpu_of(cmd, name)  # warm-up: writes the bytecode caches
     samples: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(repeats):
         for name, cmd in commands.items():
-            samples[name].append(cpu_of(cmd))
+            samples[name].append(cpu_of(cmd, name))
     hta = statistics.median(samples["HTA parse_trace_file"])
     print(f"\nfresh process, imports included: user + system CPU seconds, median of {repeats}, alternating")
     print(f"{'command':<26}{'CPU s':>8}{'min':>8}{'max':>8}{'HTA / this':>12}")
@@ -275,7 +292,7 @@ def fresh_processes(path: Path, repeats: int) -> None:
 def decoders(path: Path, repeats: int) -> None:
     import msgspec
 
-    from sptrace.load.decode import _TYPED_TOP, read_bytes
+    from sptrace.load.decode import _TYPED_TOP, _kineto, read_bytes
 
     data = read_bytes(path)
     candidates = {
@@ -283,6 +300,8 @@ def decoders(path: Path, repeats: int) -> None:
         "msgspec untyped": msgspec.json.decode,
         "msgspec typed (sptrace)": _TYPED_TOP.decode,
     }
+    if _kineto is not None:
+        candidates["sptrace native, to columns"] = _kineto.decode
     try:
         import orjson
 
@@ -308,7 +327,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sizes", default="1,2,4,8", help="replication factors for the growth table ('' to skip)")
     parser.add_argument("--fresh-only", action="store_true", help="only section 4 (fresh processes)")
-    parser.add_argument("--child", choices=("hta", "cold", "cached"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("hta", "cold", "cold-msgspec", "cached"), help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -330,6 +349,7 @@ def main() -> None:
         variants = {
             "hta": lambda: run_hta(path),
             "cold": lambda: run_cold(path),
+            "cold-msgspec": lambda: run_cold_msgspec(path),
             "cached": lambda: run_cached(path, cache_dir),
         }
         for fn in variants.values():
@@ -344,17 +364,22 @@ def main() -> None:
             f"{path.name} ({size_mb:.1f} MB gzip): load to a table, CPU seconds, median of {args.repeats}, alternating"
         )
         hta = statistics.median(times["hta"])
-        print(f"{'variant':<24}{'CPU s':>9}{'HTA / this':>12}")
-        labels = {"hta": "HTA parse_trace_file", "cold": "sptrace cold (no cache)", "cached": "sptrace cached"}
+        print(f"{'variant':<26}{'CPU s':>9}{'HTA / this':>12}")
+        labels = {
+            "hta": "HTA parse_trace_file",
+            "cold": "sptrace cold (no cache)",
+            "cold-msgspec": "  the same, msgspec only",
+            "cached": "sptrace cached",
+        }
         for name, samples in times.items():
             med = statistics.median(samples)
-            print(f"{labels[name]:<24}{med:>9.3f}{hta / med:>12.1f}")
+            print(f"{labels[name]:<26}{med:>9.3f}{hta / med:>12.1f}")
 
         print("\npeak RSS, one fresh process per variant (MB)")
-        print(f"{'variant':<24}{'peak':>8}{'after imports':>15}{'load adds':>11}")
-        for name in ("hta", "cold", "cached"):
+        print(f"{'variant':<26}{'peak':>8}{'after imports':>15}{'load adds':>11}")
+        for name in ("hta", "cold", "cold-msgspec", "cached"):
             r = in_child(name, path, cache_dir)
-            print(f"{labels[name]:<24}{r['peak_mb']:>8.0f}{r['base_mb']:>15.0f}{r['peak_mb'] - r['base_mb']:>11.0f}")
+            print(f"{labels[name]:<26}{r['peak_mb']:>8.0f}{r['base_mb']:>15.0f}{r['peak_mb'] - r['base_mb']:>11.0f}")
 
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
         if sizes:

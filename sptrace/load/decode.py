@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+import os
 import re
 import zlib
 from collections.abc import Sequence
@@ -164,6 +165,11 @@ class _Times(msgspec.Struct, gc=False):
 _TIMES = msgspec.json.Decoder(list[_Times])
 _ANY = msgspec.json.Decoder()
 
+try:  # the native decoder (sptrace/load/_kineto.c), built when a C compiler was at hand
+    from sptrace.load import _kineto
+except ImportError:  # pragma: no cover - installed without a compiler: msgspec alone
+    _kineto = None
+
 try:  # ISA-L inflates gzip about 2.5x faster than zlib (benchmarks/bench_load.py)
     from isal import isal_zlib as _zlib
 except ImportError:  # pragma: no cover - isal is a dependency; zlib is the same API
@@ -197,9 +203,33 @@ def read_bytes(path: Path) -> bytes:
 # ---- decoding ------------------------------------------------------------------------------
 
 
+def native_decoder() -> bool:
+    """Whether traces go through the native decoder first: it is built, and SPTRACE_DECODER is
+    not ``msgspec`` (which benchmarks and tests use to compare the two)."""
+    return _kineto is not None and os.environ.get("SPTRACE_DECODER", "") != "msgspec"
+
+
+def decode_native(path: Path, data: bytes) -> tuple[dict[str, Any], pa.Table] | None:
+    """The native decoder's reading of ``data``, or None where it declines."""
+    if _kineto is None:
+        return None
+    columns = _kineto.decode(data)
+    if columns is None:
+        return None
+    try:
+        return _from_native(path, columns)
+    except _Declined:
+        return None
+
+
 def decode_trace(path: Path) -> tuple[dict[str, Any], pa.Table]:
-    """(top-level metadata without traceEvents, event table) of one trace file."""
+    """(top-level metadata without traceEvents, event table) of one trace file.
+
+    The native decoder reads what Kineto writes and declines anything else (it returns None),
+    which then takes the msgspec paths: both give the same table (tests/load/test_native.py)."""
     data = read_bytes(path)
+    if native_decoder() and (decoded := decode_native(path, data)) is not None:
+        return decoded
     try:
         top = _TYPED_TOP.decode(data)
         if top.traceEvents is not None:
@@ -628,6 +658,124 @@ def _table_from_structs(path: Path, events: list[Any]) -> pa.Table:
     del parts
     # rows come grouped by phase (X, i, s, f, M), in file order within each group
     return _finish(path, columns)
+
+
+class _Declined(Exception):
+    """The native decoder's output holds something only the msgspec path reads as it should."""
+
+
+_PHASES = ("X", "i", "s", "f", "M")  # the native decoder's ph codes
+
+
+def _from_native(path: Path, out: dict[str, Any]) -> tuple[dict[str, Any], pa.Table]:
+    """The table from the native decoder's columns (file order), as ``_table_from_structs``
+    builds it: rows grouped by phase (X, i, s, f, M), in file order within each group, and each
+    dictionary in order of first appearance."""
+    n = out["n"]
+    top = dict(out["top"])
+    if not n or len(top) != len(out["top"]):  # (no events, or a repeated key: the other paths decide)
+        raise _Declined
+    metadata = {key: _ANY.decode(top[key.encode()]) for key in METADATA_KEYS if key.encode() in top}
+    ph = np.frombuffer(out["ph"], dtype=np.int8)
+    order = np.argsort(ph, kind="stable")
+    ph = ph[order]
+    counts = np.bincount(ph, minlength=len(_PHASES))
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    kind_rows = {p: slice(int(bounds[k]), int(bounds[k + 1])) for k, p in enumerate(_PHASES)}
+
+    def ints(key: str) -> np.ndarray:
+        raw = out.get(key)
+        return np.full(n, _ABSENT, dtype=np.int64) if raw is None else np.frombuffer(raw, dtype=np.int64)[order]
+
+    def int_column(key: str) -> pa.Array:
+        values = ints(key)
+        if key in ("pid", "tid", "id") and f"{key}_s" in out:  # strings: "Spans", "stream 7"
+            codes, tokens = out[f"{key}_s"]
+            parsed = [_int64(_to_int(_ANY.decode(t))) for t in tokens]
+            lut = np.array([_ABSENT if v is None else v for v in parsed] + [_ABSENT], dtype=np.int64)
+            codes = np.frombuffer(codes, dtype=np.int32)[order]
+            values = np.where(codes >= 0, lut[codes], values)
+        return from_numpy(values, values != _ABSENT)
+
+    def text_column(key: str, decode: Any, falsy_kinds: str = "") -> pa.DictionaryArray:
+        """``falsy_kinds``: the phases whose values are all null when none is truthy (as
+        ``_texts`` reads a kind's str values)."""
+        if key not in out:
+            return pa.nulls(n, pa.string())
+        buffer, tokens = out[key]
+        codes = np.frombuffer(buffer, dtype=np.int32)[order]
+        values = [decode(t) for t in tokens]
+        if falsy_kinds:
+            truthy = np.array([bool(v) for v in values] + [False])
+            codes = codes.copy()
+            for p in falsy_kinds:
+                rows = kind_rows[p]
+                if not truthy[codes[rows]].any():
+                    codes[rows] = -1
+        return _first_seen(codes, values)
+
+    def string(token: bytes) -> str:
+        return token[1:-1].decode() if b"\\" not in token else _ANY.decode(token)
+
+    def raw(token: bytes) -> str | None:
+        return _raw_text(msgspec.Raw(token))
+
+    columns: dict[str, pa.Array] = {
+        "name": text_column("name", string),
+        "raw_cat": text_column("cat", string),
+        "pid": int_column("pid"),
+        "tid": int_column("tid"),
+        "flow_id": int_column("id"),
+        "flow_bp": text_column("bp", string, "sf"),
+        "ts_ns": int_column("ts"),
+        "dur_ns": int_column("dur"),
+    }
+    for column, arrow_type, _ in ARG_COLUMNS:
+        if column == "meta":
+            continue
+        if column in _RAW_ARGS:
+            arr = text_column(column, raw)
+        elif column in _STR_ARGS:
+            arr = text_column(column, string, "X")
+        else:
+            arr = int_column(column)
+        columns[column] = _as_type(arr, n, arrow_type)
+    if "external_id_old" in out:
+        columns["external_id"] = compute("coalesce", columns["external_id"], int_column("external_id_old"))
+    meta_codes = np.full(n, -1, dtype=np.int32)
+    meta_values: list[str | None] = []
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n)
+    for row, token in out["meta"]:
+        args = _ANY.decode(token)
+        if args is not None and not isinstance(args, dict):
+            raise _Declined
+        meta_codes[position[row]] = len(meta_values)
+        meta_values.append(_meta_text(args or {}))
+    columns["meta"] = _as_type(_first_seen(meta_codes, meta_values), n, pa.string())
+    present = [k for k in range(len(_PHASES)) if counts[k]]
+    columns["ph"] = pa.DictionaryArray.from_arrays(
+        from_numpy(np.repeat(np.arange(len(present), dtype=np.int32), counts[present])),
+        string_array([_PHASES[k] for k in present]),
+    )
+    return metadata, _finish(path, columns)
+
+
+def _first_seen(codes: np.ndarray, values: Sequence[str | None]) -> pa.DictionaryArray:
+    """A dictionary column from codes into ``values`` (-1: null; a None value: null), with its
+    distinct values in order of first appearance, as ``dictionary`` builds it."""
+    n, k = len(codes), len(values)
+    first = np.full(k + 1, n, dtype=np.int64)
+    valid = codes >= 0
+    np.minimum.at(first, codes[valid], np.flatnonzero(valid))
+    used = np.flatnonzero(first[:k] < n)
+    distinct: dict[str, int] = {}
+    lut = np.full(k + 1, -1, dtype=np.int32)  # (the last entry: code -1)
+    for t in used[np.argsort(first[used], kind="stable")].tolist():
+        if values[t] is not None:
+            lut[t] = distinct.setdefault(values[t], len(distinct))
+    indices = lut[codes]
+    return pa.DictionaryArray.from_arrays(from_numpy(indices, indices >= 0), string_array(list(distinct)))
 
 
 def _as_type(chunk: pa.Array | None, n: int, arrow_type: pa.DataType) -> pa.Array:
