@@ -384,11 +384,14 @@ static int int_value(P *s, int64_t *out) {
     return 1;
 }
 
-/* a time in microseconds -> nanoseconds, exactly, when the decimals past the third are zeros */
-#define MAX_US 9223372036854775ULL /* 2^63 / 1000, rounded down */
+/* a time in microseconds -> nanoseconds, exactly. Declined where the msgspec path reads the
+ * times of the whole trace again as text (decode.py, _us_to_ns): an int from 2^53 us, a fraction
+ * from 2^43 us; and where it may round (decimals past the third, an exponent) or fail (beyond
+ * 2^63 ns). */
 static int time_value(P *s, int64_t *out) {
     Number n;
-    if (!number(s, &n) || n.exponent || n.overflow || n.frac_rest || n.whole >= MAX_US) return 0;
+    if (!number(s, &n) || n.exponent || n.overflow || n.frac_rest) return 0;
+    if (n.whole >= (1ULL << 53) || (n.frac3 && n.whole >= (1ULL << 43))) return 0;
     int64_t ns = (int64_t)n.whole * 1000 + (int64_t)n.frac3;
     *out = n.negative ? -ns : ns;
     return 1;

@@ -218,7 +218,7 @@ def decode_native(path: Path, data: bytes) -> tuple[dict[str, Any], pa.Table] | 
         return None
     try:
         return _from_native(path, columns)
-    except _Declined:
+    except (_Declined, msgspec.DecodeError, UnicodeDecodeError):  # (e.g. metadata holding 1e999)
         return None
 
 

@@ -142,6 +142,8 @@ DECLINED = {
     "args that are no object": {"ph": "X", "name": "a", "ts": 1, "args": [1]},
     "a time in a string": {"ph": "X", "name": "a", "ts": "1"},
     "a time no clock holds": {"ph": "X", "name": "a", "ts": 10**17},
+    "a fraction a double cannot hold exactly": {"ph": "X", "name": "a", "ts": 2**43 + 0.5},
+    "an int a double cannot hold": {"ph": "X", "name": "a", "ts": 2**53 + 1},
     "metadata args that are no object": {"ph": "M", "name": "thread_name", "ts": 1, "args": "x"},
 }
 
@@ -168,6 +170,8 @@ def test_declines_what_only_msgspec_reads_exactly(tmp_path, what):
         '{"traceEvents": [{"ph": "X", "name": "\\x", "ts": 1}]}',
         '{"traceEvents": []}',
         '{"traceEvents": null}',
+        '{"traceEvents": [{"ph": "X", "name": "a", "ts": 1}], "distributedInfo": {"rank": 1e999}}',
+        '{"traceEvents": [{"ph": "M", "name": "a", "ts": 1, "args": {"name": 1e999}}]}',
         "[1, 2]",
     ],
 )
@@ -188,6 +192,7 @@ def test_invalid_utf8_is_declined(tmp_path):
 times = st.one_of(
     st.integers(-(10**12), 10**15),
     st.integers(0, 10**12).map(lambda us: us + 0.125),
+    st.sampled_from([2**43 - 1 + 0.5, 2**43 + 0.5, 2**43 + 1, 2**53 - 1, 2**53, 2**53 + 2, 1.7e15 + 0.25]),
     st.decimals(-(10**9), 10**12, places=3, allow_nan=False, allow_infinity=False).map(float),
     st.none(),
     st.sampled_from([1.5e3, 1.0001, "12", 2**70, -0.5]),
