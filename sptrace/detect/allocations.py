@@ -12,7 +12,12 @@ Retained = allocated in the forward window and alive when backward starts, whoev
     Its holder is read from when it died: inside an autograd node (autograd saved it), after
     backward outside any node, or never within the trace (a Python reference, a hook, a cache).
 Frees the profiler does not see (gloo and NCCL release a collective's tensors on their own threads)
-make a death unknowable: such allocations are counted, not judged.
+make a death unknowable: such allocations are counted, not judged. Except where the allocator's own
+count shows none: each [memory] event carries the device's Total Allocated, so between two events
+the count moves by the second event's Bytes unless something unrecorded was allocated or freed.
+An allocation whose free is not in the trace, with no such move from its allocation to the first
+event at or after the boundary, was alive at the boundary (only an unrecorded allocation of exactly
+its size in the same interval could hide its free).
 """
 
 from __future__ import annotations
@@ -71,6 +76,40 @@ def detect_ledger(trace: RankTrace) -> pd.DataFrame:
     rows.extend(live.values())
     frame = pd.DataFrame(rows, columns=LEDGER_COLUMNS)
     return frame.sort_values("alloc_ns", kind="stable").reset_index(drop=True)
+
+
+@dataclass
+class Unrecorded:
+    """Per device: the intervals (start, end] of recorded [memory] events between which the
+    allocator's Total Allocated moved by more than the recorded Bytes, and the last event's time."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    last_ns: int
+
+    def quiet(self, after_ns: int, until_ns: int) -> bool:
+        """Whether the count shows nothing unrecorded from ``after_ns`` to ``until_ns`` (and the
+        device has an event at or after ``until_ns``, so the last interval is observed)."""
+        if self.last_ns < until_ns:
+            return False
+        return not bool(np.any((self.ends > after_ns) & (self.starts < until_ns)))
+
+
+def unrecorded_allocator_activity(trace: RankTrace) -> dict[tuple[int, int], Unrecorded]:
+    """Where each device's allocator count moved without a recorded event explaining it; a device
+    whose events carry no Total Allocated is left out (nothing can be read from it)."""
+    ev = trace.events
+    mem = ev[(ev["name"].astype(str) == "[memory]") & ev["mem_bytes"].notna()]
+    out: dict[tuple[int, int], Unrecorded] = {}
+    for (dt, di), g in mem.groupby([mem["device_type"].fillna(-1), mem["device_id"].fillna(-1)], sort=False):
+        if g["mem_total_allocated"].isna().any():
+            continue
+        g = g.sort_values(["ts_ns", "ev_idx"], kind="stable", na_position="first")
+        ts = g["ts_ns"].to_numpy(dtype=np.int64)
+        total = g["mem_total_allocated"].to_numpy(dtype=np.int64)
+        moved = np.flatnonzero(np.diff(total) != g["mem_bytes"].to_numpy(dtype=np.int64)[1:])
+        out[(int(dt), int(di))] = Unrecorded(ts[moved], ts[moved + 1], int(ts[-1]))
+    return out
 
 
 def backward_start_ns(trace: RankTrace) -> int | None:
@@ -173,6 +212,7 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
             "freed_in": None if alloc is None else _freed_in(nodes, alloc.get("free_ns")), "kind": rec.kind,
         })  # fmt: skip
     if not ledger.empty:
+        unrecorded = unrecorded_allocator_activity(trace)
         ledger = ledger.assign(_row=np.arange(len(ledger)))
         window = ledger[(ledger["alloc_ns"] >= fwd) & (ledger["alloc_ns"] < bwd)]
         alive = window[window["free_ns"].isna() | (window["free_ns"] >= bwd)]
@@ -183,13 +223,19 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
             alloc_ns = int(rec["alloc_ns"])
             producer = _producer(collectives, ops, rec, slack)
             freed_in = _freed_in(nodes, rec["free_ns"])
-            if rec["lost_free"]:
-                out.unseen_frees += 1  # died before its address was reused, but when is unknown
+            unseen_free = bool(rec["lost_free"]) or (pd.isna(rec["free_ns"]) and producer is not None)
+            counted = unrecorded.get((int(rec["device_type"]), int(rec["device_id"])))
+            if unseen_free and (counted is None or not counted.quiet(alloc_ns, bwd)):
+                # died before its address was reused, or gloo / NCCL dropped a collective's tensor on
+                # their own threads: when is unknown
+                out.unseen_frees += 1
                 continue
-            if rec["free_ns"] is None or pd.isna(rec["free_ns"]):
-                if producer is not None:
-                    out.unseen_frees += 1  # gloo / NCCL drop a collective's tensors on their own threads
-                    continue
+            if unseen_free:
+                holder = (
+                    "alive at the boundary: its free is not in the trace, and the allocator's count shows no "
+                    "unrecorded free before backward"
+                )
+            elif rec["free_ns"] is None or pd.isna(rec["free_ns"]):
                 holder = "not autograd: still alive when the trace ends (a Python reference, a hook or a cache)"
             elif freed_in is not None:
                 holder = f"autograd (freed in {freed_in})"

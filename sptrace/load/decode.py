@@ -850,4 +850,11 @@ def _table_from_dicts(path: Path, events: list[Any], times: list[tuple[Any, Any]
                     break
             values.append(as_int(v) if integer else as_str(v))
         columns[column] = pa.array(values, type=pa.int64() if integer else pa.string())
+    # rows grouped by phase as the other paths group them (X, i, s, f, M; any other phase after)
+    rank = {ph: k for k, ph in enumerate(_PHASES)}
+    phases = columns["ph"].to_pylist()
+    order = np.argsort(np.fromiter((rank.get(ph, len(rank)) for ph in phases), np.int8, len(phases)), kind="stable")
+    if (np.diff(order) < 0).any():
+        rows = from_numpy(order)
+        columns = {name: compute("take", arr, rows) for name, arr in columns.items()}
     return _finish(path, columns)

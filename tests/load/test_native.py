@@ -272,3 +272,23 @@ def test_our_own_runs_are_read_natively(profiled):
     paths = sorted(profiled("megatron").glob("rank*.json.gz"))
     assert len(paths) == 8
     assert all(assert_same(p) for p in paths)
+
+
+def test_every_path_groups_rows_by_phase(tmp_path):
+    """A time the msgspec path must read as text sends the trace down its tolerant path (and the
+    native decoder declines it): rows still come grouped by phase, in file order within each."""
+    events = [
+        {"ph": "i", "name": "[memory]", "ts": 1, "args": {"Bytes": 1}},
+        {"ph": "X", "name": "a", "ts": 2**43 + 0.5, "dur": 1},
+        {"ph": "M", "name": "thread_name", "ts": 0, "pid": 1, "tid": 1, "args": {"name": "main"}},
+        {"ph": "X", "name": "b", "ts": 3, "dur": 1},
+        {"ph": "i", "name": "[memory]", "ts": 4, "args": {"Bytes": -1}},
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert not assert_same(path)
+    _, table = decode.decode_trace(path)
+    assert table["ph"].to_pylist() == ["X", "X", "i", "i", "M"]
+    assert table["name"].to_pylist() == ["a", "b", "[memory]", "[memory]", "thread_name"]
+    assert table["ts_ns"].to_pylist()[0] == (2**43) * 1000 + 500
+    assert table["mem_bytes"].to_pylist() == [None, None, 1, -1, None]
