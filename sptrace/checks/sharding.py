@@ -263,6 +263,8 @@ class ShardingReport:
     """Per rank and layer: retained bytes, full bytes, and Korthikanti's expectation."""
     verdict: Verdict
     notes: list[str] = field(default_factory=list)
+    unseen_frees: dict[int, int] = field(default_factory=dict)
+    """Per rank: allocations alive at the boundary whose free is not in the trace (not judged)."""
 
     @property
     def ok(self) -> bool:
@@ -283,6 +285,7 @@ class ShardingReport:
             "layers": _records(self.layers),
             "saved": _records(saved.drop(columns=["alloc_ns", "free_ns"], errors="ignore")),
             "notes": self.notes,
+            "unseen_frees": [{"rank": r, "allocations": n} for r, n in sorted(self.unseen_frees.items())],
         }
 
 
@@ -351,7 +354,8 @@ def check_sharding(
     if counts["unknown"]:
         notes.append(f"{counts['unknown']} tensors have no shape and a size that identifies nothing; not judged")
     verdict = _conclude(retained, saved, findings, model, counts, strict)
-    return ShardingReport(model, saved, findings, layers, verdict, notes)
+    unseen_by_rank = {r.rank: r.unseen_frees for r in retained if r.unseen_frees}
+    return ShardingReport(model, saved, findings, layers, verdict, notes, unseen_by_rank)
 
 
 def _first_why(saved: pd.DataFrame, cls: str) -> str:

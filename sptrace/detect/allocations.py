@@ -12,12 +12,14 @@ Retained = allocated in the forward window and alive when backward starts, whoev
     Its holder is read from when it died: inside an autograd node (autograd saved it), after
     backward outside any node, or never within the trace (a Python reference, a hook, a cache).
 Frees the profiler does not see (gloo and NCCL release a collective's tensors on their own threads)
-make a death unknowable: such allocations are counted, not judged. Except where the allocator's own
-count shows none: each [memory] event carries the device's Total Allocated, so between two events
-the count moves by the second event's Bytes unless something unrecorded was allocated or freed.
-An allocation whose free is not in the trace, with no such move from its allocation to the first
-event at or after the boundary, was alive at the boundary (only an unrecorded allocation of exactly
-its size in the same interval could hide its free).
+make a death unknowable: such allocations are counted, not judged. Except on CUDA, where the
+allocator's own count can show there was none: each [memory] event carries the device's Total
+Allocated, which the caching allocator keeps for every thread, so between two events the count
+moves by the second event's Bytes unless something unrecorded was allocated or freed. An allocation
+whose free is not in the trace, with no such move from its allocation to the first event at or
+after the boundary, was alive at the boundary (only an unrecorded allocation of exactly its size in
+the same interval could hide its free). The CPU allocator counts only the threads the profiler
+records, so its count cannot show an unrecorded free.
 """
 
 from __future__ import annotations
@@ -95,11 +97,18 @@ class Unrecorded:
         return not bool(np.any((self.ends > after_ns) & (self.starts < until_ns)))
 
 
+_COUNTS_EVERY_THREAD = (1,)
+"""Device types whose Total Allocated counts every thread's allocations: CUDA's caching allocator
+(its device stats). c10's CPU reporter counts only threads with the profiler on."""
+
+
 def unrecorded_allocator_activity(trace: RankTrace) -> dict[tuple[int, int], Unrecorded]:
-    """Where each device's allocator count moved without a recorded event explaining it; a device
-    whose events carry no Total Allocated is left out (nothing can be read from it)."""
+    """Where each CUDA device's allocator count moved without a recorded event explaining it; a
+    device whose events carry no Total Allocated is left out (nothing can be read from it)."""
     ev = trace.events
-    mem = ev[(ev["name"].astype(str) == "[memory]") & ev["mem_bytes"].notna()]
+    mem = ev[
+        (ev["name"].astype(str) == "[memory]") & ev["mem_bytes"].notna() & ev["device_type"].isin(_COUNTS_EVERY_THREAD)
+    ]
     out: dict[tuple[int, int], Unrecorded] = {}
     for (dt, di), g in mem.groupby([mem["device_type"].fillna(-1), mem["device_id"].fillna(-1)], sort=False):
         if g["mem_total_allocated"].isna().any():

@@ -104,8 +104,8 @@ def test_transfer_time_and_exposed_communication(tmp_path):
     assert cpu_only.comm_ms == pytest.approx(0.002) and cpu_only.issue_only == 1
 
 
-def _mem(ts, addr, nbytes, total):
-    args = {"Addr": addr, "Bytes": nbytes, "Device Type": 0, "Device Id": -1}
+def _mem(ts, addr, nbytes, total, device_type=1):
+    args = {"Addr": addr, "Bytes": nbytes, "Device Type": device_type, "Device Id": 0 if device_type else -1}
     if total is not None:
         args["Total Allocated"] = total
     return {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts, "s": "t",
@@ -115,27 +115,29 @@ def _mem(ts, addr, nbytes, total):
 @pytest.mark.parametrize(
     "case, judged",
     [("quiet", True), ("unrecorded free before backward", False), ("unrecorded free after backward", True),
-     ("no event after the boundary", False), ("no Total Allocated", False)],
+     ("no event after the boundary", False), ("no Total Allocated", False), ("quiet, on CPU", False)],
 )  # fmt: skip
 def test_a_collective_output_whose_free_is_not_in_the_trace(tmp_path, case, judged):
-    """gloo and NCCL may free a collective's output on a thread the profiler does not record. The
-    allocator's Total Allocated tells whether that free came before backward: judged only when the
-    count shows no unrecorded free between the allocation and the boundary."""
+    """NCCL and gloo may free a collective's output on a thread the profiler does not record. On
+    CUDA the caching allocator's Total Allocated counts every thread, and tells whether that free
+    came before backward: judged only when the count shows no unrecorded free between the
+    allocation and the boundary. The CPU allocator counts only recorded threads: never judged."""
     total = None if case == "no Total Allocated" else 1000
+    device_type = 0 if case == "quiet, on CPU" else 1
     gather = {"ph": "X", "cat": "cpu_op", "name": "_c10d_functional::all_gather_into_tensor", "pid": 1, "tid": 1,
               "ts": 10, "dur": 5, "args": {"Input Dims": [[4, 16]], "Input type": ["float"]}}  # fmt: skip
-    events = [gather, _mem(12, 0xA000, 256, total and total + 256)]
+    events = [gather, _mem(12, 0xA000, 256, total and total + 256, device_type)]
     after = total and total + 256
     if case == "unrecorded free before backward":
-        events.append(_mem(50, 0xB000, 64, after + 64 - 256))  # the count fell by 256 more than recorded
+        events.append(_mem(50, 0xB000, 64, after + 64 - 256, device_type))  # the count fell by 256 more than recorded
         after = after + 64 - 256
     events.append(node(100))
     if case == "unrecorded free after backward":
-        events.append(_mem(110, 0xB000, 64, after + 64))
+        events.append(_mem(110, 0xB000, 64, after + 64, device_type))
         after += 64
-        events.append(_mem(130, 0xC000, 64, after + 64 - 256))
+        events.append(_mem(130, 0xC000, 64, after + 64 - 256, device_type))
     elif case != "no event after the boundary":
-        events.append(_mem(120, 0xC000, 64, after and after + 64))
+        events.append(_mem(120, 0xC000, 64, after and after + 64, device_type))
     r = detect_retained(_trace(tmp_path, events), element_size=4)
     gathered = r.tensors[r.tensors["storage_ptr"] == 0xA000]
     assert len(gathered) == int(judged) and r.unseen_frees == int(not judged)
