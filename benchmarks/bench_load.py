@@ -387,18 +387,19 @@ def main() -> None:
 
             print("\ngrowth: sptrace cold load of replicated traces (fresh process each)")
             print(
-                f"{'copies':>6}{'JSON MB':>9}{'events':>10}{'CPU s':>8}{'peak MB':>9}{'load adds':>11}"
+                f"{'copies':>6}{'decoder':>9}{'JSON MB':>9}{'events':>10}{'CPU s':>8}{'peak MB':>9}{'load adds':>11}"
                 f"{'table MB':>10}{'adds/table':>12}"
             )
             for k in sizes:
                 big = path if k == 1 else replicate(path, k, Path(tmp) / f"x{k}.json")
                 json_mb = (len(read_bytes(big)) if k == 1 else big.stat().st_size) / 2**20
-                r = in_child("cold", big, cache_dir)
-                adds = r["peak_mb"] - r["base_mb"]
-                print(
-                    f"{k:>6}{json_mb:>9.0f}{r['events']:>10}{r['cpu_s']:>8.2f}{r['peak_mb']:>9.0f}{adds:>11.0f}"
-                    f"{r['table_mb']:>10.0f}{adds / r['table_mb']:>12.1f}"
-                )
+                for variant, decoder in (("cold", "native"), ("cold-msgspec", "msgspec")):
+                    r = in_child(variant, big, cache_dir)
+                    adds = r["peak_mb"] - r["base_mb"]
+                    print(
+                        f"{k:>6}{decoder:>9}{json_mb:>9.0f}{r['events']:>10}{r['cpu_s']:>8.2f}{r['peak_mb']:>9.0f}"
+                        f"{adds:>11.0f}{r['table_mb']:>10.0f}{adds / r['table_mb']:>12.1f}"
+                    )
                 if k != 1:
                     big.unlink()
     fresh_processes(path, args.repeats)

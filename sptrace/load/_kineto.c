@@ -657,6 +657,14 @@ static int document(P *s, PyObject *top) {
     return have_events && s->p == s->end;
 }
 
+static void release(Column *c) {
+    free(c->data);
+    free(c->intern.slots);
+    free(c->intern.tokens);
+    c->data = NULL;
+    c->intern = (Intern){0};
+}
+
 static int emit(PyObject *out, Column *c, size_t n) {
     if (!c->data) return 0;
     PyObject *values = PyBytes_FromStringAndSize(c->data, (Py_ssize_t)(n * width(c->kind)));
@@ -677,12 +685,6 @@ static int emit(PyObject *out, Column *c, size_t n) {
     int rc = PyDict_SetItemString(out, c->out, item);
     Py_DECREF(item);
     return rc;
-}
-
-static void release(Column *c) {
-    free(c->data);
-    free(c->intern.slots);
-    free(c->intern.tokens);
 }
 
 static PyObject *decode(PyObject *self, PyObject *arg) {
@@ -719,8 +721,9 @@ static PyObject *decode(PyObject *self, PyObject *arg) {
         Py_XDECREF(ph);
         if (!rc) rc = PyDict_SetItemString(out, "meta", s.meta);
         if (!rc) rc = PyDict_SetItemString(out, "top", top);
-        for (int i = 0; !rc && i < N_EVENT_COLS; i++) rc = emit(out, &s.ev[i], s.n);
-        for (size_t i = 0; !rc && i < N_ARG_COLS; i++) rc = emit(out, &s.args[i], s.n);
+        /* each column is freed once copied out, so the copies never all sit beside the columns */
+        for (int i = 0; !rc && i < N_EVENT_COLS; i++) rc = emit(out, &s.ev[i], s.n), release(&s.ev[i]);
+        for (size_t i = 0; !rc && i < N_ARG_COLS; i++) rc = emit(out, &s.args[i], s.n), release(&s.args[i]);
         if (rc) Py_CLEAR(out);
     }
     for (int i = 0; i < N_EVENT_COLS; i++) release(&s.ev[i]);
