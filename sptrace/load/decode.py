@@ -1,6 +1,10 @@
 """Kineto JSON -> the per-rank Arrow table (sptrace.load.schema).
 
-Fast path: msgspec decodes the events straight into typed Structs; no dict per event is ever
+Three paths, one table. First the native decoder (sptrace/load/_kineto.c, when it was built):
+columns straight from the JSON, no Python object per event; it declines whatever it could not
+read exactly as the msgspec path does (``decode_native``, ``_from_native``).
+
+Then msgspec decodes the events straight into typed Structs; no dict per event is ever
 built, which is most of the time and memory a json/orjson parse spends (measured in
 benchmarks/bench_load.py). Only the args sptrace analyses are declared; the rest is skipped by
 the decoder. A trace whose fields have unexpected types (a foreign writer, a string where Kineto
