@@ -262,25 +262,25 @@ parse_trace_file(sys.argv[1], ParserConfig.get_default_cfg())
 def fresh_processes(path: Path, repeats: int) -> None:
     """Section 4: whole fresh processes, imports included (user + system CPU of each child)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # cache bytecode, as installs do
-    commands = {
-        "HTA parse_trace_file": [sys.executable, "-c", HTA_SCRIPT, str(path)],
-        "sptrace info --no-cache": [sys.executable, "-m", "sptrace", "info", "--no-cache", str(path)],
-        "the same, msgspec only": [sys.executable, "-m", "sptrace", "info", "--no-cache", str(path)],
+    info = [sys.executable, "-m", "sptrace", "info", "--no-cache", str(path)]
+    commands = {  # name: (command, its environment)
+        "HTA parse_trace_file": ([sys.executable, "-c", HTA_SCRIPT, str(path)], env),
+        "sptrace info --no-cache": (info, env),
+        "the same, msgspec only": (info, {**env, "SPTRACE_DECODER": "msgspec"}),
     }
 
-    def cpu_of(cmd: list[str], name: str = "") -> float:
+    def cpu_of(cmd: list[str], child_env: dict[str, str]) -> float:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        child_env = {**env, "SPTRACE_DECODER": "msgspec"} if "msgspec" in name else env
         subprocess.run(cmd, env=child_env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
-    for name, cmd in commands.items():
-        cpu_of(cmd, name)  # warm-up: writes the bytecode caches
+    for cmd, child_env in commands.values():
+        cpu_of(cmd, child_env)  # warm-up: writes the bytecode caches
     samples: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(repeats):
-        for name, cmd in commands.items():
-            samples[name].append(cpu_of(cmd, name))
+        for name, (cmd, child_env) in commands.items():
+            samples[name].append(cpu_of(cmd, child_env))
     hta = statistics.median(samples["HTA parse_trace_file"])
     print(f"\nfresh process, imports included: user + system CPU seconds, median of {repeats}, alternating")
     print(f"{'command':<26}{'CPU s':>8}{'min':>8}{'max':>8}{'HTA / this':>12}")

@@ -48,10 +48,16 @@ CUDA_SLACK = 2**20
 _COLLECTIVE_PREFIXES = ("c10d::", "_c10d_functional", "record_param_comms", "nccl:", "gloo:", "symm_mem::")
 
 
-def detect_ledger(trace: RankTrace) -> pd.DataFrame:
+def _memory_events(trace: RankTrace) -> pd.DataFrame:
+    """The [memory] events that carry Bytes, in the allocator's order (ts, then Ev Idx)."""
     ev = trace.events
-    mem = ev[(ev["name"].astype(str) == "[memory]") & ev["mem_addr"].notna() & ev["mem_bytes"].notna()]
-    mem = mem.sort_values(["ts_ns", "ev_idx"], kind="stable", na_position="first")
+    mem = ev[(ev["name"].astype(str) == "[memory]") & ev["mem_bytes"].notna()]
+    return mem.sort_values(["ts_ns", "ev_idx"], kind="stable", na_position="first")
+
+
+def detect_ledger(trace: RankTrace) -> pd.DataFrame:
+    mem = _memory_events(trace)
+    mem = mem[mem["mem_addr"].notna()]
     live: dict[tuple, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     for dt, di, addr, nbytes, ts, tid in zip(
@@ -105,15 +111,12 @@ _COUNTS_EVERY_THREAD = (1,)
 def unrecorded_allocator_activity(trace: RankTrace) -> dict[tuple[int, int], Unrecorded]:
     """Where each CUDA device's allocator count moved without a recorded event explaining it; a
     device whose events carry no Total Allocated is left out (nothing can be read from it)."""
-    ev = trace.events
-    mem = ev[
-        (ev["name"].astype(str) == "[memory]") & ev["mem_bytes"].notna() & ev["device_type"].isin(_COUNTS_EVERY_THREAD)
-    ]
+    mem = _memory_events(trace)
+    mem = mem[mem["device_type"].isin(_COUNTS_EVERY_THREAD)]
     out: dict[tuple[int, int], Unrecorded] = {}
-    for (dt, di), g in mem.groupby([mem["device_type"].fillna(-1), mem["device_id"].fillna(-1)], sort=False):
+    for (dt, di), g in mem.groupby([mem["device_type"], mem["device_id"].fillna(-1)], sort=False):
         if g["mem_total_allocated"].isna().any():
             continue
-        g = g.sort_values(["ts_ns", "ev_idx"], kind="stable", na_position="first")
         ts = g["ts_ns"].to_numpy(dtype=np.int64)
         total = g["mem_total_allocated"].to_numpy(dtype=np.int64)
         moved = np.flatnonzero(np.diff(total) != g["mem_bytes"].to_numpy(dtype=np.int64)[1:])
