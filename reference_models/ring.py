@@ -272,6 +272,14 @@ def _subgroup(ranks: list[int]) -> dist.ProcessGroup:
     return _SUBGROUPS[key]
 
 
+def release_subgroups() -> None:
+    """Destroy the subgroups this process created, so that the next run of a shared launch
+    records only its own groups in its trace (``distributedInfo.pg_config``)."""
+    for group in _SUBGROUPS.values():
+        dist.destroy_process_group(group)
+    _SUBGROUPS.clear()
+
+
 def usp_groups(
     group: dist.ProcessGroup, ulysses_degree: int
 ) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:

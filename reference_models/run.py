@@ -1,16 +1,23 @@
-"""One rank of a profiled reference-model step; ``sptrace profile`` launches it with torchrun:
+"""The ranks of a profiled reference-model launch; ``sptrace profile`` starts them with torchrun:
 
     python -m torch.distributed.run --standalone --nproc-per-node P -m sptrace.reference_models.run \\
-        --config '{"scheme": "megatron", ...}' --out DIR
+        --plan PLAN.json
 
-On failure the rank writes ``DIR/logs/rank{r}.error`` (one line) for the launcher to report.
+PLAN.json lists the runs of the launch, profiled one after the other in the same processes (an
+8-rank launch on a small machine spends most of its time importing torch eight times, so many
+configurations share one launch): ``{"warmup": 2, "device": "cpu", "runs": [{"config": {...},
+"out": DIR, "instrument": true, "lean": false}, ...]}``. Each run is written to its own DIR exactly
+as a launch of that run alone would write it. On failure the rank writes ``DIR/logs/rank{r}.error``
+(one line) of the run it was in, for the launcher to report, and stops: the runs before it stand.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
+import time
 import os
 import traceback
 from datetime import timedelta
@@ -21,6 +28,7 @@ import torch.distributed as dist
 from sptrace.reference_models.config import StepConfig
 from sptrace.reference_models.layers import shard_of_step, step_batch, step_loss, torch_dtype
 from sptrace.reference_models.model import build_model
+from sptrace.reference_models.ring import release_subgroups
 
 import sptrace
 
@@ -64,31 +72,49 @@ def run_rank(
     sptrace.profile_step(train_step, out, warmup=warmup, run_info=run_info, lean=lean)
 
 
+def run_plan(plan: dict, rank: int) -> None:
+    """Profile each run of ``plan`` in turn. Nothing of one run outlives it: its model, optimizer
+    and their tensors are collected before the next starts, so no free of theirs falls into the
+    next run's profiled step."""
+    warmup, device = int(plan.get("warmup", 2)), plan.get("device", "cpu")
+    for item in plan["runs"]:
+        out = Path(item["out"])
+        logs = out / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        try:
+            cfg = StepConfig.from_dict(item["config"])
+            if dist.get_world_size() != cfg.sp_size:
+                raise ValueError(f"world size {dist.get_world_size()} != sp_size {cfg.sp_size}")
+            start = time.monotonic()
+            run_rank(cfg, out, warmup, device, instrument=item.get("instrument", True), lean=item.get("lean", False))
+            gc.collect()
+            dist.barrier()
+            release_subgroups()
+            if rank == 0:  # what this run alone took, imports and rendezvous excluded
+                (logs / "seconds").write_text(f"{time.monotonic() - start:.3f}\n")
+        except BaseException as exc:
+            (logs / f"rank{rank}.error").write_text(f"{type(exc).__name__}: {exc}\n")
+            (logs / f"rank{rank}.traceback").write_text(traceback.format_exc())
+            raise
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", required=True, help="StepConfig as JSON")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--no-instrument", action="store_true", help="no sptrace markers or saved-tensor records")
-    parser.add_argument("--lean", action="store_true", help="profile without Python stacks")
+    parser.add_argument("--plan", required=True, help="the runs of this launch, as JSON (see above)")
     args = parser.parse_args()
-    out = Path(args.out)
-    logs = out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("RANK", "0"))
+    plan = json.loads(Path(args.plan).read_text())
+    backend = "nccl" if plan.get("device") == "cuda" else "gloo"
     try:
-        cfg = StepConfig.from_dict(json.loads(args.config))
-        backend = "nccl" if args.device == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=timedelta(minutes=5))
-        if dist.get_world_size() != cfg.sp_size:
-            raise ValueError(f"world size {dist.get_world_size()} != sp_size {cfg.sp_size}")
-        run_rank(cfg, out, args.warmup, args.device, instrument=not args.no_instrument, lean=args.lean)
-        dist.destroy_process_group()
-    except BaseException as exc:
+    except BaseException as exc:  # before any run: the first run's logs say why
+        logs = Path(plan["runs"][0]["out"]) / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
         (logs / f"rank{rank}.error").write_text(f"{type(exc).__name__}: {exc}\n")
         (logs / f"rank{rank}.traceback").write_text(traceback.format_exc())
         raise
+    run_plan(plan, rank)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ regression, time_ms = c0 + c1 * peak_GiB + c2 * comm_GiB + c3 * S_K + c4 * S_K^2
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,28 +88,32 @@ def summarize(root: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     return table, fit
 
 
+def sweep_config(base: StepConfig, scheme: str, seq: int) -> StepConfig:
+    """The run of ``scheme`` (``-zero3`` for FSDP2) at length ``seq``: ``base`` carries USP's
+    Ulysses degree, which every other scheme records as 1, as ``sptrace profile`` does."""
+    name = scheme.removesuffix("-zero3")
+    degree = base.ulysses_degree if name == "usp" else 1
+    return base.replace(scheme=name, zero3=scheme.endswith("-zero3"), seq=seq, ulysses_degree=degree)
+
+
 def run_sweep(
     base: StepConfig, schemes: list[str], seqs: list[int], out: Path, *, warmup: int, device: str, force: bool, log: Any
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Profile each combination (skipping runs already complete unless ``force``), then summarize."""
-    from sptrace.launch import holds_run, profile_reference
+    """Profile each combination (skipping runs already complete unless ``force``) in one launch,
+    then summarize."""
+    from sptrace.launch import RunRequest, holds_run, profile_references
 
-    combos = [
-        base.replace(scheme=s.removesuffix("-zero3"), zero3=s.endswith("-zero3"), seq=n) for s in schemes for n in seqs
-    ]
+    combos = [sweep_config(base, s, n) for s in schemes for n in seqs]
     out.mkdir(parents=True, exist_ok=True)
-    bar = _bar(len(combos))
+    todo = []
     for cfg in combos:
         target = out / run_name(cfg.scheme + ("-zero3" if cfg.zero3 else ""), cfg.seq)
         if force or not (target.is_dir() and holds_run(target) and (target / "run.json").is_file()):
-            profile_reference(cfg, target, warmup=warmup, device=device, force=True, log=None)
-        bar.update(1)
-        log(f"{target.name}: done")
-    bar.close()
+            todo.append(RunRequest(cfg, target))
+        else:
+            log(f"{target.name}: already profiled")
+    if todo:
+        log(f"sweep: profiling {len(todo)} of {len(combos)} runs in one launch")
+        for run in profile_references(todo, warmup=warmup, device=device, force=True, log=None):
+            log(f"{run.out_dir.name}: done")
     return summarize(out)
-
-
-def _bar(total: int) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="run", desc="sweep", file=sys.stderr, disable=not sys.stderr.isatty())

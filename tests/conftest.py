@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sptrace.cli import main as sptrace_main
+from tests.reference_runs import DEMO_SCHEMES, RUNS, WORLD, world_of
 
 REPO = Path(__file__).resolve().parent.parent
 # The suite leaves nothing behind: parsed-trace caches (of this process and every process it
@@ -28,45 +29,11 @@ os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = os.path.join(_SCRATCH, "hypothesis"
 # ../shared/corpus beside the checkout (as in CI); tests that need them skip without them
 CORPUS = Path(os.environ.get("SPTRACE_CORPUS") or REPO.parent / "shared" / "corpus")
 NO_CORPUS = f"no real-trace corpus at {CORPUS}: set SPTRACE_CORPUS=DIR to run the tests on real GPU traces"
-WORLD = 8
-
-# name -> `sptrace profile` flags (8 ranks, the default model unless stated)
-RUNS: dict[str, list[str]] = {
-    "megatron": ["--scheme", "megatron"],
-    "ulysses": ["--scheme", "ulysses"],
-    "hybrid": ["--scheme", "hybrid"],
-    "megatron-gqa-recompute": ["--scheme", "megatron", "--kv-heads", "2", "--recompute", "selective"],
-    "ulysses-zero3-gqa": ["--scheme", "ulysses", "--zero3", "--kv-heads", "2", "--recompute", "selective"],
-    "hybrid-zero3": ["--scheme", "hybrid", "--zero3"],
-    "megatron-stray-full-save": ["--scheme", "megatron", "--fault", "stray-full-save"],
-    # profiled without Python stacks: modules named by sptrace's markers alone
-    "megatron-stray-full-save-lean": ["--scheme", "megatron", "--fault", "stray-full-save", "--lean"],
-    "ulysses-stray-full-save": ["--scheme", "ulysses", "--fault", "stray-full-save", "--fault-layer", "0"],
-    "megatron-missing-reduce-scatter": ["--scheme", "megatron", "--fault", "missing-reduce-scatter"],
-    "hybrid-debug-hook": ["--scheme", "hybrid", "--fault", "debug-hook", "--fault-layer", "0"],
-    # context parallelism: ring attention (zigzag) and Ulysses x ring (U = 2, rings of 4)
-    "ring": ["--scheme", "ring"],
-    "usp": ["--scheme", "usp", "--ulysses-degree", "2"],
-    "ring-stray-full-save": ["--scheme", "ring", "--fault", "stray-full-save"],
-    "ring-gqa-recompute": ["--scheme", "ring", "--kv-heads", "2", "--recompute", "selective"],
-    # no sptrace markers or saved-tensor records: what a foreign framework's trace looks like
-    "megatron-uninstrumented": ["--scheme", "megatron", "--no-instrument"],
-    "megatron-stray-full-save-uninstrumented": [
-        "--scheme",
-        "megatron",
-        "--fault",
-        "stray-full-save",
-        "--no-instrument",
-    ],
-}
-
-
-DEMO_SCHEMES = ("megatron", "ulysses", "hybrid")
-
-
 class RunFactory:
-    """Profiles a named configuration on first request and hands out its directory. The three
-    clean runs come from one `sptrace demo` (the README's main job), whose output is kept."""
+    """Profiles a named configuration on first request and hands out its directory: the three
+    clean runs come from one `sptrace demo` (the README's main job), whose output is kept; the
+    others from one `sptrace profile --matrix` launch per rank count, all of whose runs are
+    profiled on the first request of one of them."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -87,10 +54,14 @@ class RunFactory:
         if name in DEMO_SCHEMES:
             self.demo()
         if name not in self._done:
-            out = self.root / name
-            code = sptrace_main(["profile", *RUNS[name], "--nproc", str(WORLD), "--out", str(out), "--warmup", "1"])
-            assert code == 0, f"profiling {name} failed; see {out}/logs"
-            self._done[name] = out
+            world = world_of(name)
+            group = {n: spec for n, spec in RUNS.items() if world_of(n) == world}
+            out = self.root / f"ranks{world}"
+            matrix = self.root / f"matrix{world}.json"
+            matrix.write_text(json.dumps({"defaults": {"nproc": world}, "runs": group}, indent=1))
+            code = sptrace_main(["profile", "--matrix", str(matrix), "--out", str(out), "--warmup", "1"])
+            assert code == 0, f"profiling the {world}-rank runs failed; see {out}/*/logs"
+            self._done.update({n: out / n for n in group})
         return self._done[name]
 
 

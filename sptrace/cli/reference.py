@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import re
 from pathlib import Path
+from typing import Any
 
 from sptrace.cli.common import log
 from sptrace.dtypes import ACTIVATION_DTYPES
@@ -44,13 +48,17 @@ def _add_model_flags(p: argparse.ArgumentParser, *, with_seq: bool = True) -> No
     g.add_argument("--seed", type=int, default=d.seed)
 
 
-def _config_from(args: argparse.Namespace, scheme: str, nproc: int) -> StepConfig:
-    return StepConfig(
+def _config_values(args: argparse.Namespace, scheme: str, nproc: int) -> dict[str, Any]:
+    return dict(
         scheme=scheme, sp_size=nproc, layers=args.layers, batch=args.batch, seq=args.seq,
         hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads, ffn=args.ffn,
         dtype=args.dtype, zero3=args.zero3, recompute=args.recompute, fault=args.fault,
         fault_layer=args.fault_layer, seed=args.seed, ulysses_degree=_ulysses_degree(args, scheme, nproc),
     )  # fmt: skip
+
+
+def _config_from(args: argparse.Namespace, scheme: str, nproc: int) -> StepConfig:
+    return StepConfig(**_config_values(args, scheme, nproc))
 
 
 def _ulysses_degree(args: argparse.Namespace, scheme: str, nproc: int) -> int:
@@ -60,10 +68,25 @@ def _ulysses_degree(args: argparse.Namespace, scheme: str, nproc: int) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("profile", help="profile one step of a reference model on N local ranks")
-    p.add_argument("--scheme", choices=SCHEMES, required=True)
+    p = sub.add_parser(
+        "profile", help="profile one step of reference models on N local ranks, many configurations in one launch"
+    )
+    p.add_argument(
+        "--scheme", choices=SCHEMES, action="append",
+        help="the scheme; repeat it to profile several in one launch, each into OUT/SCHEME",
+    )  # fmt: skip
+    p.add_argument(
+        "--matrix", metavar="FILE",
+        help="a JSON file of named runs, each into OUT/NAME, in one launch per rank count: "
+        '{"defaults": {...}, "runs": {"NAME": {"scheme": "megatron", "fault": "stray-full-save", ...}}}; '
+        "a run's keys are this command's model flags (and nproc, instrument, lean), the flags given here "
+        "are their defaults",
+    )  # fmt: skip
     p.add_argument("--nproc", type=int, default=8, help="ranks = sequence-parallel size P (default 8)")
-    p.add_argument("--out", required=True, help="directory for rank*.pt.trace.json.gz and run.json")
+    p.add_argument(
+        "--out", required=True,
+        help="directory for rank*.pt.trace.json.gz and run.json (with several runs: for their folders)",
+    )  # fmt: skip
     p.add_argument("--warmup", type=int, default=2, help="un-profiled steps before the profiled one")
     p.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -106,33 +129,120 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_sweep)
 
 
+# What a --matrix run may set, beside StepConfig's fields: how it is launched and recorded.
+_RUN_KEYS = ("nproc", "instrument", "lean")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
+_FIELD_TYPES: dict[str, type] = {
+    f.name: {"int": int, "float": float, "bool": bool, "str": str}.get(str(f.type).split(" |")[0], object)
+    for f in dataclasses.fields(StepConfig)
+}
+
+
+def _is(value: Any, want: type) -> bool:
+    if want is bool or isinstance(value, bool):
+        return isinstance(value, want)
+    return isinstance(value, int if want is int else (int, float) if want is float else want)
+
+
+def _matrix_runs(path: Path, args: argparse.Namespace) -> list[tuple[str, StepConfig, bool, bool]]:
+    """(name, config, instrument, lean) of each run of a --matrix file, every value checked."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"--matrix {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"--matrix {path}: not JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), dict) or not data["runs"]:
+        raise UsageError(f'--matrix {path}: expected {{"runs": {{"NAME": {{...}}, ...}}}} with at least one run')
+    unknown_top = sorted(set(data) - {"runs", "defaults"})
+    if unknown_top:
+        raise UsageError(f"--matrix {path}: unknown key {unknown_top[0]!r} (expected runs, defaults)")
+    defaults = data.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise UsageError(f"--matrix {path}: defaults must be an object")
+    fields = {f.name for f in dataclasses.fields(StepConfig)} - {"sp_size"}
+    out = []
+    for name, spec in data["runs"].items():
+        where = f"--matrix {path}: run {name!r}"
+        if not _NAME.fullmatch(name):
+            raise UsageError(f"{where}: a run's name is a folder name (letters, digits, . _ + -)")
+        if not isinstance(spec, dict):
+            raise UsageError(f"{where}: expected an object of flags")
+        merged: dict[str, Any] = {}
+        for key, value in [*defaults.items(), *spec.items()]:
+            key = key.replace("-", "_")
+            if key not in fields and key not in _RUN_KEYS:
+                raise UsageError(f"{where}: unknown key {key!r}")
+            merged[key] = value
+        if "scheme" not in merged:
+            raise UsageError(f"{where}: no scheme")
+        for key, value in merged.items():
+            want = _FIELD_TYPES.get(key)
+            if want is not None and value is not None and not _is(value, want):
+                raise UsageError(f"{where}: {key} must be {want.__name__}, got {value!r}")
+        nproc = merged.pop("nproc", args.nproc)
+        instrument = merged.pop("instrument", not args.no_instrument)
+        lean = merged.pop("lean", args.lean)
+        if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+            raise UsageError(f"{where}: nproc must be an integer >= 1")
+        for flag, value in (("instrument", instrument), ("lean", lean)):
+            if not isinstance(value, bool):
+                raise UsageError(f"{where}: {flag} must be true or false")
+        try:
+            cfg = StepConfig(**{**_config_values(args, str(merged["scheme"]), nproc), **merged})
+        except TypeError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+        out.append((name, cfg, instrument, lean))
+    return out
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise UsageError("--nproc must be >= 1")
-    cfg = _config_from(args, args.scheme, args.nproc)  # every flag is checked before launching
-    from sptrace.launch import profile_reference
+    if not args.scheme and not args.matrix:
+        raise UsageError("give --scheme (repeat it for several) or --matrix FILE")
+    if args.scheme and args.matrix:
+        raise UsageError("--scheme and --matrix do not go together: put the schemes in the matrix")
+    from sptrace.launch import RunRequest, check_requests, profile_references
 
-    run = profile_reference(
-        cfg, Path(args.out), warmup=args.warmup, device=args.device, force=args.force,
-        instrument=not args.no_instrument, lean=args.lean, log=log,
-    )  # fmt: skip
-    log(f"wrote {run.world_size} traces ({run.trace_bytes / 2**20:.1f} MiB) and run.json to {run.out_dir} in "
-        f"{run.seconds:.0f} s")  # fmt: skip
+    out = Path(args.out)
+    instrument = not args.no_instrument
+    if args.matrix:  # every run is checked before anything launches
+        requests = [RunRequest(cfg, out / name, inst, lean) for name, cfg, inst, lean in _matrix_runs(Path(args.matrix), args)]
+    elif len(args.scheme) == 1:  # one run: OUT is the run
+        requests = [RunRequest(_config_from(args, args.scheme[0], args.nproc), out, instrument, args.lean)]
+    else:
+        twice = sorted({s for s in args.scheme if args.scheme.count(s) > 1})
+        if twice:
+            raise UsageError(f"--scheme {twice[0]} is given twice")
+        requests = [RunRequest(_config_from(args, s, args.nproc), out / s, instrument, args.lean) for s in args.scheme]
+    by_size: dict[int, list[RunRequest]] = {}
+    for req in requests:
+        by_size.setdefault(req.cfg.sp_size, []).append(req)
+    for group in by_size.values():  # every launch is checked before the first starts
+        check_requests(group, warmup=args.warmup, force=args.force)
+    for size in sorted(by_size, reverse=True):  # one launch per rank count
+        for run in profile_references(by_size[size], warmup=args.warmup, device=args.device, force=args.force, log=log):
+            log(f"wrote {run.world_size} traces ({run.trace_bytes / 2**20:.1f} MiB) and run.json to {run.out_dir} in "
+                f"{run.seconds:.0f} s")  # fmt: skip
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The README's main job: profile the three schemes, analyse each once, show the verdicts."""
-    from sptrace.analysis import analyse_run
-    from sptrace.launch import profile_reference
+    from sptrace.launch import RunRequest, profile_references
 
     out = Path(args.out)
     base = _config_from(args, "megatron", args.nproc)
-    runs = []
-    for scheme in DEMO_SCHEMES:
-        cfg = base.replace(scheme=scheme)
-        runs.append(profile_reference(cfg, out / scheme, warmup=args.warmup, device=args.device, force=True, log=log))
-    print(f"Profiled one training step of each scheme on {args.nproc} ranks:")
+    requests = [RunRequest(base.replace(scheme=scheme), out / scheme) for scheme in DEMO_SCHEMES]
+    runs = profile_references(requests, warmup=args.warmup, device=args.device, force=True, log=log)  # one launch
+    from sptrace.analysis import analyse_run  # (after the launch: its import overlaps nothing)
+
+    print(f"Profiled one training step of each scheme on {args.nproc} ranks, in one launch:")
     for run in runs:
         print(f"  {run.out_dir}/  ({run.world_size} x rank*.pt.trace.json.gz, run.json; {run.seconds:.0f} s)")
     analyses = [analyse_run(run.out_dir) for run in runs]  # once per run, for both verdicts
@@ -173,7 +283,7 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Profile every scheme x sequence length, then the comparison table and the regression."""
-    from sptrace.sweep import FIT, TABLE, UNDERDETERMINED, run_sweep
+    from sptrace.sweep import FIT, TABLE, UNDERDETERMINED, run_sweep, sweep_config
 
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     for s in schemes:
@@ -185,7 +295,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     base = base.replace(ulysses_degree=_ulysses_degree(args, "usp", args.nproc))  # (only usp reads it)
     for s in schemes:  # every combination is checked before anything is launched
         for n in seqs:
-            base.replace(scheme=s.removesuffix("-zero3"), zero3=s.endswith("-zero3"), seq=n)
+            sweep_config(base, s, n)
     out = Path(args.out)
     table, fit = run_sweep(base, schemes, seqs, out, warmup=args.warmup, device=args.device, force=args.force, log=log)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))

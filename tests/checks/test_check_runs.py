@@ -11,6 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from sptrace.cli import main
+from tests.reference_runs import world_of
 
 pytestmark = pytest.mark.distributed
 
@@ -39,8 +40,8 @@ def test_clean_runs_pass_on_every_rank(profiled, capsys, cache_dir, name):
     assert code == 0 and report["ok"] and report["findings"] == []
     assert report["verdict"]["status"] == "pass" and report["counts"]["ambiguous"] == 0
     ranks = {s["rank"] for s in report["saved"]}
-    assert ranks == set(range(8))
-    per_rank = [sum(1 for s in report["saved"] if s["rank"] == r) for r in range(8)]
+    assert ranks == set(range(world_of(name)))
+    per_rank = [sum(1 for s in report["saved"] if s["rank"] == r) for r in ranks]
     assert min(per_rank) >= 10  # every rank's saved activations were judged
     assert not any(s["class"] == "full" for s in report["saved"])
 
@@ -111,9 +112,10 @@ def test_debug_hook(profiled, capsys):
 
 
 def test_without_saved_records_memory_events_still_catch_the_fault(profiled, capsys):
-    code, report = check(profiled("megatron-stray-full-save-uninstrumented"), capsys)
+    name = "megatron-stray-full-save-uninstrumented"
+    code, report = check(profiled(name), capsys)
     assert code == 1
-    assert {r for r, _ in violations(report)} == set(range(8))
+    assert {r for r, _ in violations(report)} == set(range(world_of(name)))
     assert all(m == "layers.1.ColumnParallelLinear_3" for _, m in violations(report))  # fc1 of layer 1
     assert all(s["source"].startswith("memory events") for s in report["saved"])
 

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from sptrace.cli import main
+from tests.reference_runs import world_of
 
 pytestmark = pytest.mark.distributed
 
@@ -29,14 +30,15 @@ def analyze(path, capsys, *flags):
 def test_clean_runs_match_the_model(profiled, capsys, cache_dir, name):
     code, report = analyze(profiled(name), capsys, "--cache-dir", str(cache_dir))
     assert code == 0 and report["match"] and report["findings"] == []
-    assert len(report["ranks"]) == 8
+    world = world_of(name)
+    assert len(report["ranks"]) == world
     for r in report["ranks"]:
         assert r["observed"] == r["expected"]
         assert r["observed_wire_bytes"] == pytest.approx(r["expected_wire_bytes"], rel=1e-12)
     assert all(layer["observed"] == layer["expected"] for layer in report["layers"])
     matched = report["matched_collectives"]
-    assert len(matched) == report["ranks"][0]["observed"] and all(m["n_ranks"] == 8 for m in matched)
-    assert sorted(map(int, report["clock_offsets_us"])) == list(range(8))
+    assert len(matched) == report["ranks"][0]["observed"] and all(m["n_ranks"] == world for m in matched)
+    assert sorted(map(int, report["clock_offsets_us"])) == list(range(world))
 
 
 def codes(report, rank):

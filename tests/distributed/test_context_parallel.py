@@ -14,6 +14,7 @@ from sptrace.reference_models.config import StepConfig
 
 from sptrace.analysis import analyse_run
 from sptrace.cli import main
+from tests.reference_runs import world_of
 
 pytestmark = pytest.mark.distributed
 
@@ -101,6 +102,7 @@ def test_ring_with_selective_recompute_matches_its_model(profiled, private_cache
     again in backward: the backward's first P-1 sends go to rank r+1, with K,V blocks."""
     a = analyse_run(profiled("ring-gqa-recompute"), load_options={"cache_dir": private_cache})
     assert a.comm is not None and a.comm.verdict.exit_code == 0, a.comm.verdict.line()
+    P = world_of("ring-gqa-recompute")
     block = 2 * B * (S // P) * 2 * D * FP32
     bwd = a.p2p.pairs[a.p2p.pairs["phase"] == "backward"]
     forward_again = bwd[bwd["dst"] == (bwd["src"] + 1) % P]

@@ -89,7 +89,7 @@ def test_hybrid_mixes_all_to_all_and_megatron_mlp(profiled):
 
 
 def test_megatron_gqa_below_p_adds_last_dim_gather(profiled):
-    run = profiled("megatron-gqa-recompute")  # g = 2 < P = 8
+    run = profiled("megatron-gqa-recompute")  # g = 2 < P = 4
     colls = collectives(read_events(run / "rank0.pt.trace.json.gz"))
     for i in range(L):
         assert per_layer(colls, i, "forward") == {AG: 3, RS: 2}

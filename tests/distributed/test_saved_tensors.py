@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from tests.reference_runs import world_of
 from tests.trace_helpers import read_events, saved_tensors
 
 pytestmark = pytest.mark.distributed
@@ -29,7 +30,7 @@ def full_size(recs):
 @pytest.mark.parametrize("name", ["megatron", "ulysses", "hybrid", "megatron-gqa-recompute", "ulysses-zero3-gqa"])
 def test_clean_runs_save_only_shards(profiled, name):
     run = profiled(name)
-    for rank in range(P):
+    for rank in range(world_of(name)):
         recs = records(run, rank)
         assert len(recs) > 10 * L
         assert full_size(recs) == []

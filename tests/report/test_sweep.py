@@ -14,11 +14,25 @@ from sptrace.sweep import fit_regression
 pytestmark = pytest.mark.distributed
 
 
-def test_sweep_end_to_end(tmp_path, capsys):
-    out = tmp_path / "sweep"
-    flags = ["--schemes", "megatron,ulysses", "--seq", "32,64", "--nproc", "2", "--layers", "1", "--warmup", "0"]
-    assert main(["sweep", *flags, "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+FLAGS = ["--seq", "32,64", "--nproc", "2", "--layers", "1", "--warmup", "0"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """megatron and ulysses at S = 32 and 64 on two ranks: four runs in one launch, shared by
+    this module's tests. Returns the folder and what the command printed."""
+    out = tmp_path_factory.mktemp("sweep") / "sweep"
+    import io
+    from contextlib import redirect_stdout
+
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        assert main(["sweep", "--schemes", "megatron,ulysses", *FLAGS, "--out", str(out)]) == 0
+    return out, printed.getvalue()
+
+
+def test_sweep_end_to_end(sweep, capsys):
+    out, printed = sweep
     assert "fit over 4 runs" in printed and "fewer runs than the 5 coefficients" in printed
     table = pd.read_csv(out / "comparison.csv")
     assert sorted(zip(table["scheme"], table["seq"])) == [
@@ -34,7 +48,7 @@ def test_sweep_end_to_end(tmp_path, capsys):
     assert set(fit["coefficients"]) == {"intercept", "peak_GiB", "comm_GiB", "S_K", "S_K^2"} and fit["runs"] == 4
     # a second sweep reuses the runs it already has
     mtime = (out / "megatron-S32" / "run.json").stat().st_mtime_ns
-    assert main(["sweep", *flags, "--out", str(out)]) == 0
+    assert main(["sweep", "--schemes", "megatron,ulysses", *FLAGS, "--out", str(out)]) == 0
     assert (out / "megatron-S32" / "run.json").stat().st_mtime_ns == mtime
     # the Compare page of `sptrace dash SWEEP`
     from sptrace.dashboards.app import create_app
@@ -51,15 +65,69 @@ def test_sweep_end_to_end(tmp_path, capsys):
     assert UNDERDETERMINED in page  # the same warning the CLI prints
 
 
-def test_sweep_puts_the_five_schemes_side_by_side(tmp_path, capsys):
+def _conclusions(run) -> dict:
+    """What analyze and check conclude about a run, without its clock: per-rank collectives
+    (kind, phase, layer, module, bytes, group), verdicts, findings and every judged tensor
+    (module, shape, bytes, class). Timing, clock offsets and storage addresses differ between
+    any two launches of the same step."""
+    import io
+    from contextlib import redirect_stdout
+
+    def run_json(*argv):
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            code = main([*argv, str(run), "--format", "json", "--no-cache"])
+        return code, json.loads(buf.getvalue())
+
+    def timeless(rows):
+        return [{k: v for k, v in row.items() if not k.endswith(("_us", "_ms", "gbps", "_ptr")) and k not in
+                 ("straggler", "key", "tid")} for row in rows]  # fmt: skip
+
+    a_code, a = run_json("analyze")
+    c_code, c = run_json("check")
+    colls = run_json("collectives")[1]
+    rows = colls if isinstance(colls, list) else colls.get("collectives", colls)
+    return {
+        "analyze": (a_code, a["verdict"], a["ranks"], a["layers"], a["findings"], timeless(a["matched_collectives"])),
+        "check": (c_code, c["verdict"], c["counts"], c["findings"], c["layers"],
+                  sorted(map(str, timeless(c["saved"])))),
+        "collectives": sorted(map(str, timeless(rows))),
+        "config": json.loads((run / "run.json").read_text())["config"],
+    }  # fmt: skip
+
+
+def test_a_run_in_a_shared_launch_is_the_run_alone(sweep, tmp_path, capsys):
+    """ulysses-S64 came last of the sweep's one launch, after three other runs in the same
+    processes; profiled alone, in a launch of its own, it has the same collectives, findings,
+    retained tensors and verdicts."""
+    out, _ = sweep
+    alone = tmp_path / "alone"
+    argv = ["profile", "--scheme", "ulysses", "--seq", "64", *FLAGS[2:], "--out", str(alone)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    shared, single = _conclusions(out / "ulysses-S64"), _conclusions(alone)
+    for key in shared:
+        assert shared[key] == single[key], key
+    assert shared["check"][0] == 0 and shared["analyze"][0] == 0 and len(shared["collectives"]) > 0
+
+
+def test_sweep_puts_the_five_schemes_side_by_side(sweep, tmp_path, capsys):
     """megatron, ulysses, hybrid, ring and usp on the same model: every run's measured wire
     bytes are its model's, its retained bytes per layer are measured, and the Compare page
-    shows all five runs and the five schemes' model curves."""
+    shows all five runs and the five schemes' model curves. The two runs the shared sweep
+    already has are reused: the other three are profiled in one launch."""
+    import shutil
+
     out = tmp_path / "five"
+    out.mkdir()
+    for name in ("megatron-S32", "ulysses-S32"):
+        shutil.copytree(sweep[0] / name, out / name, copy_function=shutil.copy2)
+    mtime = (out / "megatron-S32" / "run.json").stat().st_mtime_ns
     schemes = ["megatron", "ulysses", "hybrid", "ring", "usp"]
     flags = ["--schemes", ",".join(schemes), "--seq", "32", "--nproc", "2", "--layers", "1", "--warmup", "0"]
     assert main(["sweep", *flags, "--out", str(out)]) == 0
-    capsys.readouterr()
+    assert "sweep: profiling 3 of 5 runs in one launch" in capsys.readouterr().err
+    assert (out / "megatron-S32" / "run.json").stat().st_mtime_ns == mtime
     table = pd.read_csv(out / "comparison.csv")
     assert sorted(table["scheme"]) == sorted(schemes)
     assert (table["comm_GiB"] == table["model_comm_GiB"]).all()

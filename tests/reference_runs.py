@@ -1,0 +1,42 @@
+"""The reference runs the suite profiles (tests/conftest.py's ``profiled`` fixture), and the
+rank count of each, for the tests that check per-rank facts."""
+
+from __future__ import annotations
+
+WORLD = 8
+
+# name -> a run of `sptrace profile --matrix` (the default model unless stated). The suite's
+# reference runs come from three launches: the demo's three schemes (`sptrace demo`), the runs
+# where eight ranks matter (cross-rank matching, rings, faults on every rank) and the single-use
+# variants, on four ranks. Each launch starts on the first request of one of its runs.
+RUNS: dict[str, dict] = {
+    "megatron-stray-full-save": {"scheme": "megatron", "fault": "stray-full-save"},
+    # profiled without Python stacks: modules named by sptrace's markers alone (compared with the
+    # full profile above, so on as many ranks)
+    "megatron-stray-full-save-lean": {"scheme": "megatron", "fault": "stray-full-save", "lean": True},
+    "ulysses-stray-full-save": {"scheme": "ulysses", "fault": "stray-full-save", "fault_layer": 0},
+    "megatron-missing-reduce-scatter": {"scheme": "megatron", "fault": "missing-reduce-scatter"},
+    "hybrid-debug-hook": {"scheme": "hybrid", "fault": "debug-hook", "fault_layer": 0},
+    # context parallelism: ring attention (zigzag) and Ulysses x ring (U = 2, rings of 4)
+    "ring": {"scheme": "ring"},
+    "usp": {"scheme": "usp", "ulysses_degree": 2},
+    "ring-stray-full-save": {"scheme": "ring", "fault": "stray-full-save"},
+    # single-use variants: four ranks say what eight would
+    "megatron-gqa-recompute": {"scheme": "megatron", "kv_heads": 2, "recompute": "selective", "nproc": 4},
+    "ulysses-zero3-gqa": {"scheme": "ulysses", "zero3": True, "kv_heads": 2, "recompute": "selective", "nproc": 4},
+    "hybrid-zero3": {"scheme": "hybrid", "zero3": True, "nproc": 4},
+    "ring-gqa-recompute": {"scheme": "ring", "kv_heads": 2, "recompute": "selective", "nproc": 4},
+    # no sptrace markers or saved-tensor records: what a foreign framework's trace looks like
+    "megatron-uninstrumented": {"scheme": "megatron", "instrument": False, "nproc": 4},
+    "megatron-stray-full-save-uninstrumented": {
+        "scheme": "megatron", "fault": "stray-full-save", "instrument": False, "nproc": 4,
+    },  # fmt: skip
+}
+
+
+DEMO_SCHEMES = ("megatron", "ulysses", "hybrid")
+
+
+def world_of(name: str) -> int:
+    """The rank count a reference run of the suite was profiled on."""
+    return WORLD if name in DEMO_SCHEMES else RUNS[name].get("nproc", WORLD)
