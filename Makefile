@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CONSTRAINTS := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
 
-.PHONY: demo test lint clean browser
+.PHONY: demo test test-fast fuzz-native lint clean browser
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit("sptrace needs Python >= 3.10" if sys.version_info < (3, 10) else 0)'
@@ -32,7 +32,18 @@ browser:
 # needs no root: tests that want Debian's chromium or the real-trace corpus skip, saying so, when
 # those are absent (`make browser` installs chromium; SPTRACE_CORPUS=DIR points at a corpus)
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -rs
+	$(BIN)/python -m pytest -rs $(PYTEST_ARGS)
+
+# the inner loop: no torchrun launch and no browser (about 1.5 minutes on 2 cores); `make test`
+# stays the whole suite
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest -rs -m "not distributed and not browser" $(PYTEST_ARGS)
+
+# the native decoder under AddressSanitizer and UndefinedBehaviorSanitizer (CI runs 90 s of it)
+FUZZ_SECONDS ?= 600
+fuzz-native: $(VENV)/.installed
+	$(BIN)/python benchmarks/fuzz_native.py --self-check --seconds $(FUZZ_SECONDS) \
+		$(if $(wildcard ../shared/corpus),--seeds ../shared/corpus,)
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

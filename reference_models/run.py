@@ -17,8 +17,8 @@ import argparse
 import contextlib
 import gc
 import json
-import time
 import os
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path

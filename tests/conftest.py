@@ -16,19 +16,16 @@ from pathlib import Path
 import pytest
 
 from sptrace.cli import main as sptrace_main
-from tests.reference_runs import DEMO_SCHEMES, RUNS, WORLD, world_of
+from tests.suite import CORPUS, DEMO_SCHEMES, NO_CORPUS, REPO, RUNS, WORLD, world_of
 
-REPO = Path(__file__).resolve().parent.parent
 # The suite leaves nothing behind: parsed-trace caches (of this process and every process it
 # starts) and hypothesis's files go to a scratch folder removed when the session ends.
 _SCRATCH = tempfile.mkdtemp(prefix="sptrace-tests-")
 atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
 os.environ["XDG_CACHE_HOME"] = os.path.join(_SCRATCH, "cache")
 os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = os.path.join(_SCRATCH, "hypothesis")
-# real GPU traces from public repositories, read in place (read-only): SPTRACE_CORPUS, else
-# ../shared/corpus beside the checkout (as in CI); tests that need them skip without them
-CORPUS = Path(os.environ.get("SPTRACE_CORPUS") or REPO.parent / "shared" / "corpus")
-NO_CORPUS = f"no real-trace corpus at {CORPUS}: set SPTRACE_CORPUS=DIR to run the tests on real GPU traces"
+
+
 class RunFactory:
     """Profiles a named configuration on first request and hands out its directory: the three
     clean runs come from one `sptrace demo` (the README's main job), whose output is kept; the
@@ -126,3 +123,17 @@ def corpus() -> Path:
 def cache_dir(tmp_path: Path) -> Path:
     """A private table cache, so tests never touch the user's ~/.cache."""
     return tmp_path / "cache"
+
+
+# Fixtures that launch torchrun jobs: a test that uses one (directly or through another fixture)
+# is marked `distributed`, and every browser test `browser`, so that `make test-fast` can leave
+# both out by marker (pytest -m "not distributed and not browser").
+_LAUNCHING = frozenset({"profiled", "verify_reports", "user_runs"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _LAUNCHING & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.distributed)
+        if item.nodeid.startswith("tests/browser/"):
+            item.add_marker(pytest.mark.browser)

@@ -212,7 +212,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     out = Path(args.out)
     instrument = not args.no_instrument
     if args.matrix:  # every run is checked before anything launches
-        requests = [RunRequest(cfg, out / name, inst, lean) for name, cfg, inst, lean in _matrix_runs(Path(args.matrix), args)]
+        requests = [
+            RunRequest(cfg, out / name, inst, lean) for name, cfg, inst, lean in _matrix_runs(Path(args.matrix), args)
+        ]
     elif len(args.scheme) == 1:  # one run: OUT is the run
         requests = [RunRequest(_config_from(args, args.scheme[0], args.nproc), out, instrument, args.lean)]
     else:

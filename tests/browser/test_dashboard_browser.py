@@ -36,7 +36,7 @@ def rgb(hex_color: str) -> str:
 
 @pytest.fixture(scope="module")
 def server(profiled, tmp_path_factory) -> Iterator[str]:
-    from tests.conftest import CORPUS
+    from tests.suite import CORPUS
     from tests.trace_helpers import write_gpu_run
 
     if not os.path.exists(CHROMIUM):
@@ -256,7 +256,7 @@ def test_gpu_page_on_a_gpu_run(browser, server):
 
 
 def test_gpu_page_on_a_corpus_gpu_trace(browser, server):
-    from tests.conftest import CORPUS, NO_CORPUS
+    from tests.suite import CORPUS, NO_CORPUS
 
     if not CORPUS.is_dir():
         if os.environ.get("SPTRACE_REQUIRE_CORPUS"):

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from sptrace.cli import main
-from tests.reference_runs import world_of
+from tests.suite import world_of
 
 pytestmark = pytest.mark.distributed
 

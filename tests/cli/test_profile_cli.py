@@ -137,7 +137,8 @@ def _matrix(tmp_path, data) -> str:
         ({"runs": {"a": {"scheme": "megatron", "zero3": 1}}}, "run 'a': zero3 must be bool, got 1"),
         ({"runs": {"a": {"scheme": "megatron"}, "b": {"scheme": "ulysses", "zero3": True, "nproc": 3}}},
          "run 'b': seq 128 is not divisible by the sequence-parallel size 3"),
-        ({"runs": {"a": {"scheme": "megatron", "lean": True, "instrument": False}}}, "--lean needs the instrumentation"),
+        ({"runs": {"a": {"scheme": "megatron", "lean": True, "instrument": False}}},
+         "--lean needs the instrumentation"),
     ],
 )  # fmt: skip
 def test_bad_matrix_is_one_line_before_anything_launches(tmp_path, capsys, monkeypatch, data, message):
@@ -189,6 +190,7 @@ def test_matrix_runs_launch_once_per_rank_count(tmp_path, capsys, monkeypatch):
         assert (out / name / "run.json").exists() and not list((out / name).glob(".staging-*"))
 
 
+@pytest.mark.distributed
 def test_profile_one_rank_end_to_end(tmp_path, capsys):
     out = tmp_path / "p1"
     code = main(

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from sptrace.cli import main
-from tests.reference_runs import world_of
+from tests.suite import world_of
 
 pytestmark = pytest.mark.distributed
 

@@ -14,7 +14,7 @@ from sptrace.reference_models.config import StepConfig
 
 from sptrace.analysis import analyse_run
 from sptrace.cli import main
-from tests.reference_runs import world_of
+from tests.suite import world_of
 
 pytestmark = pytest.mark.distributed
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.reference_runs import world_of
+from tests.suite import world_of
 from tests.trace_helpers import read_events, saved_tensors
 
 pytestmark = pytest.mark.distributed

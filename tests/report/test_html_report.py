@@ -13,7 +13,7 @@ pytestmark = pytest.mark.distributed
 
 
 def test_report_over_runs(profiled, tmp_path, capsys):
-    from tests.conftest import CORPUS
+    from tests.suite import CORPUS
 
     broken = tmp_path / "broken"
     broken.mkdir()

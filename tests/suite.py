@@ -1,8 +1,17 @@
-"""The reference runs the suite profiles (tests/conftest.py's ``profiled`` fixture), and the
-rank count of each, for the tests that check per-rank facts."""
+"""What the tests share beside fixtures (tests/conftest.py holds those; importing it from a test
+would run it a second time): where the real-trace corpus is, the reference runs the ``profiled``
+fixture profiles, and the rank count of each, for the tests that check per-rank facts."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# real GPU traces from public repositories, read in place (read-only): SPTRACE_CORPUS, else
+# ../shared/corpus beside the checkout (as in CI); tests that need them skip without them
+CORPUS = Path(os.environ.get("SPTRACE_CORPUS") or REPO.parent / "shared" / "corpus")
+NO_CORPUS = f"no real-trace corpus at {CORPUS}: set SPTRACE_CORPUS=DIR to run the tests on real GPU traces"
 WORLD = 8
 
 # name -> a run of `sptrace profile --matrix` (the default model unless stated). The suite's
@@ -29,8 +38,11 @@ RUNS: dict[str, dict] = {
     # no sptrace markers or saved-tensor records: what a foreign framework's trace looks like
     "megatron-uninstrumented": {"scheme": "megatron", "instrument": False, "nproc": 4},
     "megatron-stray-full-save-uninstrumented": {
-        "scheme": "megatron", "fault": "stray-full-save", "instrument": False, "nproc": 4,
-    },  # fmt: skip
+        "scheme": "megatron",
+        "fault": "stray-full-save",
+        "instrument": False,
+        "nproc": 4,
+    },
 }
 
 
