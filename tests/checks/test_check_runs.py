@@ -35,8 +35,8 @@ def check(path, capsys, *flags):
         "megatron-uninstrumented",
     ],
 )
-def test_clean_runs_pass_on_every_rank(profiled, capsys, cache_dir, name):
-    code, report = check(profiled(name), capsys, "--cache-dir", str(cache_dir))
+def test_clean_runs_pass_on_every_rank(profiled, capsys, private_cache, name):
+    code, report = check(profiled(name), capsys)
     assert code == 0 and report["ok"] and report["findings"] == []
     assert report["verdict"]["status"] == "pass" and report["counts"]["ambiguous"] == 0
     ranks = {s["rank"] for s in report["saved"]}
@@ -149,13 +149,13 @@ def test_unusable_input(corpus, capsys, tmp_path, profiled):
     assert "seq 100 is not divisible by the sequence-parallel size 8" in capsys.readouterr().err
 
 
-def test_full_size_buffers_that_are_not_kept_pass(profiled, cache_dir):
+def test_full_size_buffers_that_are_not_kept_pass(profiled, private_cache):
     # the gathered [S, B, H] input between all-gather and matmul, and reduce-scatter inputs,
     # are full-size allocations in forward; none is kept for backward, so none is flagged
     import sptrace
     from sptrace.detect.allocations import backward_start_ns, detect_ledger, detect_retained
 
-    trace = sptrace.load_run(profiled("megatron-uninstrumented"), cache_dir=cache_dir).ranks[3]
+    trace = sptrace.load_run(profiled("megatron-uninstrumented"), cache_dir=private_cache).ranks[3]
     ledger = detect_ledger(trace)
     forward_full = ledger[(ledger["bytes"] == FULL) & (ledger["alloc_ns"] < backward_start_ns(trace))]
     assert len(forward_full) >= 8  # 2 layers x (2 gathered inputs + 2 reduce-scatter inputs)
@@ -163,7 +163,7 @@ def test_full_size_buffers_that_are_not_kept_pass(profiled, cache_dir):
     assert len(retained) > 10 and (retained["storage_bytes"] != FULL).all()
 
 
-def test_cuda_memory_ledger_on_a_real_trace(corpus, cache_dir):
+def test_cuda_memory_ledger_on_a_real_trace(corpus, private_cache):
     import gzip
     import json
 
@@ -171,7 +171,7 @@ def test_cuda_memory_ledger_on_a_real_trace(corpus, cache_dir):
     from sptrace.detect.allocations import detect_ledger
 
     path = corpus / "hta_tests_data/df_index_resolver/df_index_resolver.json.gz"
-    ledger = detect_ledger(sptrace.load_trace(path, cache_dir=cache_dir))
+    ledger = detect_ledger(sptrace.load_trace(path, cache_dir=private_cache))
     raw = [e for e in json.load(gzip.open(path))["traceEvents"] if e.get("name") == "[memory]"]
     allocs = [e for e in raw if e["args"]["Bytes"] > 0]
     assert len(ledger) == len(allocs)  # one record per allocation, closed or still live

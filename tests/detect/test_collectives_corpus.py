@@ -17,10 +17,10 @@ from sptrace.detect.matching import match_collectives
 
 
 @pytest.fixture(scope="module")
-def dlrm(corpus, tmp_path_factory):
+def dlrm(corpus, private_cache):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run = sptrace.load_run(corpus / "param_dlrm_kineto", cache_dir=tmp_path_factory.mktemp("c"))
+        run = sptrace.load_run(corpus / "param_dlrm_kineto", cache_dir=private_cache)
     return run, detect_run_collectives(run)
 
 

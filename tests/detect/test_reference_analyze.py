@@ -27,8 +27,8 @@ def analyze(path, capsys, *flags):
 @pytest.mark.parametrize(
     "name", ["megatron", "ulysses", "hybrid", "megatron-gqa-recompute", "ulysses-zero3-gqa", "hybrid-zero3"]
 )
-def test_clean_runs_match_the_model(profiled, capsys, cache_dir, name):
-    code, report = analyze(profiled(name), capsys, "--cache-dir", str(cache_dir))
+def test_clean_runs_match_the_model(profiled, capsys, private_cache, name):
+    code, report = analyze(profiled(name), capsys)
     assert code == 0 and report["match"] and report["findings"] == []
     world = world_of(name)
     assert len(report["ranks"]) == world
@@ -102,14 +102,14 @@ def test_analyze_text_and_usage_errors(profiled, capsys, corpus, tmp_path):
     assert "MISMATCH" in capsys.readouterr().out
 
 
-def test_uninstrumented_run_is_attributed_from_python_stacks(profiled, capsys, cache_dir):
+def test_uninstrumented_run_is_attributed_from_python_stacks(profiled, capsys, private_cache):
     # no sptrace markers at all: phases from autograd's structure, modules from python stacks
     # and Sequence-number links, as on a Megatron-Core or DeepSpeed trace
     import sptrace
     from sptrace.detect import detect_collectives
 
     path = profiled("megatron-uninstrumented")
-    run = sptrace.load_run(path, cache_dir=cache_dir)
+    run = sptrace.load_run(path, cache_dir=private_cache)
     names = run.ranks[0].table["name"].cast("string").to_pylist()
     assert not any(n.startswith("sptrace.") for n in names)
     frame = detect_collectives(run.ranks[2])
@@ -122,5 +122,5 @@ def test_uninstrumented_run_is_attributed_from_python_stacks(profiled, capsys, c
         "layers.0.ColumnParallelLinear_0", "layers.0.ColumnParallelLinear_1",
         "layers.1.ColumnParallelLinear_2", "layers.1.ColumnParallelLinear_3",
     }  # fmt: skip
-    code, report = analyze(path, capsys, "--cache-dir", str(cache_dir))
+    code, report = analyze(path, capsys)
     assert code == 0 and report["findings"] == []

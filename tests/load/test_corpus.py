@@ -26,7 +26,7 @@ def cats(trace):
     return trace.category_counts()
 
 
-def test_every_corpus_trace_loads_with_all_its_events(corpus, cache_dir):
+def test_every_corpus_trace_loads_with_all_its_events(corpus):
     files = sorted(p for p in corpus.rglob("*") if p.name.endswith((".json", ".json.gz")))
     assert len(files) == 13
     for path in files:
@@ -35,9 +35,9 @@ def test_every_corpus_trace_loads_with_all_its_events(corpus, cache_dir):
         assert trace.num_events == len(raw_events(path)), path
 
 
-def test_df_index_resolver_categories_memory_and_threads(corpus, cache_dir):
+def test_df_index_resolver_categories_memory_and_threads(corpus, private_cache):
     trace = sptrace.load_trace(
-        corpus / "hta_tests_data/df_index_resolver/df_index_resolver.json.gz", cache_dir=cache_dir
+        corpus / "hta_tests_data/df_index_resolver/df_index_resolver.json.gz", cache_dir=private_cache
     )
     assert (trace.rank, trace.world_size, trace.backend) == (1, 2, "nccl")
     assert trace.num_events == 216092
@@ -60,8 +60,8 @@ def test_df_index_resolver_categories_memory_and_threads(corpus, cache_dir):
     assert flows["flow_id"].notna().all() and set(flows["ph"].unique()) == {"s", "f"}
 
 
-def test_nccl_args_and_nanosecond_timestamps(corpus, cache_dir):
-    trace = sptrace.load_trace(corpus / "hta_tests_data/nccl_parser_config/nccl_data.json.gz", cache_dir=cache_dir)
+def test_nccl_args_and_nanosecond_timestamps(corpus, private_cache):
+    trace = sptrace.load_trace(corpus / "hta_tests_data/nccl_parser_config/nccl_data.json.gz", cache_dir=private_cache)
     ev = trace.events
     rpc = ev[ev["name"] == "record_param_comms"]
     assert len(rpc) == 27
@@ -86,9 +86,10 @@ def test_nccl_args_and_nanosecond_timestamps(corpus, cache_dir):
     assert trace.metadata["baseTimeNanoseconds"] == 1711964646000000000
 
 
-def test_old_schema_is_mapped_to_the_current_vocabulary(corpus, cache_dir):
+def test_old_schema_is_mapped_to_the_current_vocabulary(corpus, private_cache):
     trace = sptrace.load_trace(
-        corpus / "kineto_tb_plugin/resnet50_num_workers_0/worker0.1623143566756.pt.trace.json.gz", cache_dir=cache_dir
+        corpus / "kineto_tb_plugin/resnet50_num_workers_0/worker0.1623143566756.pt.trace.json.gz",
+        cache_dir=private_cache,
     )
     counts = cats(trace)
     assert counts["cpu_op"] == 23646  # "Operator"
@@ -103,8 +104,10 @@ def test_old_schema_is_mapped_to_the_current_vocabulary(corpus, cache_dir):
     assert trace.rank == 0 and trace.rank_source == "file name"  # worker0...; no distributedInfo
 
 
-def test_python_stacks_and_null_parent_ids(corpus, cache_dir):
-    trace = sptrace.load_trace(corpus / "tracelens/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", cache_dir=cache_dir)
+def test_python_stacks_and_null_parent_ids(corpus, private_cache):
+    trace = sptrace.load_trace(
+        corpus / "tracelens/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", cache_dir=private_cache
+    )
     counts = cats(trace)
     assert counts["python_function"] == 4262 and counts["cpu_op"] == 4186 and counts["cpu_instant_event"] == 2450
     ev = trace.events
@@ -120,8 +123,8 @@ def pd_na():
     return pd.NA
 
 
-def test_dlrm_run_has_eight_ranks(corpus, cache_dir):
-    run = sptrace.load_run(corpus / "param_dlrm_kineto", cache_dir=cache_dir)
+def test_dlrm_run_has_eight_ranks(corpus, private_cache):
+    run = sptrace.load_run(corpus / "param_dlrm_kineto", cache_dir=private_cache)
     assert len(run) == 8 and run.world_size == 8 and run.backend == "nccl" and run.missing_ranks == []
     assert [t.rank for t in run] == list(range(8))
     assert all(t.path.name.startswith(f"worker{t.rank}_") for t in run)
@@ -134,8 +137,8 @@ def test_dlrm_run_has_eight_ranks(corpus, cache_dir):
         assert pc.sum(pc.equal(names, "nccl:all_reduce")).as_py() == 3
 
 
-def test_cpu_only_rank_of_300(corpus, cache_dir):
-    run = sptrace.load_run(corpus / "hta_tests_data/cpu_only", cache_dir=cache_dir)
+def test_cpu_only_rank_of_300(corpus, private_cache):
+    run = sptrace.load_run(corpus / "hta_tests_data/cpu_only", cache_dir=private_cache)
     (trace,) = run
     assert trace.rank == 34 and run.world_size == 300 and trace.num_events == 30 and trace.backend == "gloo"
     assert len(trace.process_groups) == 11

@@ -55,16 +55,18 @@ def same(x: dict, y: dict) -> None:
 
 
 @pytest.mark.parametrize("name", ["megatron", "megatron-stray-full-save"])
-def test_every_executor_gives_the_same_analysis(profiled, cache_dir, scheduler, name):
+def test_every_executor_gives_the_same_analysis(profiled, private_cache, cache_dir, scheduler, name):
+    """The suite's cache serves two executors; the worker processes and the Dask workers each
+    decode the traces themselves (no cache, and a cold one they write)."""
     run = profiled(name)
     results = {}
-    for label, executor in (
-        ("in-process", Executor(workers=1)),
-        ("processes", Executor(workers=2)),
-        ("dask-local", Executor("dask", workers=2)),
-        ("dask-scheduler", Executor("dask", scheduler=scheduler)),
+    for label, executor, options in (
+        ("in-process", Executor(workers=1), {"cache_dir": private_cache}),
+        ("processes", Executor(workers=2), {"cache": False}),
+        ("dask-local", Executor("dask", workers=2), {"cache_dir": cache_dir}),
+        ("dask-scheduler", Executor("dask", scheduler=scheduler), {"cache_dir": private_cache}),
     ):
-        a = analyse_run(run, load_options={"executor": executor, "cache_dir": cache_dir / label})
+        a = analyse_run(run, load_options={"executor": executor, **options})
         assert a.sharding is not None and len(a.retained) == 8 and len(a.collectives) > 0, label
         # the driver holds no event table once the map is done ...
         assert all(t.loaded is None for t in a.run), label
@@ -77,13 +79,13 @@ def test_every_executor_gives_the_same_analysis(profiled, cache_dir, scheduler, 
     assert trace.table.num_rows == trace.num_events > 0 and trace.rank == 3
 
 
-def test_cli_with_a_dask_scheduler_prints_what_the_local_executor_prints(profiled, capsys, cache_dir, scheduler):
-    run = str(profiled("ulysses"))
-    assert main(["analyze", run, "--no-cache"]) == 0
+def test_cli_with_a_dask_scheduler_prints_what_the_local_executor_prints(profiled, capsys, scheduler):
+    run = str(profiled("ulysses"))  # (through the suite's cache, which the test process set for the workers too)
+    assert main(["analyze", run]) == 0
     local = capsys.readouterr().out
-    assert main(["analyze", run, "--no-cache", "--executor", "dask", "--scheduler", scheduler]) == 0
+    assert main(["analyze", run, "--executor", "dask", "--scheduler", scheduler]) == 0
     assert capsys.readouterr().out == local and "MATCH" in local
-    assert main(["info", run, "--cache-dir", str(cache_dir), "--executor", "dask", "--scheduler", scheduler]) == 0
+    assert main(["info", run, "--executor", "dask", "--scheduler", scheduler]) == 0
     assert "0-7 of world size 8" in capsys.readouterr().out
 
 

@@ -15,9 +15,9 @@ from tests.trace_helpers import read_events, saved_tensors
 pytestmark = pytest.mark.distributed
 
 
-def test_reference_run_loads_with_markers_and_memory(profiled, cache_dir):
+def test_reference_run_loads_with_markers_and_memory(profiled, private_cache):
     path = profiled("megatron")
-    run = sptrace.load_run(path, cache_dir=cache_dir)
+    run = sptrace.load_run(path, cache_dir=private_cache)
     assert len(run) == 8 and run.world_size == 8 and run.backend == "gloo" and run.missing_ranks == []
     assert run.run_info["config"]["scheme"] == "megatron"
     for trace in run:
@@ -40,9 +40,9 @@ def test_reference_run_loads_with_markers_and_memory(profiled, cache_dir):
         assert pc.sum(pc.is_valid(trace.table["python_parent_id"])).as_py() > 0
 
 
-def test_info_on_a_reference_run(profiled, cache_dir, capsys):
+def test_info_on_a_reference_run(profiled, private_cache, capsys):
     path = profiled("ulysses")
-    assert main(["info", str(path), "--cache-dir", str(cache_dir), "--format", "json"]) == 0
+    assert main(["info", str(path), "--cache-dir", str(private_cache), "--format", "json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["ranks"] == "0-7" and info["world_size"] == 8 and info["backend"] == "gloo"
     assert info["run_info"]["scheme"] == "ulysses"

@@ -22,8 +22,8 @@ def expected(path, lo: int, hi: int):
     return ev[(ev["ts_ns"] < hi) & (end >= lo)]
 
 
-def test_window_is_the_filter_of_the_whole_table(profiled, cache_dir):
-    run, _ = map_run(profiled("megatron"), MapSpec((), cache_dir=cache_dir))
+def test_window_is_the_filter_of_the_whole_table(profiled, private_cache):
+    run, _ = map_run(profiled("megatron"), MapSpec((), cache_dir=private_cache))
     assert all(t.loaded is None for t in run)
     spans = {r: run.ranks[r].time_span_ns() for r in (2, 5)}
     lo = max(s[0] for s in spans.values()) + 50_000_000

@@ -30,12 +30,12 @@ def many(profiled, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def analysis(many, tmp_path_factory):
+def analysis(many, private_cache):
     """The 64 ranks through the map, then one rank made late before the reduce, as a slow host
     is: rank 45 arrives DELAY_US late at its collective #5; the other ranks of its job wait for
     it there (their transfer lasts DELAY_US longer, so all end together), and the whole job runs
     DELAY_US later from then on."""
-    run, results = map_run(many, MapSpec(cache_dir=tmp_path_factory.mktemp("cache")))
+    run, results = map_run(many, MapSpec(cache_dir=private_cache))
     job = range(LATE_RANK // 8 * 8, LATE_RANK // 8 * 8 + 8)
     for rank in job:
         f = results[rank].collectives.sort_values("start_us")

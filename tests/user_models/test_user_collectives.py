@@ -28,8 +28,8 @@ def oracle(root, name, rank=0):
 
 
 @pytest.fixture(scope="module")
-def frames(user_runs, tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
+def frames(user_runs, private_cache):
+    cache = private_cache
     out = {}
     names = ("tp_sp_native", "functional_ulysses", "list_allgather", "p2p_ring", "ffn4h_p4", "forward_only")
     for name in (*names, "ring_isend"):
