@@ -135,12 +135,12 @@ def rank_phases(trace: RankTrace) -> pd.DataFrame:
     import pandas as pd
 
     from sptrace import markers
+    from sptrace.detect.collectives import matches
 
     ev = trace.events
-    names = ev["name"].astype(str)
-    marked = ev[names.str.startswith(markers.PHASE) & (ev["ph"].astype(str) == "X")]
+    marked = ev[matches(ev["name"], lambda v: v.str.startswith(markers.PHASE)) & matches(ev["ph"], lambda v: v == "X")]
     if marked.empty:
-        marked = ev[names.str.startswith("ProfilerStep#")]
+        marked = ev[matches(ev["name"], lambda v: v.str.startswith("ProfilerStep#"))]
     rows = []
     for name, ts, dur in zip(marked["name"].astype(str), marked["ts_ns"], marked["dur_ns"].fillna(0)):
         phase = name[len(markers.PHASE) :] if name.startswith(markers.PHASE) else "step"
@@ -153,8 +153,10 @@ def rank_memory(trace: RankTrace, max_points: int = 1500) -> tuple[pd.DataFrame,
     ``max_points``: the page needs the shape, not every event), and the peak."""
     import pandas as pd
 
+    from sptrace.detect.collectives import matches
+
     ev = trace.events
-    mem = ev[(ev["name"].astype(str) == "[memory]") & ev["mem_total_allocated"].notna()]
+    mem = ev[matches(ev["name"], lambda v: v == "[memory]") & ev["mem_total_allocated"].notna().to_numpy()]
     if mem.empty:
         return pd.DataFrame(columns=MEMORY_COLUMNS), None
     mem = mem.sort_values("ts_ns", kind="stable")

@@ -330,11 +330,17 @@ def check_sharding(
         findings.append(_finding(rec, judge, strict))
     findings = merge_ranks(findings)
     layer_rows = []
-    for (rank, layer), g in saved[saved["layer"].notna()].groupby(["rank", "layer"]):
+    # per rank and layer, the boundary (step, micro-batch) that kept the most
+    by_boundary = saved[saved["layer"].notna()].assign(
+        _step=saved["step"].astype(float).fillna(-1), _micro=saved["micro_batch"].astype(float).fillna(0)
+    )  # fmt: skip
+    for (rank, layer), per_layer in by_boundary.groupby(["rank", "layer"]):
+        worst = max((g for _, g in per_layer.groupby(["_step", "_micro"])), key=lambda g: int(g["storage_bytes"].sum()))
         layer_rows.append({
-            "rank": int(rank), "layer": int(layer), "saved_tensors": len(g),
-            "judged": int(g["class"].isin(JUDGED).sum()), "measured_bytes": int(g["storage_bytes"].sum()),
-            "full_bytes": int(g[g["class"] == "full"]["storage_bytes"].sum()), "expected_bytes": expected_per_layer,
+            "rank": int(rank), "layer": int(layer), "saved_tensors": len(worst),
+            "judged": int(worst["class"].isin(JUDGED).sum()), "measured_bytes": int(worst["storage_bytes"].sum()),
+            "full_bytes": int(worst[worst["class"] == "full"]["storage_bytes"].sum()),
+            "expected_bytes": expected_per_layer,
         })  # fmt: skip
     layers = pd.DataFrame(
         layer_rows,
@@ -367,10 +373,11 @@ def _finding(rec: dict[str, Any], judge: Judge, strict: bool) -> Finding:
     module = rec["module"] or "<unknown module>"
     shape = "x".join(map(str, rec["shape"])) if isinstance(rec["shape"], (tuple, list)) else f"{rec['nbytes']} bytes"
     layer = int(rec["layer"]) if rec["layer"] is not None and rec["layer"] == rec["layer"] else None
+    where = _boundary(rec)
     if rec["class"] != "full":
         return Finding(
             "error", "sharding", f"{rec['class']}-tensor",
-            f"{module} keeps a [{shape}] tensor across the forward/backward boundary that cannot be judged "
+            f"{module} keeps a [{shape}] tensor across the forward/backward boundary{where} that cannot be judged "
             f"(--strict): {rec['why']}",
             (int(rec["rank"]),), layer, module, page="memory",
         )  # fmt: skip
@@ -384,11 +391,17 @@ def _finding(rec: dict[str, Any], judge: Judge, strict: bool) -> Finding:
     dtype = f"{rec['dtype']} " if rec.get("dtype") else ""
     return Finding(
         "error", "sharding", "full-size-save",
-        f"{module} keeps a full-sequence [{shape}] {dtype}tensor across the forward/backward boundary "
+        f"{module} keeps a full-sequence [{shape}] {dtype}tensor across the forward/backward boundary{where} "
         f"({human_bytes(storage)}, {human_bytes(excess)} more than a 1/{judge.model.sp_size} shard"
         + (f"; {'; '.join(origin)}" if origin else "") + f"): {rec['why']}",
         (int(rec["rank"]),), layer, module, page="memory",
     )  # fmt: skip
+
+
+def _boundary(rec: dict[str, Any]) -> str:
+    """' of step 3, micro-batch 1' where the trace has several boundaries, else ''."""
+    label = rec.get("boundary")
+    return f" of {label}" if isinstance(label, str) and label else ""
 
 
 def _conclude(

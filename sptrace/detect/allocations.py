@@ -6,7 +6,9 @@ an address still live means its free was never recorded: the old record is close
 ``lost_free`` (it died at some point before). A free with no allocation predates profiling.
 On CUDA, Bytes is the caching allocator's block size.
 
-Retained = allocated in the forward window and alive when backward starts, whoever holds it:
+Retained = allocated in a forward's window and alive when the backward that consumes it starts,
+at every such boundary of the trace (each step and micro-batch: sptrace.detect.boundaries),
+whoever holds it:
   * the sptrace.saved records: tensors autograd saved (exact module, shape, dtype, storage);
   * every other allocation of the forward window still alive at the boundary, from memory events.
     Its holder is read from when it died: inside an autograd node (autograd saved it), after
@@ -33,7 +35,8 @@ import pandas as pd
 from sptrace import dtypes, markers
 from sptrace.detect import forms
 from sptrace.detect.args import is_shape, load_list
-from sptrace.detect.collectives import RankIndex, layer_of
+from sptrace.detect.boundaries import Boundary, find_boundaries
+from sptrace.detect.collectives import RankIndex, layer_of, matches
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.shapes import infer_shape
 from sptrace.load.trace import RankTrace
@@ -41,7 +44,7 @@ from sptrace.load.trace import RankTrace
 LEDGER_COLUMNS = ["device_type", "device_id", "addr", "bytes", "alloc_ns", "free_ns", "lost_free", "tid"]
 RETAINED_COLUMNS = [
     "rank", "module", "layer", "shape", "dtype", "nbytes", "storage_bytes", "storage_ptr", "source", "alloc_op",
-    "producer", "saved_by", "holder", "alloc_ns", "free_ns", "freed_in", "kind",
+    "producer", "saved_by", "holder", "alloc_ns", "free_ns", "freed_in", "kind", "step", "micro_batch", "boundary",
 ]  # fmt: skip
 CUDA_SLACK = 2**20
 """The CUDA caching allocator's block can exceed the request by up to ~1 MiB."""
@@ -51,7 +54,7 @@ _COLLECTIVE_PREFIXES = ("c10d::", "_c10d_functional", "record_param_comms", "ncc
 def _memory_events(trace: RankTrace) -> pd.DataFrame:
     """The [memory] events that carry Bytes, in the allocator's order (ts, then Ev Idx)."""
     ev = trace.events
-    mem = ev[(ev["name"].astype(str) == "[memory]") & ev["mem_bytes"].notna()]
+    mem = ev[matches(ev["name"], lambda v: v == "[memory]") & ev["mem_bytes"].notna().to_numpy()]
     return mem.sort_values(["ts_ns", "ev_idx"], kind="stable", na_position="first")
 
 
@@ -127,19 +130,17 @@ def unrecorded_allocator_activity(trace: RankTrace) -> dict[tuple[int, int], Unr
 def backward_start_ns(trace: RankTrace) -> int | None:
     """When backward starts: the sptrace.phase marker, else the first autograd node."""
     ev = trace.events
-    names = ev["name"].astype(str)
-    phase = ev[names == markers.phase_name("backward")]
+    phase = ev[matches(ev["name"], lambda v: v == markers.phase_name("backward"))]
     if len(phase):
         return int(phase["ts_ns"].min())
-    nodes = ev[names.str.startswith("autograd::engine::evaluate_function")]
+    nodes = ev[matches(ev["name"], lambda v: v.str.startswith("autograd::engine::evaluate_function"))]
     return int(nodes["ts_ns"].min()) if len(nodes) else None
 
 
 def forward_start_ns(trace: RankTrace) -> int:
     ev = trace.events
-    names = ev["name"].astype(str)
     for marker in (markers.phase_name("forward"), "ProfilerStep#"):
-        hit = ev[names.str.startswith(marker)]
+        hit = ev[matches(ev["name"], lambda v, m=marker: v.str.startswith(m))]
         if len(hit):
             return int(hit["ts_ns"].min())
     return int(ev["ts_ns"].min())
@@ -153,7 +154,7 @@ class Retention:
     tensors: pd.DataFrame
     """One row per retained storage (RETAINED_COLUMNS)."""
     boundary_ns: int | None
-    """Backward start; None when the profiled window has no backward."""
+    """The first backward's start; None when the profiled window has no backward."""
     has_records: bool
     has_memory: bool
     unseen_frees: int = 0
@@ -164,38 +165,49 @@ class Retention:
     """Every tensor shape the forward's ops took as input, and every retained tensor's shape:
     a declared B, S, H that none of them has is a wrong declaration."""
     notes: list[str] = field(default_factory=list)
+    boundaries: list[Boundary] = field(default_factory=list)
+    """Every forward -> backward boundary judged (each step, each micro-batch)."""
 
 
 def detect_retained(trace: RankTrace, *, element_size: int | None = None, index: RankIndex | None = None) -> Retention:
-    """Everything this rank kept alive from its forward window into backward.
+    """Everything this rank kept alive from each forward into the backward that consumes it, at
+    every boundary of the trace (each step, each micro-batch: sptrace.detect.boundaries).
 
     ``element_size``: the declared activation element size, used only when an allocating op
     records no element type of its own."""
     idx = index or RankIndex(trace)
     ledger = detect_ledger(trace)
     ev = trace.events
-    names = ev["name"].astype(str)
-    bwd = backward_start_ns(trace)
-    fwd = forward_start_ns(trace)
+    starts = ev["ts_ns"].dropna()
+    bounds = find_boundaries(idx, int(starts.min()) if len(starts) else 0)
     nodes = idx.backward_nodes
-    records = ev[names.str.startswith(markers.SAVED)]
-    cpu = ev[(ev["cat"].astype(str) == "cpu_op") & (ev["ph"].astype(str) == "X")]
-    ops = Intervals(cpu[~cpu["name"].astype(str).str.startswith(markers.PREFIX)])
-    collectives = Intervals(cpu[cpu["name"].astype(str).str.startswith(_COLLECTIVE_PREFIXES)])
+    # (tests on the distinct names, not on every row turned into a Python string: see matches)
+    records = ev[matches(ev["name"], lambda v: v.str.startswith(markers.SAVED))]
+    cpu = ev[matches(ev["cat"], lambda v: v == "cpu_op") & matches(ev["ph"], lambda v: v == "X")]
+    ops = Intervals(cpu[~matches(cpu["name"], lambda v: v.str.startswith(markers.PREFIX))])
+    collectives = Intervals(cpu[matches(cpu["name"], lambda v: v.str.startswith(_COLLECTIVE_PREFIXES))])
     cuda = bool((ledger["device_type"] == 1).any())
     slack = CUDA_SLACK if cuda else 0
     out = Retention(
-        rank=int(trace.rank or 0), tensors=pd.DataFrame(columns=RETAINED_COLUMNS), boundary_ns=bwd,
-        has_records=bool(len(records)), has_memory=not ledger.empty,
+        rank=int(trace.rank or 0), tensors=pd.DataFrame(columns=RETAINED_COLUMNS),
+        boundary_ns=bounds[0].backward_ns if bounds else None, has_records=bool(len(records)),
+        has_memory=not ledger.empty, boundaries=bounds,
     )  # fmt: skip
     out.layers_seen = _layers_seen(idx)
-    out.shapes_seen = _shapes_seen(cpu, fwd, bwd)
-    if bwd is None:
+    if not bounds:
+        out.shapes_seen = _shapes_seen(cpu, forward_start_ns(trace), None)
         return out
+    for b in bounds:
+        out.shapes_seen |= _shapes_seen(cpu, b.forward_ns, b.backward_ns)
+    many_steps = len({b.step for b in bounds}) > 1
+    many_micro = any(b.micro_batch > 0 for b in bounds)
+
+    def where(b: Boundary) -> dict[str, Any]:
+        return {"step": b.step, "micro_batch": b.micro_batch, "boundary": b.label(many_steps, many_micro) or None}
+
     rows: list[dict[str, Any]] = []
     covered: set[int] = set()
-    seen_ptrs: set[int] = set()
-    end_of_backward = _backward_end(idx, bwd)
+    seen_ptrs: set[tuple[int, int]] = set()
     saves = [
         (rec, int(ts), tid, name.count(markers.SAVED) == 1)
         for name, ts, tid in zip(records["name"].astype(str), records["ts_ns"], records["tid"])
@@ -203,12 +215,16 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
     ]  # one record per event, or a forward's records in one event (written when it returns)
     for rec, ts, tid, own_event in saves:
         # weights are not activations; data without autograd history ("input") still costs memory
-        if rec.kind == "param" or ts >= bwd:
-            continue  # (a save after the boundary is recomputation in backward: not kept across it)
+        if rec.kind == "param":
+            continue
+        k = _window_of(bounds, ts)
+        if k is None:
+            continue  # a save after its boundary is recomputation in backward: not kept across it
+        b = bounds[k]
         if rec.storage_ptr:
-            if rec.storage_ptr in seen_ptrs:
+            if (k, rec.storage_ptr) in seen_ptrs:
                 continue  # the same storage saved twice costs once
-            seen_ptrs.add(rec.storage_ptr)
+            seen_ptrs.add((k, rec.storage_ptr))
         alloc = _allocation_at(ledger, rec.storage_ptr, ts) if rec.storage_ptr else None
         if alloc is not None:
             covered.add(int(alloc["_row"]))
@@ -222,53 +238,25 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
             "alloc_ns": None if alloc is None else alloc["alloc_ns"],
             "free_ns": None if alloc is None else alloc["free_ns"],
             "freed_in": None if alloc is None else _freed_in(nodes, alloc.get("free_ns")), "kind": rec.kind,
+            **where(b),
         })  # fmt: skip
     if not ledger.empty:
         unrecorded = unrecorded_allocator_activity(trace)
         ledger = ledger.assign(_row=np.arange(len(ledger)))
-        window = ledger[(ledger["alloc_ns"] >= fwd) & (ledger["alloc_ns"] < bwd)]
-        alive = window[window["free_ns"].isna() | (window["free_ns"] >= bwd)]
-        for rec in alive.to_dict(orient="records"):
-            if int(rec["_row"]) in covered:
-                continue
-            tid = int(rec["tid"]) if pd.notna(rec["tid"]) else None
-            alloc_ns = int(rec["alloc_ns"])
-            producer = _producer(collectives, ops, rec, slack)
-            freed_in = _freed_in(nodes, rec["free_ns"])
-            unseen_free = bool(rec["lost_free"]) or (pd.isna(rec["free_ns"]) and producer is not None)
-            counted = unrecorded.get((int(rec["device_type"]), int(rec["device_id"])))
-            if unseen_free and (counted is None or not counted.quiet(alloc_ns, bwd)):
-                # died before its address was reused, or gloo / NCCL dropped a collective's tensor on
-                # their own threads: when is unknown
-                out.unseen_frees += 1
-                continue
-            if unseen_free:
-                holder = (
-                    "alive at the boundary: its free is not in the trace, and the allocator's count shows no "
-                    "unrecorded free before backward"
-                )
-            elif rec["free_ns"] is None or pd.isna(rec["free_ns"]):
-                holder = "not autograd: still alive when the trace ends (a Python reference, a hook or a cache)"
-            elif freed_in is not None:
-                holder = f"autograd (freed in {freed_in})"
-            elif end_of_backward is not None and rec["free_ns"] > end_of_backward:
-                holder = "not autograd: alive through backward, freed after it (a Python reference, a hook or a cache)"
-            else:
-                holder = "not autograd: freed during backward outside any autograd node"
-            i = ops.innermost(alloc_ns, alloc_ns, tid)
-            op = ops.row(i) if i is not None else None
-            inferred = infer_shape(op, int(rec["bytes"]), element_size, slack) if op is not None else None
-            module, _, _ = idx.module_of(alloc_ns, alloc_ns, tid if tid is not None else -1)
-            rows.append({
-                "rank": trace.rank, "module": module, "layer": layer_of(module),
-                "shape": None if inferred is None else inferred[0],
-                "dtype": None if inferred is None else inferred[1], "nbytes": int(rec["bytes"]),
-                "storage_bytes": int(rec["bytes"]), "storage_ptr": int(rec["addr"]),
-                "source": "memory events" + (" + shape from the allocating op" if inferred else ""),
-                "alloc_op": None if op is None else str(op["name"]), "producer": producer, "saved_by": freed_in,
-                "holder": holder, "alloc_ns": alloc_ns, "free_ns": rec["free_ns"], "freed_in": freed_in,
-                "kind": "activation",
-            })  # fmt: skip
+        in_backward = _inside_any(idx.backward_nodes, ledger["alloc_ns"].to_numpy(dtype=np.int64))
+        in_backward |= _inside_any(_backward_phases(idx), ledger["alloc_ns"].to_numpy(dtype=np.int64))
+        for b in bounds:
+            made = ledger["alloc_ns"]
+            window = ledger[(made >= b.forward_ns) & (made < b.window_end_ns) & ~in_backward]
+            alive = window[window["free_ns"].isna() | (window["free_ns"] >= b.backward_ns)]
+            for rec in alive.to_dict(orient="records"):
+                if int(rec["_row"]) in covered:
+                    continue
+                row = _retained_from_memory(rec, b, idx, ops, collectives, nodes, unrecorded, slack, element_size)
+                if row is None:
+                    out.unseen_frees += 1
+                    continue
+                rows.append({"rank": trace.rank, **row, **where(b)})
     if out.has_records and not out.has_memory:
         out.notes.append(
             "no [memory] events: only tensors autograd saved through saved_tensors_hooks are seen (not those "
@@ -281,6 +269,76 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
     return out
 
 
+def _window_of(bounds: list[Boundary], ts: int) -> int | None:
+    """The boundary whose forward window holds ``ts`` (the latest forward started before it)."""
+    hit = [k for k, b in enumerate(bounds) if b.forward_ns <= ts < b.window_end_ns]
+    return hit[-1] if hit else None
+
+
+def _inside_any(ranges: Intervals, points: np.ndarray) -> np.ndarray:
+    """Which points fall inside any of the ranges (their union, merged once: O((n + m) log n))."""
+    if not len(ranges):
+        return np.zeros(len(points), dtype=bool)
+    order = np.argsort(ranges.start, kind="stable")
+    lo, hi = ranges.start[order], np.maximum.accumulate(ranges.end[order])
+    first = np.r_[True, lo[1:] > hi[:-1]]  # a range that starts after every earlier one ended
+    starts = lo[first]
+    ends = np.r_[hi[np.flatnonzero(first)[1:] - 1], hi[-1]]
+    i = np.searchsorted(starts, points, "right") - 1
+    return (i >= 0) & (points <= ends[np.maximum(i, 0)])
+
+
+def _backward_phases(idx: RankIndex) -> Intervals:
+    marks = idx.phase_markers
+    keep = [i for i in range(len(marks)) if marks.name(i) == markers.phase_name("backward")]
+    return Intervals(marks.frame.iloc[keep])
+
+
+def _retained_from_memory(
+    rec: dict[str, Any], b: Boundary, idx: RankIndex, ops: Intervals, collectives: Intervals, nodes: Intervals,
+    unrecorded: dict[tuple[int, int], Unrecorded], slack: int, element_size: int | None,
+) -> dict[str, Any] | None:  # fmt: skip
+    """One allocation alive at boundary ``b``, with its holder read from when it died; None when
+    its free is not in the trace and nothing shows it was still alive (not judged)."""
+    tid = int(rec["tid"]) if pd.notna(rec["tid"]) else None
+    alloc_ns = int(rec["alloc_ns"])
+    producer = _producer(collectives, ops, rec, slack)
+    freed_in = _freed_in(nodes, rec["free_ns"])
+    unseen_free = bool(rec["lost_free"]) or (pd.isna(rec["free_ns"]) and producer is not None)
+    counted = unrecorded.get((int(rec["device_type"]), int(rec["device_id"])))
+    if unseen_free and (counted is None or not counted.quiet(alloc_ns, b.backward_ns)):
+        # died before its address was reused, or gloo / NCCL dropped a collective's tensor on
+        # their own threads: when is unknown
+        return None
+    if unseen_free:
+        holder = (
+            "alive at the boundary: its free is not in the trace, and the allocator's count shows no "
+            "unrecorded free before backward"
+        )
+    elif rec["free_ns"] is None or pd.isna(rec["free_ns"]):
+        holder = "not autograd: still alive when the trace ends (a Python reference, a hook or a cache)"
+    elif freed_in is not None:
+        holder = f"autograd (freed in {freed_in})"
+    elif rec["free_ns"] > b.backward_end_ns:
+        holder = "not autograd: alive through backward, freed after it (a Python reference, a hook or a cache)"
+    else:
+        holder = "not autograd: freed during backward outside any autograd node"
+    i = ops.innermost(alloc_ns, alloc_ns, tid)
+    op = ops.row(i) if i is not None else None
+    inferred = infer_shape(op, int(rec["bytes"]), element_size, slack) if op is not None else None
+    module, _, _ = idx.module_of(alloc_ns, alloc_ns, tid if tid is not None else -1)
+    return {
+        "module": module, "layer": layer_of(module),
+        "shape": None if inferred is None else inferred[0],
+        "dtype": None if inferred is None else inferred[1], "nbytes": int(rec["bytes"]),
+        "storage_bytes": int(rec["bytes"]), "storage_ptr": int(rec["addr"]),
+        "source": "memory events" + (" + shape from the allocating op" if inferred else ""),
+        "alloc_op": None if op is None else str(op["name"]), "producer": producer, "saved_by": freed_in,
+        "holder": holder, "alloc_ns": alloc_ns, "free_ns": rec["free_ns"], "freed_in": freed_in,
+        "kind": "activation",
+    }  # fmt: skip
+
+
 def _shapes_seen(cpu: pd.DataFrame, fwd: int, bwd: int | None) -> set[tuple[int, ...]]:
     window = cpu[(cpu["ts_ns"] >= fwd) & (cpu["ts_ns"] < bwd)] if bwd is not None else cpu[cpu["ts_ns"] >= fwd]
     seen: set[tuple[int, ...]] = set()
@@ -289,16 +347,6 @@ def _shapes_seen(cpu: pd.DataFrame, fwd: int, bwd: int | None) -> set[tuple[int,
             shapes = [arg] if is_shape(arg) else [s for s in arg if is_shape(s)] if isinstance(arg, list) else []
             seen.update(tuple(s) for s in shapes)
     return seen
-
-
-def _backward_end(idx: RankIndex, bwd: int) -> int | None:
-    """The end of the backward pass: the sptrace.phase marker, else the last autograd node."""
-    marks = idx.phase_markers
-    for i in range(len(marks)):
-        if marks.name(i) == markers.phase_name("backward"):
-            return int(marks.end[i])
-    nodes = idx.backward_nodes
-    return int(nodes.end.max()) if len(nodes) else None
 
 
 def _layers_seen(idx: RankIndex) -> set[int]:

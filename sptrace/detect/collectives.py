@@ -136,10 +136,16 @@ def matches(column: pd.Series, test: Any) -> np.ndarray:
     of ``column``, as a numpy bool array; missing values are False. The test runs once per
     distinct value (an event table has a few thousand distinct names among 200k events): far
     cheaper than turning the column into 200k Python strings first."""
-    codes, uniques = pd.factorize(column, use_na_sentinel=True)
+    if isinstance(column.dtype, pd.CategoricalDtype):  # the table's own dictionary: no factorize
+        categories = column.cat.categories
+        codes = column.cat.codes.to_numpy()
+        uniques = categories if categories.dtype == object else categories.astype(str)
+    else:
+        codes, found = pd.factorize(column, use_na_sentinel=True)
+        uniques = pd.Index(found).astype(str)
     if not len(uniques):
         return np.zeros(len(column), dtype=bool)
-    ok = np.asarray(test(pd.Index(uniques).astype(str)), dtype=bool)
+    ok = np.asarray(test(uniques), dtype=bool)
     return np.where(codes >= 0, ok[np.maximum(codes, 0)], False)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.collectives import RankIndex
+from sptrace.detect.collectives import RankIndex, matches
 from sptrace.load.trace import RankTrace
 
 
@@ -127,12 +127,12 @@ def detect_compute(trace: RankTrace, index: RankIndex | None = None, max_segment
         ends = starts + k["dur_ns"].to_numpy(dtype=np.int64, na_value=0) / 1e3
         merged = merge_intervals(starts, ends)
     else:
-        cpu = idx.cpu_ops[idx.cpu_ops["cat"].astype(str) == "cpu_op"]
+        cpu = idx.cpu_ops[matches(idx.cpu_ops["cat"], lambda v: v == "cpu_op")]
         if cpu.empty:
             return pd.DataFrame(columns=["rank", "start_us", "dur_us"])
         busiest = cpu["tid"].value_counts().index[0]
         cpu = cpu[cpu["tid"] == busiest]
-        comm = cpu["name"].astype(str).str.startswith(_NOT_COMPUTE).to_numpy()
+        comm = matches(cpu["name"], lambda v: v.str.startswith(_NOT_COMPUTE))
 
         def spans(frame: pd.DataFrame) -> list[tuple[float, float]]:
             s = frame["ts_ns"].to_numpy(dtype=np.int64, na_value=0) / 1e3
@@ -140,7 +140,7 @@ def detect_compute(trace: RankTrace, index: RankIndex | None = None, max_segment
 
         # aten ops are the computation (a Python-level wait for a collective is inside no aten op);
         # an aten op around a collective computes only around it
-        aten = cpu["name"].astype(str).str.startswith("aten::").to_numpy()
+        aten = matches(cpu["name"], lambda v: v.str.startswith("aten::"))
         merged = subtract(spans(cpu[aten & ~comm]), spans(cpu[comm]))
     if merged:
         span = merged[-1][1] - merged[0][0]

@@ -211,7 +211,7 @@ def test_demo_profiles_the_three_schemes(profiled):
         assert f"{run}/" in result.stdout
         assert len(list(run.glob("rank*.pt.trace.json.gz"))) == 8
         assert json.loads((run / "run.json").read_text())["config"]["scheme"] == scheme
-    assert result.stdout.startswith("Profiled one training step of each scheme on 8 ranks:")
+    assert result.stdout.startswith("Profiled one training step of each scheme on 8 ranks, in one launch:")
     assert "megatron  MATCH: 21 collectives and 1.64 MiB on the wire per rank" in result.stdout
     assert "ulysses   MATCH: 17 collectives" in result.stdout and "hybrid    MATCH: 27 collectives" in result.stdout
     assert result.stdout.count("PASS: every judged tensor is sharded") == 3

@@ -11,6 +11,8 @@ DIR/oracle/<scenario>/rank{r}.json
     held          tensors the model keeps outside autograd across the boundary (their shapes)
     sac           what the SAC policy told checkpointing to keep (op, shape)
     p2p           every dist.isend / dist.irecv of a forward and a backward: peer, bytes
+    stray         where a scenario put its one stray full-size save (its step or micro-batch and
+                  module), and what autograd saved for it (a census with the stray on)
     config        B, S, H, a, F, P of the scenario
 
 The oracles come from the models and torch, never from sptrace.
@@ -397,6 +399,82 @@ def sac(root: Path) -> None:
     })  # fmt: skip
 
 
+def _stray_census(model: nn.Module, forward: Callable[[], Tensor], layer: nn.Module) -> list[dict[str, Any]]:
+    """What autograd saves of a full [B, S, H] size when ``layer`` keeps its gathered input: the
+    census of one forward with the stray switched on, then off again."""
+    layer.keep_gathered = True
+    try:
+        saved = census(model, forward)
+    finally:
+        layer.keep_gathered = False
+    return [s for s in saved if not s["param"] and s["storage_bytes"] >= B * S * H * 4]
+
+
+def accumulation(root: Path) -> None:
+    """Gradient accumulation in one profiled step: forward, backward, forward, backward, then the
+    optimizer. Only micro-batch 1 keeps a gathered input (layer 1's fc1, as native ColwiseParallel
+    does); micro-batch 0 saves shards only."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(8)
+    model = models.MegatronStack(2, H, 2 * H, dist.group.WORLD)
+    xs = [shard_of(torch.randn(B, S, H), rank, world) for _ in range(2)]
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    stray_mb, stray_layer = 1, model.layers[1]
+    full = _stray_census(model, lambda: model(xs[stray_mb]).square().mean(), stray_layer)
+
+    def step() -> None:
+        for mb, x in enumerate(xs):
+            stray_layer.keep_gathered = mb == stray_mb
+            (model(x).square().mean() / len(xs)).backward()
+        stray_layer.keep_gathered = False
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    profiled(root / "accumulation", step)
+    write_oracle(root, "accumulation", {
+        "stray": {"micro_batch": stray_mb, "module": "layers.1", "full_saved": full},
+        "config": {"batch": B, "seq": S, "hidden": H, "sp": world, "layers": 2, "micro_batches": len(xs)},
+    })  # fmt: skip
+
+
+def two_steps(root: Path) -> None:
+    """A profiler schedule with two active steps (prof.step() after each, as the torch.profiler
+    docs show); only the second active step keeps a gathered input. The oracle is the step number
+    the profiler had when the stray ran."""
+    from torch.profiler import schedule
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(9)
+    model = models.MegatronStack(2, H, 2 * H, dist.group.WORLD)
+    x = shard_of(torch.randn(B, S, H), rank, world)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    stray_layer = model.layers[1]
+    full = _stray_census(model, lambda: model(x).square().mean(), stray_layer)
+    stray_at = None
+    dist.barrier()
+    with profile(
+        activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True,
+        schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
+    ) as prof:  # fmt: skip
+        for i in range(3):  # step 0 warms up, steps 1 and 2 are recorded
+            stray_layer.keep_gathered = i == 2
+            if stray_layer.keep_gathered:
+                stray_at = prof.step_num
+            model(x).square().mean().backward()
+            stray_layer.keep_gathered = False
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            prof.step()
+    out = root / "two_steps"
+    out.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(out / f"rank{rank}.json"))
+    dist.barrier()
+    write_oracle(root, "two_steps", {
+        "stray": {"step": stray_at, "module": "layers.1", "full_saved": full},
+        "config": {"batch": B, "seq": S, "hidden": H, "sp": world, "layers": 2, "active_steps": [1, 2]},
+    })  # fmt: skip
+
+
 SCENARIOS = {
     "tp_sp_native": tp_sp_native,
     "tp_sp_instrumented": tp_sp_instrumented,
@@ -407,6 +485,8 @@ SCENARIOS = {
     "ffn4h_p4": ffn4h_p4,
     "forward_only": forward_only,
     "sac": sac,
+    "accumulation": accumulation,
+    "two_steps": two_steps,
     # last: its two ring groups stay in every later trace's process groups, where the other
     # scenarios' checks read P from "the run's only process group"
     "ring_isend": ring_isend,

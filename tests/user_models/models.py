@@ -232,12 +232,18 @@ class MegatronMlp(nn.Module):
         self.fc1 = nn.Parameter(torch.randn(ffn // p, hidden) / hidden**0.5)  # column-parallel
         self.fc2 = nn.Parameter(torch.randn(hidden, ffn // p) / ffn**0.5)  # row-parallel
         self.debug_store: list[Tensor] | None = None
+        self.keep_gathered = False
+        """fc1 as PyTorch-native ColwiseParallel after SequenceParallel has it: the gathered
+        [B, S, H] input goes into a plain matmul, which saves it for backward."""
 
     def forward(self, x: Tensor) -> Tensor:  # [B, S/P, H]
         h = self.norm(x)
         if self.debug_store is not None:  # "log the full activation later": a Python list holds it
             self.debug_store.append(_GatherSeq.apply(h, self.group).detach())
-        up = F.gelu(_ColumnParallel.apply(h, self.fc1, self.group))  # [B, S, F/P]
+        if self.keep_gathered:
+            up = F.gelu(_GatherSeq.apply(h, self.group) @ self.fc1.t())
+        else:
+            up = F.gelu(_ColumnParallel.apply(h, self.fc1, self.group))  # [B, S, F/P]
         return x + _ScatterSeq.apply(up @ self.fc2.t(), self.group)
 
 

@@ -44,8 +44,8 @@ def full_per_rank(report):
     return {r: sorted(tuple(s["shape"]) for s in rows if s["rank"] == r) for r in range(WORLD)}
 
 
-def test_native_colwise_parallel_keeps_the_gathered_input(user_runs, capsys, tmp_path):
-    code, report = check(user_runs, "tp_sp_native", capsys, tmp_path)
+def test_native_colwise_parallel_keeps_the_gathered_input(user_runs, capsys, private_cache):
+    code, report = check(user_runs, "tp_sp_native", capsys, private_cache)
     assert code == 1 and report["verdict"]["status"] == "fail"
     for rank in range(WORLD):
         census = [s for s in oracle(user_runs, "tp_sp_native", rank)["saved"] if not s["param"]]
@@ -59,11 +59,11 @@ def test_native_colwise_parallel_keeps_the_gathered_input(user_runs, capsys, tmp
     assert all("gathered full sequence" in f["message"] and "autograd" in f["message"] for f in findings)
 
 
-def test_a_full_tensor_held_in_a_python_list_fails(user_runs, capsys, tmp_path):
+def test_a_full_tensor_held_in_a_python_list_fails(user_runs, capsys, private_cache):
     o = oracle(user_runs, "stray_list")
     census = [s for s in o["saved"] if not s["param"]]
     assert not any(is_full(s["shape"]) for s in census)  # autograd itself keeps nothing full
-    code, report = check(user_runs, "stray_list", capsys, tmp_path, "--ffn", "96")
+    code, report = check(user_runs, "stray_list", capsys, private_cache, "--ffn", "96")
     assert code == 1
     held = sorted(tuple(s) for s in o["held"])
     for rank, shapes in full_per_rank(report).items():
@@ -73,37 +73,37 @@ def test_a_full_tensor_held_in_a_python_list_fails(user_runs, capsys, tmp_path):
     assert {f["layer"] for f in report["findings"]} == {0, 1}
 
 
-def test_4h_ffn_at_p4_is_ambiguous_until_ffn_is_declared(user_runs, capsys, tmp_path):
+def test_4h_ffn_at_p4_is_ambiguous_until_ffn_is_declared(user_runs, capsys, private_cache):
     flags = ["--sp", "4"]
     census = [s for s in oracle(user_runs, "ffn4h_p4")["saved"] if not s["param"]]
     collide = [s for s in census if is_full(s["shape"])]  # [B, S, F/P]: the shape of [B, S, H]
     assert collide and all(s["shape"][-1] == H for s in collide)
     # without --ffn: not FULL, not a silent PASS either: counted and said
-    code, report = check(user_runs, "ffn4h_p4", capsys, tmp_path, *flags)
+    code, report = check(user_runs, "ffn4h_p4", capsys, private_cache, *flags)
     assert code == 0 and report["counts"]["full"] == 0
     assert report["counts"]["ambiguous"] == WORLD * len(collide)
     assert "ambiguous" in report["verdict"]["summary"] and any("--ffn" in n for n in report["notes"])
     # --ffn resolves them from the ops that computed them: F/P shards
-    code, report = check(user_runs, "ffn4h_p4", capsys, tmp_path, *flags, "--ffn", "192")
+    code, report = check(user_runs, "ffn4h_p4", capsys, private_cache, *flags, "--ffn", "192")
     assert code == 0 and report["counts"]["ambiguous"] == 0 and report["counts"]["head-sharded"] >= WORLD * len(collide)
     # --strict turns what cannot be judged into failures
-    code, report = check(user_runs, "ffn4h_p4", capsys, tmp_path, *flags, "--strict")
+    code, report = check(user_runs, "ffn4h_p4", capsys, private_cache, *flags, "--strict")
     assert code == 1 and {f["code"] for f in report["findings"]} == {"ambiguous-tensor"}
 
 
-def test_forward_only_window_cannot_decide(user_runs, capsys, tmp_path):
-    code, report = check(user_runs, "forward_only", capsys, tmp_path, "--sp", "8")
+def test_forward_only_window_cannot_decide(user_runs, capsys, private_cache):
+    code, report = check(user_runs, "forward_only", capsys, private_cache, "--sp", "8")
     assert code == 2 and report["verdict"]["status"] == "undecided"
     assert "no backward" in report["verdict"]["summary"]
-    assert main(["check", str(user_runs / "forward_only"), "--cache-dir", str(tmp_path), *SHAPE, "--sp", "8"]) == 2
+    assert main(["check", str(user_runs / "forward_only"), "--cache-dir", str(private_cache), *SHAPE, "--sp", "8"]) == 2
     assert "CANNOT DECIDE: the profiled window has no backward" in capsys.readouterr().out
 
 
-def test_selective_checkpointing_keeps_are_seen(user_runs, capsys, tmp_path):
+def test_selective_checkpointing_keeps_are_seen(user_runs, capsys, private_cache):
     sac = oracle(user_runs, "sac")["sac"]
     cached_full = sorted(tuple(shape) for op, shape in sac if is_full(shape))
     assert cached_full  # the policy cached the gathered sequence
-    code, report = check(user_runs, "sac", capsys, tmp_path, "--sp", "8")
+    code, report = check(user_runs, "sac", capsys, private_cache, "--sp", "8")
     assert code == 1
     # gloo may hold a collective's output past the trace's end, or free it on a thread the profiler
     # does not record (the CPU allocator's count cannot tell when): such a tensor is said to be not
@@ -115,18 +115,18 @@ def test_selective_checkpointing_keeps_are_seen(user_runs, capsys, tmp_path):
     assert sum(len(s) for s in full_per_rank(report).values()) >= WORLD  # most are seen
 
 
-def test_a_wrong_declaration_cannot_decide(user_runs, capsys, tmp_path):
-    ok, _ = check(user_runs, "list_allgather", capsys, tmp_path)
+def test_a_wrong_declaration_cannot_decide(user_runs, capsys, private_cache):
+    ok, _ = check(user_runs, "list_allgather", capsys, private_cache)
     assert ok == 0
     for flag, value in (("--seq", "128"), ("--batch", "3"), ("--hidden", "96")):
-        argv = [str(user_runs / "list_allgather"), "--cache-dir", str(tmp_path), *SHAPE, flag, value]
+        argv = [str(user_runs / "list_allgather"), "--cache-dir", str(private_cache), *SHAPE, flag, value]
         assert main(["check", *argv]) == 2
         assert "matches no tensor in the trace" in capsys.readouterr().out
 
 
-def test_junit_reports_each_module_once_with_its_ranks(user_runs, capsys, tmp_path):
+def test_junit_reports_each_module_once_with_its_ranks(user_runs, capsys, private_cache, tmp_path):
     out = tmp_path / "check.xml"
-    argv = ["check", str(user_runs / "tp_sp_native"), "--cache-dir", str(tmp_path), *SHAPE, "--format", "junit"]
+    argv = ["check", str(user_runs / "tp_sp_native"), "--cache-dir", str(private_cache), *SHAPE, "--format", "junit"]
     assert main([*argv, "--output", str(out)]) == 1
     suite = ET.parse(out).getroot().find("testsuite")
     cases = suite.findall("testcase")
@@ -136,9 +136,9 @@ def test_junit_reports_each_module_once_with_its_ranks(user_runs, capsys, tmp_pa
     assert all("ranks 0-7:" in c.find("failure").get("message") for c in failed)
 
 
-def test_instrumented_dtensor_records_are_judged_by_their_local_shard(user_runs, capsys, tmp_path):
+def test_instrumented_dtensor_records_are_judged_by_their_local_shard(user_runs, capsys, private_cache):
     # GIVEN the native TP+SP model with sptrace.instrument added: saved-tensor records of DTensors
-    code, report = check(user_runs, "tp_sp_instrumented", capsys, tmp_path)
+    code, report = check(user_runs, "tp_sp_instrumented", capsys, private_cache)
     assert code == 1
     records = [s for s in report["saved"] if s["source"] == "sptrace.saved record" and s["rank"] == 0]
     census = [s for s in oracle(user_runs, "tp_sp_instrumented")["saved"] if not s["param"]]
@@ -149,3 +149,41 @@ def test_instrumented_dtensor_records_are_judged_by_their_local_shard(user_runs,
     assert norms and all(r["shape"][1] == S // WORLD for r in norms if len(r["shape"]) == 3)
     # AND the same four gathered inputs per rank fail as without records
     assert all(len(shapes) == 4 for shapes in full_per_rank(report).values())
+
+
+def _full_rows(report):
+    return [s for s in report["saved"] if s["class"] == "full"]
+
+
+def test_a_stray_in_one_micro_batch_fails_and_names_it(user_runs, capsys, private_cache):
+    """Gradient accumulation, f0 b0 f1 b1 in one step: only micro-batch 1 keeps a gathered input.
+    Each forward is judged across the boundary of the backward that consumes it, so the stray
+    fails the check, named in its micro-batch, and micro-batch 0 keeps nothing full."""
+    truth = oracle(user_runs, "accumulation")["stray"]
+    assert truth["full_saved"]  # the census saw autograd keep the gathered input
+    code, report = check(user_runs, "accumulation", capsys, private_cache, "--sp", "8")
+    assert code == 1 and report["verdict"]["status"] == "fail"
+    full = _full_rows(report)
+    assert {s["rank"] for s in full} == set(range(WORLD))
+    assert {s["micro_batch"] for s in full} == {truth["micro_batch"]}
+    assert {s["storage_bytes"] for s in full} >= {s["storage_bytes"] for s in truth["full_saved"]}
+    assert {s["layer"] for s in full} == {1}
+    assert {s["micro_batch"] for s in report["saved"]} == {0, 1}  # both boundaries judged
+    findings = [f for f in report["findings"] if f["code"] == "full-size-save"]
+    assert findings and all(f"micro-batch {truth['micro_batch']}" in f["message"] for f in findings)
+
+
+def test_a_stray_in_the_second_profiled_step_fails_and_names_it(user_runs, capsys, private_cache):
+    """A profiler schedule with two active steps; the stray runs only in the second. Every step's
+    boundary is judged: the check fails, naming the step the profiler was at when the stray ran."""
+    truth = oracle(user_runs, "two_steps")["stray"]
+    assert truth["step"] == 2 and truth["full_saved"]
+    code, report = check(user_runs, "two_steps", capsys, private_cache, "--sp", "8")
+    assert code == 1 and report["verdict"]["status"] == "fail"
+    full = _full_rows(report)
+    assert {s["rank"] for s in full} == set(range(WORLD))
+    assert {s["step"] for s in full} == {truth["step"]}
+    assert {s["step"] for s in report["saved"]} == {1, 2}  # both active steps judged
+    assert {s["storage_bytes"] for s in full} >= {s["storage_bytes"] for s in truth["full_saved"]}
+    findings = [f for f in report["findings"] if f["code"] == "full-size-save"]
+    assert findings and all(f"step {truth['step']}" in f["message"] for f in findings)
