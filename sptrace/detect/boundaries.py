@@ -9,9 +9,10 @@ for accumulation and for every pipeline schedule that runs micro-batches in orde
 Where the forwards and backwards come from, in order of trust:
   1. sptrace.phase markers: each ``backward`` range consumes the earliest unconsumed ``forward``;
   2. autograd itself: backward nodes (``autograd::engine::evaluate_function: ...``) grouped into
-     one backward per run of nodes that no forward op interrupts; its forward is the span of the
-     forward ops whose ``Sequence number`` its nodes carry (autograd's own forward -> backward
-     link), else what ran since the previous backward (or the step's start).
+     one backward per run of nodes that no forward op interrupts; its forward is what ran since
+     the latest of: the previous backward's end, the previous forward's last op linked to its
+     backward, the step's start, the trace's start, taken no later than its own first forward op
+     whose ``Sequence number`` its nodes carry (autograd's own forward -> backward link).
 A window of a forward ends where the next forward starts, or at its boundary: in 1F1B the next
 micro-batch's forward and the previous backward run before this boundary, and what they allocate
 is theirs.
@@ -109,17 +110,19 @@ def _from_autograd(idx: RankIndex, trace_start_ns: int) -> list[tuple[int, int, 
             segments[-1].append(i)
         reach = max(reach, int(ends[i]))
     pairs = []
-    previous_end = None
+    previous_end = previous_linked_end = None
     for seg in segments:
         b_start, b_end = int(starts[seg[0]]), int(max(ends[seg]))
         linked = np.isin(fwd_seq, seqs[seg][~np.isnan(seqs[seg])].astype(np.int64)) & (fwd_end <= b_start)
-        if linked.any():
-            f_start = int(fwd_ts[linked].min())
-        else:  # no Sequence number links: what ran since the previous backward, or the step's start
-            step_start = _step_start(idx, b_start)
-            f_start = max(x for x in (previous_end, step_start, trace_start_ns) if x is not None)
-        pairs.append((f_start, b_start, b_end))
+        first_linked = int(fwd_ts[linked].min()) if linked.any() else b_start
+        # the forward starts after whatever came before it: the previous backward, the previous
+        # forward's linked ops (1F1B), the step's start; the ops that create no autograd node
+        # before its first linked one (a norm's first multiply) are its own
+        since = [x for x in (previous_end, previous_linked_end, _step_start(idx, b_start), trace_start_ns)
+                 if x is not None and x <= first_linked]  # fmt: skip
+        pairs.append((max(since) if since else first_linked, b_start, b_end))
         previous_end = b_end
+        previous_linked_end = int(fwd_end[linked].max()) if linked.any() else previous_linked_end
     return pairs
 
 
