@@ -56,11 +56,14 @@ class Boundary:
 
 def find_boundaries(idx: RankIndex, trace_start_ns: int) -> list[Boundary]:
     """The rank's boundaries in time order (empty when its window has no backward)."""
-    pairs = _from_markers(idx) or _from_autograd(idx, trace_start_ns)
+    pairs, forwards = _from_markers(idx)
+    if not pairs:
+        pairs = _from_autograd(idx, trace_start_ns)
+        forwards = [f for f, _, _ in pairs]
     out: list[Boundary] = []
     per_step: dict[int | None, int] = {}
-    for k, (f_start, b_start, b_end) in enumerate(pairs):
-        later = [f for f, _, _ in pairs[k + 1 :] if f_start < f < b_start]
+    for f_start, b_start, b_end in pairs:
+        later = [f for f in forwards if f_start < f < b_start]  # the next forward (1F1B) starts first
         step = idx.step_of(b_start)
         micro = per_step.get(step, 0)
         per_step[step] = micro + 1
@@ -68,7 +71,7 @@ def find_boundaries(idx: RankIndex, trace_start_ns: int) -> list[Boundary]:
     return out
 
 
-def _from_markers(idx: RankIndex) -> list[tuple[int, int, int]]:
+def _from_markers(idx: RankIndex) -> tuple[list[tuple[int, int, int]], list[int]]:
     marks = idx.phase_markers
     names = [marks.name(i) for i in range(len(marks))]
     forwards = sorted(int(marks.start[i]) for i, n in enumerate(names) if n == markers.phase_name("forward"))
@@ -84,7 +87,7 @@ def _from_markers(idx: RankIndex) -> list[tuple[int, int, int]]:
         f = waiting[0]
         queue.remove(f)
         pairs.append((f, b_start, b_end))
-    return pairs
+    return pairs, forwards
 
 
 def _from_autograd(idx: RankIndex, trace_start_ns: int) -> list[tuple[int, int, int]]:
