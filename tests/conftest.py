@@ -5,17 +5,19 @@ and its traces are shared by every test that needs them."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
 
-from sptrace.cli import main as sptrace_main
 from tests.suite import CORPUS, DEMO_SCHEMES, NO_CORPUS, REPO, RUNS, WORLD, world_of
 
 # The suite leaves nothing behind: parsed-trace caches (of this process and every process it
@@ -26,40 +28,130 @@ os.environ["XDG_CACHE_HOME"] = os.path.join(_SCRATCH, "cache")
 os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = os.path.join(_SCRATCH, "hypothesis")
 
 
-class RunFactory:
-    """Profiles a named configuration on first request and hands out its directory: the three
-    clean runs come from one `sptrace demo` (the README's main job), whose output is kept; the
-    others from one `sptrace profile --matrix` launch per rank count, all of whose runs are
-    profiled on the first request of one of them."""
+class Launches:
+    """The suite's torchrun launches, started in the background in the order the tests need them
+    (the demo, the 8-rank and 4-rank matrices, the verify job, the user-model job), one at a
+    time. Tests that need no launch run first (see pytest_collection_modifyitems): most of them
+    use one core, and the launches take the other. A fixture waits for its launch's result.
+    Each launch is a subprocess with its output kept, so nothing it prints reaches a test's
+    captured output. Only the launches the selected tests need are started."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._done: dict[str, Path] = {}
-        self.demo_output: subprocess.CompletedProcess[str] | None = None
+    ORDER = ("demo", "ranks8", "ranks4", "verify", "user_models")
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="launches-", dir=_SCRATCH))
+        self._proc: subprocess.Popen[str] | None = None
+        atexit.register(self.stop)
+        self._results: dict[str, subprocess.CompletedProcess[str]] = {}
+        self._done = {name: threading.Event() for name in self.ORDER}
+        self._wanted: set[str] = set()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self, wanted: set[str]) -> None:
+        with self._lock:
+            self._wanted |= wanted
+            if self._thread is None and self._wanted:
+                self._thread = threading.Thread(target=self._run_all, name="sptrace-launches", daemon=True)
+                self._thread.start()
+
+    def _run_all(self) -> None:
+        for name in self.ORDER:
+            if name in self._wanted:
+                self._run(name)
+
+    def _run(self, name: str) -> None:
+        if self._done[name].is_set():
+            return
+        try:
+            self._results[name] = getattr(self, f"_{name}")()
+        except BaseException as exc:  # reported to the test that waits for it
+            self._results[name] = subprocess.CompletedProcess([name], 1, "", f"{type(exc).__name__}: {exc}")
+        self._done[name].set()
+
+    def run(self, cmd: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
+        """subprocess.run, in a session of its own that stop() can end with every rank."""
+        timeout = kwargs.pop("timeout", None)
+        kwargs.pop("capture_output", None)
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                              **kwargs) as proc:  # fmt: skip
+            self._proc = proc
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.stop()
+                out, err = proc.communicate()
+            finally:
+                self._proc = None
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+    def stop(self) -> None:
+        """End a launch still running (the session is over, or it ran past its time)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def result(self, name: str) -> subprocess.CompletedProcess[str]:
+        self.start({name})
+        if not self._done[name].wait(timeout=1800):
+            raise TimeoutError(f"the {name} launch did not finish in 30 minutes")
+        return self._results[name]
+
+    def out(self, name: str) -> Path:
+        return self.root / name
+
+    def _demo(self) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "sptrace", "demo", "--out", str(self.out("demo")), "--warmup", "1", "--no-serve"]
+        return self.run(cmd, cwd=REPO, text=True, timeout=900)
+
+    def _matrix(self, world: int) -> subprocess.CompletedProcess[str]:
+        group = {n: spec for n, spec in RUNS.items() if world_of(n) == world}
+        matrix = self.root / f"matrix{world}.json"
+        matrix.write_text(json.dumps({"defaults": {"nproc": world}, "runs": group}, indent=1))
+        cmd = [sys.executable, "-m", "sptrace", "profile", "--matrix", str(matrix), "--out",
+               str(self.out(f"ranks{world}")), "--warmup", "1"]  # fmt: skip
+        return self.run(cmd, cwd=REPO, text=True, timeout=900)
+
+    def _ranks8(self) -> subprocess.CompletedProcess[str]:
+        return self._matrix(8)
+
+    def _ranks4(self) -> subprocess.CompletedProcess[str]:
+        return self._matrix(4)
+
+    def _verify(self) -> subprocess.CompletedProcess[str]:
+        self.out("verify").mkdir(parents=True, exist_ok=True)
+        return _torchrun("sptrace.reference_models.verify", self.out("verify"), self.run)
+
+    def _user_models(self) -> subprocess.CompletedProcess[str]:
+        self.out("user_models").mkdir(parents=True, exist_ok=True)
+        return _torchrun("tests.user_models.job", self.out("user_models"), self.run)
+
+
+LAUNCHES = Launches()
+
+
+class RunFactory:
+    """Hands out a named reference run's directory once its launch is done: the three clean runs
+    come from one `sptrace demo` (the README's main job), whose output is kept; the others from
+    one `sptrace profile --matrix` launch per rank count (tests/suite.py lists them)."""
+
+    def __init__(self, launches: Launches) -> None:
+        self.launches = launches
 
     def demo(self) -> subprocess.CompletedProcess[str]:
-        if self.demo_output is None:
-            out = self.root / "demo"
-            cmd = [sys.executable, "-m", "sptrace", "demo", "--out", str(out), "--warmup", "1", "--no-serve"]
-            self.demo_output = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-            assert self.demo_output.returncode == 0, self.demo_output.stderr[-3000:]
-            for scheme in DEMO_SCHEMES:
-                self._done[scheme] = out / scheme
-        return self.demo_output
+        result = self.launches.result("demo")
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result
 
     def __call__(self, name: str) -> Path:
         if name in DEMO_SCHEMES:
             self.demo()
-        if name not in self._done:
-            world = world_of(name)
-            group = {n: spec for n, spec in RUNS.items() if world_of(n) == world}
-            out = self.root / f"ranks{world}"
-            matrix = self.root / f"matrix{world}.json"
-            matrix.write_text(json.dumps({"defaults": {"nproc": world}, "runs": group}, indent=1))
-            code = sptrace_main(["profile", "--matrix", str(matrix), "--out", str(out), "--warmup", "1"])
-            assert code == 0, f"profiling the {world}-rank runs failed; see {out}/*/logs"
-            self._done.update({n: out / n for n in group})
-        return self._done[name]
+            return self.launches.out("demo") / name
+        launch = f"ranks{world_of(name)}"
+        result = self.launches.result(launch)
+        assert result.returncode == 0, f"profiling the {launch} runs failed:\n{result.stderr[-3000:]}"
+        return self.launches.out(launch) / name
 
 
 @pytest.fixture(scope="session")
@@ -69,20 +161,20 @@ def private_cache() -> Path:
 
 
 @pytest.fixture(scope="session")
-def profiled(tmp_path_factory: pytest.TempPathFactory) -> RunFactory:
-    return RunFactory(tmp_path_factory.mktemp("runs"))
+def profiled() -> RunFactory:
+    return RunFactory(LAUNCHES)
 
 
 @pytest.fixture(scope="session")
-def verify_reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def verify_reports() -> list[dict]:
     """One 8-rank run of sptrace.reference_models.verify: equivalence and CommDebugMode counts."""
-    out = tmp_path_factory.mktemp("verify")
-    proc = _torchrun("sptrace.reference_models.verify", out)
+    proc = LAUNCHES.result("verify")
+    out = LAUNCHES.out("verify")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return [json.loads((out / f"verify_rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-def _torchrun(module: str, out: Path) -> subprocess.CompletedProcess[str]:
+def _torchrun(module: str, out: Path, run=subprocess.run) -> subprocess.CompletedProcess[str]:
     """An 8-rank gloo job, run again once if a rank died of SIGSEGV: the user-model job crashed so
     once, in one of several full runs on 2 cores, and the rerun and every other run passed (a
     crash in native code, gloo's or the profiler's threads; not reproduced). A crash that repeats,
@@ -91,21 +183,21 @@ def _torchrun(module: str, out: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
            "-m", module, "--out", str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    proc = run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 and "Signal 11 (SIGSEGV)" in proc.stdout + proc.stderr:
         (out.parent / f"{out.name}.first-attempt.log").write_text(proc.stdout + proc.stderr)
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        proc = run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     return proc
 
 
 @pytest.fixture(scope="session")
-def user_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def user_runs() -> Path:
     """One 8-rank run of tests.user_models.job: models written the way users write them (no
     sptrace markers), profiled with plain torch.profiler, each with its oracle beside it."""
-    out = tmp_path_factory.mktemp("user_models")
-    proc = _torchrun("tests.user_models.job", out)
+    proc = LAUNCHES.result("user_models")
+    out = LAUNCHES.out("user_models")
     assert proc.returncode == 0 and (out / "done").exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
     return out
 
@@ -137,3 +229,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.distributed)
         if item.nodeid.startswith("tests/browser/"):
             item.add_marker(pytest.mark.browser)
+    # the tests that need no launch first, while the launches run (stable: file order otherwise)
+    items.sort(key=lambda item: item.get_closest_marker("distributed") is not None)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the launches the selected tests need (after -m and -k have deselected)."""
+    wanted: set[str] = set()
+    for item in session.items:
+        used = set(getattr(item, "fixturenames", ()))
+        if "profiled" in used:
+            wanted |= {"demo", "ranks8", "ranks4"}
+        if "verify_reports" in used:
+            wanted.add("verify")
+        if "user_runs" in used:
+            wanted.add("user_models")
+    if wanted and not session.config.option.collectonly:
+        LAUNCHES.start(wanted)
