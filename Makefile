@@ -34,7 +34,7 @@ browser:
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -rs $(PYTEST_ARGS)
 
-# the inner loop: no torchrun launch and no browser (about 1.5 minutes on 2 cores); `make test`
+# the inner loop: no torchrun launch and no browser (about 1 minute on 2 cores); `make test`
 # stays the whole suite
 test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest -rs -m "not distributed and not browser" $(PYTEST_ARGS)
