@@ -5,6 +5,7 @@ so a failed or interrupted launch never leaves a half-written run (or destroys a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -169,6 +170,8 @@ def profile_references(
         for req, staging in zip(requests[len(done) :], stagings[len(done) :]):
             if staging.exists():
                 _keep_logs(staging, req.out_dir, keep=staging is stagings[len(done)] or staging is stagings[0])
+            with contextlib.suppress(OSError):  # a folder this launch made and left empty goes too
+                req.out_dir.rmdir()
     if failure:
         raise LaunchError(failure)
     return done
