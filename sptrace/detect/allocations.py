@@ -36,7 +36,7 @@ from sptrace import dtypes, markers
 from sptrace.detect import forms
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.boundaries import Boundary, find_boundaries
-from sptrace.detect.collectives import RankIndex, layer_of, matches
+from sptrace.detect.collectives import RankIndex, layer_of, matches, within
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.shapes import infer_shape
 from sptrace.load.trace import RankTrace
@@ -243,8 +243,8 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
     if not ledger.empty:
         unrecorded = unrecorded_allocator_activity(trace)
         ledger = ledger.assign(_row=np.arange(len(ledger)))
-        in_backward = _inside_any(idx.backward_nodes, ledger["alloc_ns"].to_numpy(dtype=np.int64))
-        in_backward |= _inside_any(_backward_phases(idx), ledger["alloc_ns"].to_numpy(dtype=np.int64))
+        in_backward = within(idx.backward_nodes, ledger["alloc_ns"].to_numpy(dtype=np.int64))
+        in_backward |= within(_backward_phases(idx), ledger["alloc_ns"].to_numpy(dtype=np.int64))
         for b in bounds:
             made = ledger["alloc_ns"]
             window = ledger[(made >= b.forward_ns) & (made < b.window_end_ns) & ~in_backward]
@@ -273,19 +273,6 @@ def _window_of(bounds: list[Boundary], ts: int) -> int | None:
     """The boundary whose forward window holds ``ts`` (the latest forward started before it)."""
     hit = [k for k, b in enumerate(bounds) if b.forward_ns <= ts < b.window_end_ns]
     return hit[-1] if hit else None
-
-
-def _inside_any(ranges: Intervals, points: np.ndarray) -> np.ndarray:
-    """Which points fall inside any of the ranges (their union, merged once: O((n + m) log n))."""
-    if not len(ranges):
-        return np.zeros(len(points), dtype=bool)
-    order = np.argsort(ranges.start, kind="stable")
-    lo, hi = ranges.start[order], np.maximum.accumulate(ranges.end[order])
-    first = np.r_[True, lo[1:] > hi[:-1]]  # a range that starts after every earlier one ended
-    starts = lo[first]
-    ends = np.r_[hi[np.flatnonzero(first)[1:] - 1], hi[-1]]
-    i = np.searchsorted(starts, points, "right") - 1
-    return (i >= 0) & (points <= ends[np.maximum(i, 0)])
 
 
 def _backward_phases(idx: RankIndex) -> Intervals:

@@ -116,7 +116,7 @@ def layer_of(module: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _within(ranges: Intervals, points: np.ndarray) -> np.ndarray:
+def within(ranges: Intervals, points: np.ndarray) -> np.ndarray:
     """For each point: does a range (of any thread) contain it? Vectorised over the points:
     the latest range starting at or before the point, or any open range, must still run."""
     if not len(ranges) or not len(points):
@@ -191,7 +191,7 @@ class RankIndex:
         self.flow_ends = ev[is_flow & matches(ev["ph"], lambda v: v == "f")]
         with_seq = ev[is_cpu & ev["seq_num"].notna().to_numpy() & ~starts("autograd::engine")]
         # forward ops by autograd sequence number (for backward attribution)
-        in_backward = _within(self.backward_nodes, with_seq["ts_ns"].to_numpy(dtype=np.int64, na_value=0))
+        in_backward = within(self.backward_nodes, with_seq["ts_ns"].to_numpy(dtype=np.int64, na_value=0))
         self.backward_ops = Intervals(with_seq[in_backward])
         fwd = with_seq[~in_backward]
         # ops that create no autograd node (aten::to ...) record the current number too: the one
