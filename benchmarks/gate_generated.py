@@ -52,7 +52,15 @@ def main() -> int:
     for run in runs:
         expected, got, truth, report = judge(run)
         d = truth["draw"]
-        kind = "agree" if got == expected else "false pass" if got == "pass" else "false fail" if got == "fail" else "undecided"
+        kind = (
+            "agree"
+            if got == expected
+            else "false pass"
+            if got == "pass"
+            else "false fail"
+            if got == "fail"
+            else "undecided"
+        )
         tally[kind] += 1
         stray = d["stray"] or {}
         print(f"{run.name} {expected:4} {got:9} {kind:10} {stray.get('way', 'clean'):8} "

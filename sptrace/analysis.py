@@ -200,16 +200,18 @@ def analyse_run(
     options = dict(load_options or {})
     if isinstance(source, RunTrace):
         run, path = source, source.root
-        spec = MapSpec(parts, declared_model(run.run_info, flags).dtype_bytes, single_file=len(run) == 1)
+        declared = declared_model(run.run_info, flags)
+        spec = MapSpec(parts, declared.dtype_bytes, single_file=len(run) == 1, hidden=declared.hidden)
         results = {t.rank: summarize(t, spec) for t in run}
     else:
         path = Path(source)
         notes: list[str] = []
         root, _, _ = files_of(path)
         run_info = read_run_info(root, notes)
+        declared = declared_model(run_info, flags)
         spec = MapSpec(
-            parts, declared_model(run_info, flags).dtype_bytes, options.get("cache", True),
-            Path(options["cache_dir"]) if options.get("cache_dir") else None,
+            parts, declared.dtype_bytes, options.get("cache", True),
+            Path(options["cache_dir"]) if options.get("cache_dir") else None, hidden=declared.hidden,
         )  # fmt: skip
         executor = options.get("executor")
         if executor is None and options.get("workers") is not None:

@@ -38,6 +38,8 @@ class MapSpec:
     cache_dir: Path | None = None
     single_file: bool = False
     """The run is one file: a trace with no rank anywhere is rank 0 of 1."""
+    hidden: int | None = None
+    """The declared H: tells column- from row-parallel matmuls in a retained tensor's origin."""
 
 
 @dataclass(eq=False)
@@ -81,7 +83,7 @@ def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
     if "sharding" in spec.parts:
         from sptrace.detect.allocations import detect_retained
 
-        result.retained = detect_retained(trace, element_size=spec.element_size, index=index)
+        result.retained = detect_retained(trace, element_size=spec.element_size, index=index, hidden=spec.hidden)
     return result
 
 

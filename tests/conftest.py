@@ -36,7 +36,7 @@ class Launches:
     Each launch is a subprocess with its output kept, so nothing it prints reaches a test's
     captured output. Only the launches the selected tests need are started."""
 
-    ORDER = ("demo", "ranks8", "ranks4", "verify", "user_models")
+    ORDER = ("demo", "ranks8", "ranks4", "verify", "user_models", "generated")
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="launches-", dir=_SCRATCH))
@@ -127,6 +127,12 @@ class Launches:
         self.out("user_models").mkdir(parents=True, exist_ok=True)
         return _torchrun("tests.user_models.job", self.out("user_models"), self.run)
 
+    def _generated(self) -> subprocess.CompletedProcess[str]:
+        self.out("generated").mkdir(parents=True, exist_ok=True)
+        # inductor's cache inside the launch's folder: the compiled draws compile once per launch
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(self.out("generated") / "inductor")}
+        return _torchrun("tests.user_models.generated.job", self.out("generated"), self.run, nproc=4, env=env)
+
 
 LAUNCHES = Launches()
 
@@ -174,14 +180,16 @@ def verify_reports() -> list[dict]:
     return [json.loads((out / f"verify_rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-def _torchrun(module: str, out: Path, run=subprocess.run) -> subprocess.CompletedProcess[str]:
+def _torchrun(
+    module: str, out: Path, run=subprocess.run, nproc: int = WORLD, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """An 8-rank gloo job, run again once if a rank died of SIGSEGV: the user-model job crashed so
     once, in one of several full runs on 2 cores, and the rerun and every other run passed (a
     crash in native code, gloo's or the profiler's threads; not reproduced). A crash that repeats,
     and any other failure, fails the test. PYTHONFAULTHANDLER puts a crashed rank's Python stack
     in the output, and the first attempt's output is kept beside the run."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1", **(env or {}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", module, "--out", str(out)]  # fmt: skip
     proc = run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 and "Signal 11 (SIGSEGV)" in proc.stdout + proc.stderr:
@@ -198,6 +206,15 @@ def user_runs() -> Path:
     sptrace markers), profiled with plain torch.profiler, each with its oracle beside it."""
     proc = LAUNCHES.result("user_models")
     out = LAUNCHES.out("user_models")
+    assert proc.returncode == 0 and (out / "done").exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def generated_runs() -> Path:
+    """One 4-rank run of tests.user_models.generated.job: 42 drawn models, each with its truth."""
+    proc = LAUNCHES.result("generated")
+    out = LAUNCHES.out("generated")
     assert proc.returncode == 0 and (out / "done").exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
     return out
 
@@ -220,7 +237,7 @@ def cache_dir(tmp_path: Path) -> Path:
 # Fixtures that launch torchrun jobs: a test that uses one (directly or through another fixture)
 # is marked `distributed`, and every browser test `browser`, so that `make test-fast` can leave
 # both out by marker (pytest -m "not distributed and not browser").
-_LAUNCHING = frozenset({"profiled", "verify_reports", "user_runs"})
+_LAUNCHING = frozenset({"profiled", "verify_reports", "user_runs", "generated_runs"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -244,5 +261,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             wanted.add("verify")
         if "user_runs" in used:
             wanted.add("user_models")
+        if "generated_runs" in used:
+            wanted.add("generated")
     if wanted and not session.config.option.collectonly:
         LAUNCHES.start(wanted)

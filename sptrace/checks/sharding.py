@@ -109,27 +109,23 @@ class Judge:
         storage_bytes: int | None = None,
         module: str | None = None,
         producer: str | None = None,
+        origin: str | None = None,
+        origin_text: str | None = None,
     ) -> tuple[str, str]:
-        """(class, why) of one retained tensor."""
+        """(class, why) of one retained tensor. Its origin (what made it: sptrace.detect.provenance)
+        decides first; its shape where the origin is silent; its bytes where it has no shape."""
         storage_bytes = storage_bytes or nbytes
-        token_bytes = self.model.hidden * (self.model.dtype_bytes or 1)
+        if origin is None and producer and _GATHER.search(producer):
+            origin, origin_text = "gathered", f"made by {producer}"
         if shape:
-            cls, why = self._by_shape(tuple(int(d) for d in shape), module or "", producer or "")
-        elif nbytes < token_bytes:
-            return "other", "no shape; smaller than one token's activation"
-        elif self.full_bytes is None:
-            return "unknown", "no shape, and no declared dtype to read its size with"
-        elif nbytes == self.full_bytes:
-            if self._collision_possible(self.model.hidden, module or "", producer or ""):
-                return "ambiguous", "no shape; the size of a full [B, S, H] activation, and of a [B, S, F/P] shard"
-            return "full", "no shape; exactly the size of a full [B, S, H] activation"
-        elif nbytes == self.shard_bytes:
-            return "seq-sharded", "no shape; exactly the size of a [B, S/P, H] shard"
+            cls, why = self._by_shape(tuple(int(d) for d in shape), nbytes, module or "", producer or "", origin,
+                                      origin_text or "")  # fmt: skip
         else:
-            return "unknown", "no shape, and a size that identifies nothing"
+            return self._by_size(nbytes, module or "", producer or "", origin, origin_text or "")
         full = self.full_bytes
         if (
             cls in ("head-sharded", "seq-sharded", "other")
+            and origin is None
             and full
             and storage_bytes >= full
             and storage_bytes > nbytes
@@ -137,42 +133,164 @@ class Judge:
             return "full", f"a view of {nbytes} bytes keeping a {storage_bytes}-byte storage alive"
         return cls, why
 
-    def _by_shape(self, shape: tuple[int, ...], module: str, producer: str) -> tuple[str, str]:
+    def _by_size(self, nbytes: int, module: str, producer: str, origin: str | None, text: str) -> tuple[str, str]:
+        """A tensor known by its bytes alone (a compiled graph's buffer): FULL when only a
+        full-sequence tensor has its size, sharded when only shards do, else ambiguous."""
         m = self.model
-        B, S, H, P = m.batch, m.seq, m.hidden, m.sp_size
+        if m.dtype_bytes is None:
+            return "unknown", "no shape, and no declared dtype to read its size with"
+        token_bytes = m.hidden * m.dtype_bytes
+        if nbytes < token_bytes:
+            return "other", "no shape; smaller than one token's activation"
+        tokens_full = m.batch * m.seq * m.dtype_bytes
+        if origin == "gathered" and nbytes >= self.full_bytes:
+            return "full", f"no shape; {nbytes} bytes {text}: a gathered full sequence"
+        if origin in ("reduce-scattered", "all-to-all"):
+            return "seq-sharded", f"no shape; {text}"
+        whole, shard = self.widths()
+        fulls = {w for w in whole if w >= m.hidden} | {m.hidden}
+        explains_full = nbytes % tokens_full == 0 and (nbytes // tokens_full) >= m.hidden
+        explains_shard = nbytes == self.shard_bytes or (
+            nbytes % tokens_full == 0 and (nbytes // tokens_full) in (set(shard) | {w for w in whole if w < m.hidden})
+        )
+        if origin in ("column", "attention") and explains_full:
+            return "head-sharded", f"no shape; {text}"
+        if explains_full and origin is None and self._collision_possible(nbytes // tokens_full, module, producer):
+            explains_shard = True  # F undeclared: an MLP's [B, S, F/P] may have this size
+        if explains_full and not explains_shard:
+            width = nbytes // tokens_full
+            return "full", (
+                f"no shape; {nbytes} bytes, which only a full-sequence tensor {width} wide per token explains "
+                f"([B, S, {width}] at {m.dtype}; judged by size alone)"
+                if width not in fulls or width == m.hidden
+                else f"no shape; the size of a full [B, S, {width}] activation (judged by size alone)"
+            )
+        if explains_shard and not explains_full:
+            return (
+                "seq-sharded",
+                "no shape; exactly the size of a sequence or tensor-parallel shard (judged by size alone)",
+            )
+        if explains_full and explains_shard:
+            return "ambiguous", (
+                f"no shape; {nbytes} bytes is the size of a full-sequence tensor and of a shard alike (judged by size "
+                "alone); pass --ffn/--heads to tell them apart"
+            )
+        return "unknown", "no shape, and a size that identifies nothing"
+
+    def _views(self, shape: tuple[int, ...]) -> list[tuple[bool, int, str, bool]]:
+        """Every way ``shape`` reads as tokens x width: (full sequence?, width per token, layout,
+        attention scores?). A shape can read several ways when dimensions coincide (S == H,
+        B == P, B*S == H): each reading is kept, and the class must agree across them."""
+        m = self.model
+        B, S, P = m.batch, m.seq, m.sp_size
         s_local = S // P
-        numel = math.prod(shape)
-        full_seq = shape.count(S) if P > 1 else 0
-        flat_full = B > 1 and B * S in shape and P > 1
-        local = s_local in shape or (B > 1 and B * s_local in shape)
-        # attention scores / probabilities: the sequence twice ([B, h, S, S], [B*h, S, S]); or a
-        # query shard against the whole sequence ([B, h, S/P, S]), as ring attention keeps
-        if full_seq >= 2 or (full_seq == 1 and local and len(shape) >= 3 and s_local != S and shape[-1] == S):
-            rows = s_local if full_seq < 2 else S
-            heads = numel // (rows * S)
-            heads = heads // B if heads % B == 0 else heads
-            if full_seq < 2:
-                return "seq-sharded", f"attention scores of a query shard ({s_local} of {S} tokens)"
+        seqs = {S: True}
+        if P > 1:
+            seqs.setdefault(s_local, False)
+        n = len(shape)
+        out: list[tuple[bool, int, str, bool]] = []
+
+        def add(axis: int, width_dims: tuple[int, ...], layout: str) -> None:
+            full = seqs[shape[axis]]
+            width = math.prod(width_dims)
+            heads_first = layout in ("[B, h, S, d]", "[B*h, S, d]")
+            if not (heads_first and shape[-1] == S and S != m.head_dim):  # [B, h, S, S] is scores only
+                out.append((full, width, layout, False))
+            # the sequence once more as the last axis: attention scores (keys across the sequence)
+            if n >= 3 and axis != n - 1 and shape[-1] == S and S > 1:
+                out.append((full, width, layout, True))
+
+        if n >= 2 and shape[0] == B and shape[1] in seqs:
+            add(1, shape[2:], "[B, S, ...]")
+        if n >= 2 and shape[1] == B and shape[0] in seqs:
+            add(0, shape[2:], "[S, B, ...]")
+        if n == 4 and shape[0] == B and shape[2] in seqs and self._head_axis(shape[1], shape[3]):
+            add(2, (shape[1], shape[3]), "[B, h, S, d]")
+        if n >= 1 and B > 1 and shape[0] in (B * S, B * s_local):
+            out.append((shape[0] == B * S and P > 1, math.prod(shape[1:]), "[B*S, ...]", False))
+        if n >= 1 and B == 1 and shape[0] in seqs:
+            add(0, shape[1:], "[S, ...]")
+        if (
+            n == 3
+            and shape[1] in seqs
+            and shape[0] % B == 0
+            and shape[0] != B
+            and self._head_axis(shape[0] // B, shape[2])
+        ):
+            add(1, (shape[0] // B, shape[2]), "[B*h, S, d]")
+        if m.heads and any(v[2] == "[B, h, S, d]" for v in out):
+            # declared heads matched one more axis than a [B, S, ...] reading: the more specific wins
+            out = [v for v in out if v[2] == "[B, h, S, d]"]
+        return out
+
+    def _head_axis(self, h: int, d: int) -> bool:
+        """Could (h, d) be a head count and a head dim? Any, unless the heads are declared."""
+        m = self.model
+        if not m.heads:
+            return True
+        counts = {m.heads, m.heads // m.sp_size or 1}
+        if m.kv_heads:
+            counts |= {m.kv_heads, max(m.kv_heads // m.sp_size, 1)}
+        return h in counts and (m.head_dim is None or d in (m.head_dim, m.seq))
+
+    def _by_shape(
+        self, shape: tuple[int, ...], nbytes: int, module: str, producer: str, origin: str | None, text: str
+    ) -> tuple[str, str]:
+        m = self.model
+        S, H, P = m.seq, m.hidden, m.sp_size
+        views = self._views(shape)
+        full_views = [v for v in views if v[0]]
+        if origin == "gathered":
+            wide = max((v[1] for v in full_views if not v[3]), default=0)
+            if wide >= H or (self.full_bytes and nbytes >= self.full_bytes and (full_views or not views)):
+                return "full", f"a gathered full sequence ({text}), {wide or '?'} wide per token"
+            if wide and wide < H:
+                return "head-sharded", f"gathered, full sequence, {wide} wide per token (a 1/{H / wide:.3g} share)"
+            if not views:
+                return "other", f"gathered ({text}), no token dimension (a weight or a statistic)"
+        if not views:
+            return "other", "no token dimension"
+        if not full_views:
+            return "seq-sharded", f"a sequence shard ({S // P} of {S} tokens)"
+        if origin in ("column", "attention", "all-to-all"):
+            heads = self._heads_of(shape, self._tokens(full_views[0]))
+            if heads == "all" and origin != "column":
+                return "full", f"full sequence, every head ({text})"
+            return "head-sharded", f"full sequence, a tensor-parallel shard: {text}"
+        if origin == "row":
+            wide = max(v[1] for v in full_views)
+            if wide >= H:
+                return "full", f"full sequence, {wide} wide per token: {text}, before its reduce-scatter"
+        if origin == "reduce-scattered":
+            return "seq-sharded", text
+        judged = [self._by_view(v, shape, module, producer) for v in views]
+        classes = {c for c, _ in judged}
+        if len(classes) == 1:
+            return judged[0]
+        readings = "; ".join(f"as {v[2]}{' scores' if v[3] else ''}: {c}" for v, (c, _) in zip(views, judged))
+        return "ambiguous", f"its shape reads several ways ({readings}) and its origin is not in the trace"
+
+    def _tokens(self, view: tuple[bool, int, str, bool]) -> int:
+        m = self.model
+        return m.batch * (m.seq if view[0] else m.seq // m.sp_size)
+
+    def _by_view(
+        self, view: tuple[bool, int, str, bool], shape: tuple[int, ...], module: str, producer: str
+    ) -> tuple[str, str]:
+        """The class of one reading of a shape, from widths alone."""
+        m = self.model
+        S, H, P = m.seq, m.hidden, m.sp_size
+        full_seq, width, layout, scores = view
+        if not full_seq:
+            return "seq-sharded", f"a sequence shard ({S // P} of {S} tokens, {layout})"
+        if scores:
+            heads = max(1, width // S)
             if m.heads is None:
                 return "ambiguous", f"attention scores of {heads} heads over the full sequence; pass --heads to judge"
             if heads * P <= m.heads:
                 return "head-sharded", f"attention scores of {heads} heads (a/P = {m.heads // P})"
-            return (
-                "full",
-                f"attention scores of {heads} heads over the full sequence (a = {m.heads}; a/P = {m.heads // P})",
-            )
-        if not (full_seq or flat_full):
-            if local:
-                return "seq-sharded", f"a sequence shard ({s_local} of {S} tokens)"
-            return "other", "no token dimension"
-        tokens = B * S if (flat_full or (S in shape and B in shape and B > 1) or B == 1) else S
-        if numel % tokens:
-            return "other", "no token dimension"
-        width = numel // tokens
-        if _GATHER.search(producer):
-            if width >= H or self._heads_of(shape, tokens) == "all":
-                return "full", f"a gathered full sequence ({producer}), {width} wide per token"
-        heads = self._heads_of(shape, tokens)
+            return "full", f"attention scores of {heads} heads over the full sequence (a = {m.heads})"
+        heads = self._heads_of(shape, self._tokens(view))
         if heads == "all":
             return "full", f"full sequence, every head ({width} wide per token)"
         if heads == "share":
@@ -309,18 +427,27 @@ def check_sharding(
     judge = Judge(model)
     frames = [r.tensors for r in retained if not r.tensors.empty]
     saved = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=retained[0].tensors.columns)
+    for column in ("origin", "origin_text", "unseen_free"):
+        if column not in saved:
+            saved[column] = None
     classes = [
         judge.classify(
             tuple(s) if isinstance(s, (tuple, list)) else None, int(n),
             int(sb) if sb is not None and sb == sb else None, mod, prod,
+            org if isinstance(org, str) else None, txt if isinstance(txt, str) else None,
         )
-        for s, n, sb, mod, prod in zip(saved["shape"], saved["nbytes"], saved["storage_bytes"], saved["module"],
-                                       saved["producer"].fillna(saved["alloc_op"]))
+        for s, n, sb, mod, prod, org, txt in zip(
+            saved["shape"], saved["nbytes"], saved["storage_bytes"], saved["module"],
+            saved["producer"].fillna(saved["alloc_op"]), saved["origin"], saved["origin_text"])
     ]  # fmt: skip
     saved["class"] = [c for c, _ in classes]
     saved["why"] = [w for _, w in classes]
+    unseen_mask = saved["unseen_free"].map(lambda v: v is True or v == 1).astype(bool)
+    # a tensor whose free the trace does not show is judged only if it would break the contract:
+    # then the verdict cannot be PASS (nor FAIL: it may have died before the boundary)
+    saved.loc[unseen_mask & (saved["class"] != "full"), "class"] = "other"
     findings: list[Finding] = []
-    for rec in saved.to_dict(orient="records"):
+    for rec in saved[~unseen_mask].to_dict(orient="records"):
         cls = rec["class"]
         if cls not in ("full", "ambiguous", "unknown") or (cls != "full" and not strict):
             continue
@@ -354,12 +481,13 @@ def check_sharding(
             f"{unseen} allocations alive at the boundary were not judged: their free is not in the trace (gloo and "
             "NCCL release a collective's tensors on threads the profiler does not record)"
         )
-    counts = {c: int((saved["class"] == c).sum()) for c in CLASSES}
+    counts = {c: int((saved[~unseen_mask]["class"] == c).sum()) for c in CLASSES}
+    unseen_full = saved[unseen_mask & (saved["class"] == "full")]
     if counts["ambiguous"]:
         notes.append(f"{counts['ambiguous']} tensors are ambiguous: {_first_why(saved, 'ambiguous')}")
     if counts["unknown"]:
         notes.append(f"{counts['unknown']} tensors have no shape and a size that identifies nothing; not judged")
-    verdict = _conclude(retained, saved, findings, model, counts, strict)
+    verdict = _conclude(retained, saved[~unseen_mask], findings, model, counts, strict, unseen_full)
     unseen_by_rank = {r.rank: r.unseen_frees for r in retained if r.unseen_frees}
     return ShardingReport(model, saved, findings, layers, verdict, notes, unseen_by_rank)
 
@@ -406,7 +534,7 @@ def _boundary(rec: dict[str, Any]) -> str:
 
 def _conclude(
     retained: list[Retention], saved: pd.DataFrame, findings: list[Finding], model: ModelShape,
-    counts: dict[str, int], strict: bool,
+    counts: dict[str, int], strict: bool, unseen_full: pd.DataFrame,
 ) -> Verdict:  # fmt: skip
     judged = sum(counts[c] for c in JUDGED)
     errors = [f for f in findings if f.severity == "error"]
@@ -468,11 +596,24 @@ def _conclude(
                 reasons.append(
                     f"no retained tensor of layer{'s' if len(blank) > 1 else ''} {rank_ranges(blank)} could be judged"
                 )
+    if counts["ambiguous"] and not strict:
+        rows = saved[saved["class"] == "ambiguous"]
+        where = sorted({m or "<unknown module>" for m in rows["module"]})
+        reasons.append(
+            f"{counts['ambiguous']} retained {'tensor is' if counts['ambiguous'] == 1 else 'tensors are'} ambiguous "
+            f"(in {', '.join(where[:4])}{', ...' if len(where) > 4 else ''}): {rows['why'].iloc[0]}"
+        )
+    if len(unseen_full):
+        where = sorted({m or "<unknown module>" for m in unseen_full["module"]})
+        reasons.append(
+            f"{len(unseen_full)} full-size {'allocation has' if len(unseen_full) == 1 else 'allocations have'} no "
+            f"recorded free (in {', '.join(where[:4])}{', ...' if len(where) > 4 else ''}): a collective's backend "
+            "may have released it on a thread the profiler does not record, or a Python reference still holds it; "
+            "the trace cannot tell which (on CUDA the allocator's count decides)"
+        )
     if reasons:
         return Verdict("undecided", "CANNOT DECIDE", reasons[0], tuple(reasons))
     caveats = []
-    if counts["ambiguous"] and not strict:
-        caveats.append(f"{counts['ambiguous']} ambiguous tensors not judged")
     if counts["unknown"] and not strict:
         caveats.append(f"{counts['unknown']} tensors of unknown shape not judged")
     text = f"every judged tensor is sharded; {summary}" + (f"; {', '.join(caveats)}" if caveats else "")

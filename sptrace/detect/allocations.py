@@ -38,6 +38,7 @@ from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.boundaries import Boundary, find_boundaries
 from sptrace.detect.collectives import RankIndex, layer_of, matches, within
 from sptrace.detect.intervals import Intervals
+from sptrace.detect.provenance import Provenance
 from sptrace.detect.shapes import infer_shape
 from sptrace.load.trace import RankTrace
 
@@ -45,6 +46,7 @@ LEDGER_COLUMNS = ["device_type", "device_id", "addr", "bytes", "alloc_ns", "free
 RETAINED_COLUMNS = [
     "rank", "module", "layer", "shape", "dtype", "nbytes", "storage_bytes", "storage_ptr", "source", "alloc_op",
     "producer", "saved_by", "holder", "alloc_ns", "free_ns", "freed_in", "kind", "step", "micro_batch", "boundary",
+    "origin", "origin_text", "unseen_free",
 ]  # fmt: skip
 CUDA_SLACK = 2**20
 """The CUDA caching allocator's block can exceed the request by up to ~1 MiB."""
@@ -169,12 +171,15 @@ class Retention:
     """Every forward -> backward boundary judged (each step, each micro-batch)."""
 
 
-def detect_retained(trace: RankTrace, *, element_size: int | None = None, index: RankIndex | None = None) -> Retention:
+def detect_retained(
+    trace: RankTrace, *, element_size: int | None = None, index: RankIndex | None = None, hidden: int | None = None
+) -> Retention:
     """Everything this rank kept alive from each forward into the backward that consumes it, at
     every boundary of the trace (each step, each micro-batch: sptrace.detect.boundaries).
 
     ``element_size``: the declared activation element size, used only when an allocating op
-    records no element type of its own."""
+    records no element type of its own; ``hidden``: the declared H, which tells a column-parallel
+    matmul (it contracts H) from a row-parallel one (it produces H) in each tensor's origin."""
     idx = index or RankIndex(trace)
     ledger = detect_ledger(trace)
     ev = trace.events
@@ -188,6 +193,8 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
     collectives = Intervals(cpu[matches(cpu["name"], lambda v: v.str.startswith(_COLLECTIVE_PREFIXES))])
     cuda = bool((ledger["device_type"] == 1).any())
     slack = CUDA_SLACK if cuda else 0
+    ledger = ledger.assign(_row=np.arange(len(ledger)))
+    origins = Provenance(ledger, ops, collectives, hidden)
     out = Retention(
         rank=int(trace.rank or 0), tensors=pd.DataFrame(columns=RETAINED_COLUMNS),
         boundary_ns=bounds[0].backward_ns if bounds else None, has_records=bool(len(records)),
@@ -229,11 +236,14 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
         if alloc is not None:
             covered.add(int(alloc["_row"]))
         made_by = _op_name(ops, int(alloc["alloc_ns"]), alloc["tid"]) if alloc is not None else None
+        producer = _producer(collectives, ops, alloc, slack) if alloc is not None else None
+        origin = origins.of_row(int(alloc["_row"]), producer, b.forward_ns) if alloc is not None else None
         rows.append({
             "rank": trace.rank, "module": rec.module, "layer": layer_of(rec.module), "shape": rec.shape,
             "dtype": rec.dtype, "nbytes": rec.nbytes, "storage_bytes": rec.storage_nbytes or rec.nbytes,
             "storage_ptr": rec.storage_ptr or None, "source": "sptrace.saved record", "alloc_op": made_by,
-            "producer": _producer(collectives, ops, alloc, slack) if alloc is not None else None,
+            "producer": producer, "origin": origin and origin.kind, "origin_text": origin and origin.text,
+            "unseen_free": False,
             "saved_by": _op_name(ops, ts, tid) if own_event else None, "holder": "autograd (saved for backward)",
             "alloc_ns": None if alloc is None else alloc["alloc_ns"],
             "free_ns": None if alloc is None else alloc["free_ns"],
@@ -242,7 +252,6 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
         })  # fmt: skip
     if not ledger.empty:
         unrecorded = unrecorded_allocator_activity(trace)
-        ledger = ledger.assign(_row=np.arange(len(ledger)))
         in_backward = within(idx.backward_nodes, ledger["alloc_ns"].to_numpy(dtype=np.int64))
         in_backward |= within(_backward_phases(idx), ledger["alloc_ns"].to_numpy(dtype=np.int64))
         for b in bounds:
@@ -253,10 +262,13 @@ def detect_retained(trace: RankTrace, *, element_size: int | None = None, index:
                 if int(rec["_row"]) in covered:
                     continue
                 row = _retained_from_memory(rec, b, idx, ops, collectives, nodes, unrecorded, slack, element_size)
-                if row is None:
-                    out.unseen_frees += 1
+                if row is None:  # a backend's own buffer inside an in-place collective
                     continue
-                rows.append({"rank": trace.rank, **row, **where(b)})
+                if row["unseen_free"]:
+                    out.unseen_frees += 1
+                origin = origins.of_row(int(rec["_row"]), row["producer"], b.forward_ns)
+                rows.append({"rank": trace.rank, **row, **where(b), "origin": origin.kind,
+                             "origin_text": origin.text})  # fmt: skip
     if out.has_records and not out.has_memory:
         out.notes.append(
             "no [memory] events: only tensors autograd saved through saved_tensors_hooks are seen (not those "
@@ -285,19 +297,27 @@ def _retained_from_memory(
     rec: dict[str, Any], b: Boundary, idx: RankIndex, ops: Intervals, collectives: Intervals, nodes: Intervals,
     unrecorded: dict[tuple[int, int], Unrecorded], slack: int, element_size: int | None,
 ) -> dict[str, Any] | None:  # fmt: skip
-    """One allocation alive at boundary ``b``, with its holder read from when it died; None when
-    its free is not in the trace and nothing shows it was still alive (not judged)."""
+    """One allocation alive at boundary ``b``, with its holder read from when it died; None for
+    a buffer an in-place collective made for itself (the backend's, never the model's).
+    ``unseen_free``: its free is not in the trace and nothing shows it was still alive."""
     tid = int(rec["tid"]) if pd.notna(rec["tid"]) else None
     alloc_ns = int(rec["alloc_ns"])
+    inside = collectives.innermost(alloc_ns, alloc_ns, tid)
+    if inside is not None and collectives.name(inside).startswith(_IN_PLACE):
+        return None
     producer = _producer(collectives, ops, rec, slack)
     freed_in = _freed_in(nodes, rec["free_ns"])
     unseen_free = bool(rec["lost_free"]) or (pd.isna(rec["free_ns"]) and producer is not None)
     counted = unrecorded.get((int(rec["device_type"]), int(rec["device_id"])))
-    if unseen_free and (counted is None or not counted.quiet(alloc_ns, b.backward_ns)):
+    unknowable = unseen_free and (counted is None or not counted.quiet(alloc_ns, b.backward_ns))
+    if unknowable:
         # died before its address was reused, or gloo / NCCL dropped a collective's tensor on
-        # their own threads: when is unknown
-        return None
-    if unseen_free:
+        # their own threads, or something still holds it: the trace cannot tell which
+        holder = (
+            "unknown: its free is not in the trace (a collective's backend may have released it on a thread the "
+            "profiler does not record, or a Python reference still holds it)"
+        )
+    elif unseen_free:
         holder = (
             "alive at the boundary: its free is not in the trace, and the allocator's count shows no "
             "unrecorded free before backward"
@@ -322,7 +342,7 @@ def _retained_from_memory(
         "source": "memory events" + (" + shape from the allocating op" if inferred else ""),
         "alloc_op": None if op is None else str(op["name"]), "producer": producer, "saved_by": freed_in,
         "holder": holder, "alloc_ns": alloc_ns, "free_ns": rec["free_ns"], "freed_in": freed_in,
-        "kind": "activation",
+        "kind": "activation", "unseen_free": unknowable,
     }  # fmt: skip
 
 
@@ -394,6 +414,8 @@ def _producer(collectives: Intervals, ops: Intervals, alloc: dict[str, Any], sla
     return None
 
 
+_IN_PLACE = ("c10d::", "gloo:", "nccl:", "record_param_comms")
+"""Collectives that write into tensors their caller made: what they allocate inside is their own."""
 _OUT_FIRST = ("out_in", "out_in_lists")
 """c10d forms whose first recorded argument is an output the caller allocated."""
 

@@ -48,6 +48,20 @@ class Draw:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def undecidable(self) -> list[str]:
+        """Why a trace of this model may not show enough to decide (CANNOT DECIDE is then a right
+        answer, PASS or FAIL the other one), from how the model is written, never from a verdict:
+        * sequence-first, the model gathers straight into a buffer it made and hands it to gloo,
+          whose worker thread may drop the last reference: that free is not in the trace, and a
+          buffer still held by the model looks the same;
+        * a head dim equal to S gives q and k the shape of attention scores."""
+        why = []
+        if self.layout == "sbh":
+            why.append("gathers into its own buffer, which gloo may free on a thread the profiler does not record")
+        if self.head_dim == self.seq:
+            why.append("head dim == S: q and k have the shape of attention scores")
+        return why
+
 
 def collisions_of(b: int, s: int, h: int, f: int, a: int, d: int, p: int) -> tuple[str, ...]:
     """Which of COLLISIONS these dimensions have (each a coincidence a shape rule can trip on)."""

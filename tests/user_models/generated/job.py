@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -183,7 +182,9 @@ class Layer(nn.Module):
     def block_sac(self, x: Tensor) -> Tensor:
         """The block with its gathers as functional collectives, which a SAC policy can see."""
         h = self.attn_norm(x)
-        full = funcol.all_gather_tensor_autograd(h.movedim(self.dim, 0).contiguous(), 0, self.group).movedim(0, self.dim)
+        full = funcol.all_gather_tensor_autograd(h.movedim(self.dim, 0).contiguous(), 0, self.group).movedim(
+            0, self.dim
+        )
         qkv = F.linear(full, self.wqkv)
         if self.dim == 0:
             qkv = qkv.transpose(0, 1)
@@ -195,15 +196,24 @@ class Layer(nn.Module):
         part = F.linear(ctx, self.wo).movedim(self.dim, 0).contiguous()
         x = x + funcol.reduce_scatter_tensor_autograd(part, "sum", 0, self.group).movedim(0, self.dim)
         h = self.mlp_norm(x)
-        full = funcol.all_gather_tensor_autograd(h.movedim(self.dim, 0).contiguous(), 0, self.group).movedim(0, self.dim)
+        full = funcol.all_gather_tensor_autograd(h.movedim(self.dim, 0).contiguous(), 0, self.group).movedim(
+            0, self.dim
+        )
         part = F.linear(F.gelu(F.linear(full, self.fc1)), self.fc2).movedim(self.dim, 0).contiguous()
         return x + funcol.reduce_scatter_tensor_autograd(part, "sum", 0, self.group).movedim(0, self.dim)
 
     def policy(self, ctx, op, *args, **kwargs):
-        """Keep matmul outputs (sharded: [.., S, w/P]); recompute everything else, the gathers
-        included. The stray: MUST_SAVE the all-gather's output as well."""
+        """Keep the column-parallel and attention matmul outputs (sharded: [.., S, w/P]);
+        recompute everything else, the gathers included. The stray: MUST_SAVE the all-gather's
+        output as well."""
         name = str(op)
-        keep = "mm" in name or (self.stray == "sac" and ("all_gather" in name or "wait_tensor" in name))
+        # a row-parallel product (wo, fc2) is a full-size partial sum until its reduce-scatter
+        row = (
+            name.startswith("aten.mm")
+            and len(args) > 1
+            and any(args[1] is w or getattr(args[1], "_base", None) is w for w in (self.wo, self.fc2))
+        )
+        keep = ("mm" in name and not row) or (self.stray == "sac" and ("all_gather" in name or "wait_tensor" in name))
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
 

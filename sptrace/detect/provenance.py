@@ -1,0 +1,231 @@
+"""Where an allocation came from: the collective or the matmul that made it, followed back through
+the elementwise ops, copies, casts and concatenations between them.
+
+A Kineto trace names no tensor: ops record their inputs' shapes and types, [memory] events the
+address, size and thread of each allocation. Data flow is read from those alone:
+
+* the op that made an allocation is the innermost op around it that is not a bare allocator
+  (``aten::empty``, ``empty_like``, ``empty_strided``...: those only run inside their caller);
+* an allocation inside a collective, or the output buffer the next collective on its thread
+  fills, was made by that collective (``allocations._producer``); one inside an op that ran a
+  gather just before (DTensor's redistribute) was gathered;
+* an op's input is the latest allocation, on the same thread and inside the same forward, of
+  exactly that input's bytes that was made before the op started (an input is always made before
+  its consumer; a view allocates nothing, so a view's source is the storage it views when its
+  bytes match). A concatenation right after a list all-gather whose outputs add up to its own
+  bytes joins the gathered pieces;
+* a matmul's output is a column-parallel product when it contracts the hidden size H (its weight
+  is [N, H]: this rank's N columns), a row-parallel one when it produces H from a narrower input
+  (the partial sums a reduce-scatter then shards), and an attention product when both operands
+  are activations. When the weight is square (N == H, e.g. F/P == H) the input's own origin
+  decides: a gathered input makes a column product, a column product's descendant a row one.
+
+Hand-written because no library reads data flow from a profiler trace (HTA reads kernels and
+collectives, not tensors; torch's memory profiler needs the live profiler session, which a user's
+exported trace does not carry).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sptrace import dtypes
+from sptrace.detect.args import is_shape, load_list
+from sptrace.detect.intervals import Intervals
+
+FACTORIES = frozenset({
+    "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",
+    "aten::zeros", "aten::zeros_like", "aten::new_zeros", "aten::ones", "aten::ones_like", "aten::full",
+    "aten::full_like", "aten::new_full", "aten::resize_", "aten::zero_", "aten::fill_",
+})  # fmt: skip
+MATMULS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"})
+_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class Origin:
+    """What made a tensor: ``kind`` is one of gathered, all-to-all, reduce-scattered, column,
+    row, attention (None when the trace does not tell); ``text`` says how it was read."""
+
+    kind: str | None
+    text: str = ""
+
+
+UNKNOWN = Origin(None)
+
+
+_COPIES = frozenset({"aten::clone", "aten::contiguous", "aten::reshape", "aten::_unsafe_view", "aten::_reshape_alias"})
+
+
+def collective_kind(name: str) -> str | None:
+    low = name.lower()
+    if "gather" in low:
+        return "gathered"
+    if "all_to_all" in low or "alltoall" in low:
+        return "all-to-all"
+    if "reduce_scatter" in low or "reducescatter" in low:
+        return "reduce-scattered"
+    return None
+
+
+class Provenance:
+    """Origins of one rank's allocations (rows of ``ledger``), cached per row."""
+
+    def __init__(self, ledger: pd.DataFrame, ops: Intervals, collectives: Intervals, hidden: int) -> None:
+        self.ledger = ledger
+        self.ops = ops
+        self.collectives = collectives
+        self.hidden = hidden
+        self._alloc = ledger["alloc_ns"].to_numpy(dtype=np.int64)
+        self._bytes = ledger["bytes"].to_numpy(dtype=np.int64)
+        self._tid = ledger["tid"].to_numpy(dtype=np.float64, na_value=np.nan)
+        self._cache: dict[int, Origin] = {}
+
+    # ---- the op that made an allocation --------------------------------------------------------
+    def maker(self, alloc_ns: int, tid: int | None) -> int | None:
+        """The innermost enclosing op that is not a bare allocator."""
+        chain = self.ops.enclosing(alloc_ns, alloc_ns, tid)
+        for i in chain[::-1]:
+            if self.ops.name(int(i)) not in FACTORIES:
+                return int(i)
+        return None
+
+    def source(self, before_ns: int, nbytes: int, tid: int | None, since_ns: int) -> int | None:
+        """The ledger row of the latest allocation of exactly ``nbytes`` made on ``tid`` in
+        [since_ns, before_ns)."""
+        mask = (self._bytes == nbytes) & (self._alloc < before_ns) & (self._alloc >= since_ns)
+        if tid is not None:
+            mask &= self._tid == tid
+        hit = np.flatnonzero(mask)
+        return int(hit[np.argmax(self._alloc[hit])]) if len(hit) else None
+
+    # ---- origins -----------------------------------------------------------------------------
+    def of_row(self, row: int, producer: str | None, since_ns: int, depth: int = 0) -> Origin:
+        """The origin of ledger row ``row`` (``producer``: the collective that made it, if known)."""
+        if producer:
+            kind = collective_kind(producer)
+            if kind:
+                return Origin(kind, f"made by {producer}")
+        key = row
+        if depth == 0 and key in self._cache:
+            return self._cache[key]
+        rec = self.ledger.iloc[row]
+        tid = None if pd.isna(rec["tid"]) else int(rec["tid"])
+        i = self.maker(int(rec["alloc_ns"]), tid)
+        out = UNKNOWN if i is None else self._of_op(i, int(rec["bytes"]), tid, since_ns, depth)
+        if depth == 0:
+            self._cache[key] = out
+        return out
+
+    def _of_op(self, i: int, nbytes: int, tid: int | None, since_ns: int, depth: int) -> Origin:
+        ops = self.ops
+        name = ops.name(i)
+        kind = collective_kind(name) if name.startswith(("c10d", "_c10d", "record_param_comms")) else None
+        if kind:
+            return Origin(kind, f"made by {name}")
+        row = ops.row(i)
+        dims = load_list(row.get("input_dims"))
+        types = load_list(row.get("input_types"))
+        start = int(ops.start[i])
+        if name in MATMULS:
+            return self._matmul(name, dims, types, start, tid, since_ns, depth)
+        if depth >= _DEPTH:
+            return UNKNOWN
+        if name in ("aten::cat", "aten::stack", "aten::_cat"):
+            gathered = self._gathered_pieces(row, start, tid)
+            if gathered:
+                return Origin("gathered", f"joins the pieces {gathered} gathered")
+        # elementwise ops, norms, copies and casts: the origin of the first tensor input
+        shapes = [d for d in dims if is_shape(d)]
+        if not shapes:
+            return UNKNOWN
+        elem = next((dtypes.element_size(t) for t in types if dtypes.element_size(t)), None)
+        if elem is None:
+            return UNKNOWN
+        src = self.source(start, math.prod(shapes[0]) * elem, tid, since_ns)
+        if src is None:  # a view (q of a fused qkv): the storage its strides reach into
+            src = self._viewed(name, math.prod(shapes[0]), elem, start, tid, since_ns)
+        if src is None:
+            return UNKNOWN
+        inner = self.of_row(src, self._producer_of(src), since_ns, depth + 1)
+        if inner.kind is None:
+            return UNKNOWN
+        return Origin(inner.kind, inner.text if name in ("aten::clone", "aten::contiguous", "aten::copy_")
+                      else f"{name} of a tensor {inner.text}")  # fmt: skip
+
+    def _viewed(self, name: str, numel: int, elem: int, start: int, tid: int | None, since: int) -> int | None:
+        """A copy that materializes a view (q of a fused qkv, a transposed context): the latest
+        allocation larger than the view but at most 4x its bytes (a fused projection's output holds
+        3 views of one size). Kineto keeps the view's shape, not its storage, so only a copy whose
+        input matched no allocation exactly is read this way."""
+        if name not in _COPIES:
+            return None
+        nbytes = numel * elem
+        mask = (self._bytes > nbytes) & (self._bytes <= 4 * nbytes) & (self._alloc < start) & (self._alloc >= since)
+        if tid is not None:
+            mask &= self._tid == tid
+        hit = np.flatnonzero(mask)
+        return int(hit[np.argmax(self._alloc[hit])]) if len(hit) else None
+
+    def _producer_of(self, row: int) -> str | None:
+        rec = self.ledger.iloc[row]
+        tid = None if pd.isna(rec["tid"]) else int(rec["tid"])
+        i = self.collectives.innermost(int(rec["alloc_ns"]), int(rec["alloc_ns"]), tid)
+        return None if i is None else self.collectives.name(i)
+
+    def _gathered_pieces(self, op: Any, start: int, tid: int | None) -> str | None:
+        """A concatenation of the pieces a list all-gather just returned: the gather that ended
+        last before ``start`` on ``tid`` took one tensor of the shape every piece has (c10d
+        records a list gather's input, not its output list)."""
+        c = self.collectives
+        pieces = load_list(op.get("input_dims"))
+        pieces = pieces[0] if pieces and isinstance(pieces[0], list) and all(is_shape(p) for p in pieces[0]) else []
+        if len(pieces) < 2 or any(p != pieces[0] for p in pieces) or not len(c):
+            return None
+        mask = c.end <= start
+        if tid is not None:
+            mask &= c.tid == tid
+        before = np.flatnonzero(mask)
+        if not len(before):
+            return None
+        j = int(before[np.argmax(c.end[before])])
+        name = c.name(j)
+        if collective_kind(name) != "gathered":
+            return None
+        shapes = [d for arg in load_list(c.row(j).get("input_dims")) for d in ([arg] if is_shape(arg) else arg or [])
+                  if is_shape(d)]  # fmt: skip
+        return f"by {name}" if shapes and list(shapes[0]) == list(pieces[0]) else None
+
+    def _matmul(
+        self, name: str, dims: list[Any], types: list[Any], start: int, tid: int | None, since_ns: int, depth: int
+    ) -> Origin:
+        mats = [tuple(d) for d in dims if is_shape(d) and len(d) >= 1]
+        if name in ("aten::addmm", "aten::baddbmm") and len(mats) >= 3:
+            mats = mats[-2:]
+        if len(mats) < 2:
+            return UNKNOWN
+        a, b = mats[0], mats[1]
+        if (len(a) >= 3 and len(b) >= 3) or (name in ("aten::bmm", "aten::baddbmm")):
+            return Origin("attention", f"an activation x activation product ({name})")
+        if len(b) != 2:
+            return UNKNOWN
+        k, n = (b[1], b[0]) if name == "aten::linear" else (b[0], b[1])
+        H = self.hidden
+        if k == H and n != H:
+            return Origin("column", f"a column-parallel product ({name} with a [{k}, {n}] weight)")
+        if n == H and k != H:
+            return Origin("row", f"a row-parallel product ({name} with a [{k}, {n}] weight)")
+        if k == n == H and depth < _DEPTH:  # a square weight: the input's origin decides
+            elem = next((dtypes.element_size(t) for t in types if dtypes.element_size(t)), None)
+            src = self.source(start, math.prod(a) * elem, tid, since_ns) if elem else None
+            inner = self.of_row(src, self._producer_of(src), since_ns, depth + 1) if src is not None else UNKNOWN
+            if inner.kind == "gathered":
+                return Origin("column", f"a column-parallel product ({name}, square weight, of a gathered input)")
+            if inner.kind in ("column", "attention"):
+                return Origin("row", f"a row-parallel product ({name}, square weight, of a {inner.kind} product)")
+        return UNKNOWN
