@@ -39,17 +39,47 @@ def _rank(group: Group) -> int:
     return dist.get_rank(group)
 
 
+# ---- Megatron-Core's global memory buffer -------------------------------------------------
+
+
+_BUFFERS: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
+
+
+def global_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, name: str) -> Tensor:
+    """A view of one persistent tensor per (name, dtype, device), grown when a larger one is
+    asked for (Megatron-Core's ``get_global_memory_buffer().get_tensor``): the gathered input of
+    a column-parallel linear and a reduce-scatter's input are filled, consumed by the next op and
+    never kept, so one buffer serves every layer. Made once, in the first (warm-up) step: no
+    step allocates them again, and no backend thread ever frees them."""
+    n = 1
+    for d in shape:
+        n *= d
+    key = (name, dtype, device)
+    buf = _BUFFERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _BUFFERS[key] = torch.empty(n, dtype=dtype, device=device)
+    return buf[:n].view(shape)
+
+
 # ---- plain collectives (no autograd), the building blocks --------------------------------
 
 
-def all_gather_seq(x: Tensor, group: Group, tag: str = "", role: str = "all_gather") -> Tensor:
-    """[B, S/P, ...] -> [B, S, ...]: all-gather along the sequence (dim 1)."""
+def all_gather_seq(
+    x: Tensor, group: Group, tag: str = "", role: str = "all_gather", buffer: str | None = None
+) -> Tensor:
+    """[B, S/P, ...] -> [B, S, ...]: all-gather along the sequence (dim 1). ``buffer``: gather
+    into that global buffer (a temporary the caller consumes at once), else a new tensor."""
     P = _size(group)
     if P == 1:
         return x
-    with annotate(markers.comm_name(tag, role)):
+    with annotate(markers.comm_name(tag, f"{role}|group={P}")):
         shard = x.transpose(0, 1).contiguous()  # [S/P, B, ...]: ranks' shards are contiguous
-        out = torch.empty((P * shard.shape[0], *shard.shape[1:]), dtype=x.dtype, device=x.device)
+        shape = (P * shard.shape[0], *shard.shape[1:])
+        out = (
+            global_buffer(shape, x.dtype, x.device, buffer)
+            if buffer
+            else torch.empty(shape, dtype=x.dtype, device=x.device)
+        )
         dist.all_gather_into_tensor(out, shard, group=group)  # [S, B, ...]
     return out.transpose(0, 1)  # [B, S, ...], a view
 
@@ -59,8 +89,9 @@ def reduce_scatter_seq(x: Tensor, group: Group, tag: str = "", role: str = "redu
     P = _size(group)
     if P == 1:
         return x
-    with annotate(markers.comm_name(tag, role)):
-        full = x.transpose(0, 1).contiguous()  # [S, B, ...]
+    with annotate(markers.comm_name(tag, f"{role}|group={P}")):
+        full = global_buffer((x.shape[1], x.shape[0], *x.shape[2:]), x.dtype, x.device, "reduce_scatter_input")
+        full.copy_(x.transpose(0, 1))  # [S, B, ...], consumed by the reduce-scatter alone
         out = torch.empty((full.shape[0] // P, *full.shape[1:]), dtype=x.dtype, device=x.device)
         dist.reduce_scatter_tensor(out, full, group=group)  # [S/P, B, ...]
     return out.transpose(0, 1).contiguous()
@@ -71,7 +102,7 @@ def all_gather_last(x: Tensor, group: Group, tag: str = "", role: str = "all_gat
     P = _size(group)
     if P == 1:
         return x
-    with annotate(markers.comm_name(tag, role)):
+    with annotate(markers.comm_name(tag, f"{role}|group={P}")):
         shard = x.movedim(-1, 0).contiguous()
         out = torch.empty((P * shard.shape[0], *shard.shape[1:]), dtype=x.dtype, device=x.device)
         dist.all_gather_into_tensor(out, shard, group=group)
@@ -83,7 +114,7 @@ def reduce_scatter_last(x: Tensor, group: Group, tag: str = "", role: str = "red
     P = _size(group)
     if P == 1:
         return x
-    with annotate(markers.comm_name(tag, role)):
+    with annotate(markers.comm_name(tag, f"{role}|group={P}")):
         full = x.movedim(-1, 0).contiguous()
         out = torch.empty((full.shape[0] // P, *full.shape[1:]), dtype=x.dtype, device=x.device)
         dist.reduce_scatter_tensor(out, full, group=group)
@@ -94,7 +125,7 @@ def all_reduce_(x: Tensor, group: Group, tag: str = "", role: str = "all_reduce"
     if _size(group) > 1:
         # c10d::allreduce_ takes a TensorList, whose dtype the trace does not record
         dtype = str(x.dtype).removeprefix("torch.")
-        with annotate(markers.comm_name(tag, f"{role}|dtype={dtype}")):
+        with annotate(markers.comm_name(tag, f"{role}|dtype={dtype}|group={_size(group)}")):
             dist.all_reduce(x, group=group)
     return x
 
@@ -109,7 +140,7 @@ def all_to_all_4d(x: Tensor, group: Group, scatter_dim: int, gather_dim: int, ta
     P = _size(group)
     if P == 1:
         return x
-    with annotate(markers.comm_name(tag, role)):
+    with annotate(markers.comm_name(tag, f"{role}|group={P}")):
         shape = list(x.shape)
         chunk = shape[scatter_dim] // P
         # put the P destination pieces first: [P, ...] contiguous, piece j goes to rank j

@@ -30,14 +30,14 @@ class _LinearWithSequenceGather(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, group: dist.ProcessGroup, tag: str) -> Tensor:
         ctx.group, ctx.tag = group, tag
         ctx.save_for_backward(x, weight)  # x: [B, S/P, H] shard
-        total = comm_ops.all_gather_seq(x, group, tag, "ag_fwd")  # [B, S, H], a temporary
+        total = comm_ops.all_gather_seq(x, group, tag, "ag_fwd", buffer="gathered_input")  # [B, S, H], a temporary
         return F.linear(total, weight)  # [B, S, N/P]
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         x, weight = ctx.saved_tensors
         # SPEC.md §1 row 6: re-gather the saved shard for the weight gradient
-        total = comm_ops.all_gather_seq(x, ctx.group, ctx.tag, "ag_input_bwd")
+        total = comm_ops.all_gather_seq(x, ctx.group, ctx.tag, "ag_input_bwd", buffer="gathered_input")
         grad_total = grad_out.matmul(weight)  # [B, S, H], partial over the N/P outputs
         grad_x = comm_ops.reduce_scatter_seq(grad_total, ctx.group, ctx.tag, "rs_bwd")  # row 7
         grad_w = grad_out.reshape(-1, grad_out.shape[-1]).t().matmul(total.reshape(-1, total.shape[-1]))

@@ -188,6 +188,7 @@ def analyse_run(
     k: int = 2,
     parts: tuple[str, ...] = PARTS,
     load_options: Mapping[str, Any] | None = None,
+    grad_dtype: str | None = None,
 ) -> RunAnalysis:
     """Analyse one run (a folder, a trace file, or a loaded RunTrace). ``flags``: ModelShape
     fields the user passed; ``parts``: which of collectives / sharding to compute;
@@ -219,7 +220,81 @@ def analyse_run(
         skip_bad = options.get("skip_bad", False)
         run, results = map_run(path, spec, run_info=run_info, skip_bad=skip_bad, executor=executor)
         run.warnings[:0] = notes
-    return reduce_run(run, path, results, flags=flags, allow=allow, strict=strict, k=k, parts=parts)
+    return reduce_run(
+        run, path, results, flags=flags, allow=allow, strict=strict, k=k, parts=parts, grad_dtype=grad_dtype
+    )
+
+
+def _activation_dtype(model: ModelShape, retained: tuple[Retention, ...], notes: list[str]) -> ModelShape:
+    """The activation dtype: declared, else the one element type the trace's ops took their
+    [B, S/P, H] activations in (any layout). A declaration the trace contradicts is said in
+    ``notes``, naming both."""
+    B, S, H, P = model.batch, model.seq, model.hidden, model.sp_size
+    s = S // P
+    residual = {(B, s, H), (s, B, H), (B * s, H)} | ({(s, H)} if B == 1 else set())
+    seen: set[str] = set()
+    for r in retained:
+        for shape, kinds in r.shape_dtypes.items():
+            if shape in residual:
+                seen |= kinds
+    if model.dtype is not None:
+        if seen and model.dtype not in seen:
+            # an error would stop mixed precision (autocast keeps an fp32 residual stream beside
+            # bf16 matmuls): said, and the declaration kept for tensors that record no type
+            notes.append(
+                f"the declared dtype {model.dtype} is not the trace's: its ops took the [B, S/P, H] = [{B}, {s}, {H}] "
+                f"activations as {', '.join(sorted(seen))} (mixed precision?); a tensor without a recorded type is "
+                f"read at {model.dtype}'s size"
+            )
+        return model
+    if len(seen) == 1:
+        return model.override(f"the trace (its [B, S/P, H] activations are {next(iter(seen))})", dtype=next(iter(seen)))
+    return model
+
+
+def gradient_element_size(
+    collectives: pd.DataFrame, model: ModelShape, declared: str | None, k: int = 2
+) -> tuple[int | None, str | None]:
+    """(bytes, note) of the gradients' element: declared, else the one dtype of the trace's
+    gradient collectives (those of the scheme's gradient kinds, in backward, outside every layer
+    or of exactly the element count the model gives them), else unknown. A declaration the trace
+    contradicts is an error naming both."""
+    from math import prod
+
+    from sptrace.dtypes import element_size
+
+    if model.scheme == "megatron":  # its step-level all-reduce is the norms', in the activation dtype
+        return 4, None
+    seen: set[str] = set()
+    if len(collectives):
+        try:
+            shape = estimate_comm(model, k=k, grad_bytes=None)
+        except (UsageError, ValueError):
+            shape = None
+        grads = [c for c in shape.collectives if c.module == "grad_sync" or "gradient" in c.what] if shape else []
+        kinds = {c.kind for c in grads}
+        counts = {prod(c.in_shape) for c in grads}
+        c = collectives
+        rows = c[c["kind"].isin(kinds) & c["phase"].isin(["backward", "optimizer"])
+                 & (c["layer"].isna() | c["in_elems"].isin(counts))]  # fmt: skip
+        seen = {str(d) for d in rows["dtype"].dropna() if element_size(d)}
+    if declared is not None:
+        size = element_size(declared)
+        if size is None:
+            raise UsageError(f"--grad-dtype {declared!r} is not a dtype")
+        if seen and {element_size(d) for d in seen} != {size}:
+            raise UsageError(
+                f"--grad-dtype {declared} contradicts the trace: its gradient collectives are {', '.join(sorted(seen))}"
+            )
+        return size, None
+    if len({element_size(d) for d in seen}) == 1:
+        dtype = sorted(seen)[0]
+        return element_size(
+            dtype
+        ), f"gradient element size {element_size(dtype)} bytes: the trace's gradient collectives are {dtype}"
+    return None, (
+        "gradient element size unknown (pass --grad-dtype): the gradient collectives are compared by count, not bytes"
+    )
 
 
 def reduce_run(
@@ -232,8 +307,11 @@ def reduce_run(
     strict: bool = False,
     k: int = 2,
     parts: tuple[str, ...] = PARTS,
+    grad_dtype: str | None = None,
 ) -> RunAnalysis:
-    """The cross-rank reduce over the ranks' summaries (sptrace.rankmap.RankResult)."""
+    """The cross-rank reduce over the ranks' summaries (sptrace.rankmap.RankResult).
+    ``grad_dtype``: the element type of the gradients replicated weights communicate, when the
+    user declares it (else read from the trace's step-level gradient all-reduces, else unknown)."""
     model = resolve_model(run, flags)
     ranked = [results[r] for r in sorted(results)]
     timing = [r.timing for r in ranked if r.timing is not None]
@@ -245,18 +323,28 @@ def reduce_run(
             model = model.override(
                 f"the trace (layers {min(layers)}-{max(layers)} communicate)", layers=max(layers) + 1
             )
-    matching = match_collectives(collectives) if "collectives" in parts else None
+    matching = match_collectives(collectives, run.world_size) if "collectives" in parts else None
     estimate = comm = None
     comm_unavailable = None
     if "collectives" in parts:
         comm_unavailable = model.why_missing(comm_needs(model.scheme), "checking collectives against the cost model")
+        grad_bytes, grad_note = (
+            gradient_element_size(collectives, model, grad_dtype, k) if comm_unavailable is None else (None, None)
+        )
         if comm_unavailable is None:
             try:
-                estimate = estimate_comm(model, k=k)
+                estimate = estimate_comm(model, k=k, grad_bytes=grad_bytes)
             except (UsageError, ValueError) as exc:
                 comm_unavailable = str(exc)
         if estimate is not None:
             comm = check_collectives(collectives, estimate, sorted(run.ranks), matching)
+            if grad_note:
+                comm.notes.append(grad_note)
+            if str(model.provenance.get("layers", "")).startswith("the trace"):
+                comm.scope = (
+                    f"for the {model.layers} layers the trace shows (L not declared: pass --layers, or a window that "
+                    "misses a layer compares fewer)"
+                )
             if run.missing_ranks:
                 comm.notes.append(
                     f"ranks without a trace: {len(run.missing_ranks)} of {run.world_size}; analysed the rest"
@@ -287,9 +375,15 @@ def reduce_run(
             sharding_unavailable = f"seq {model.seq} is not divisible by the sequence-parallel size {model.sp_size}"
         if sharding_unavailable is None:
             retained = tuple(r.retained for r in ranked if r.retained is not None)
+            dtype_notes: list[str] = []
+            model = _activation_dtype(model, retained, dtype_notes)
+            expected_act = activation_bytes_per_layer(model)
+            if expected_act is not None and model.dtype_bytes:
+                expected_act = expected_act * model.dtype_bytes / 2
             sharding = check_sharding(
                 list(retained), model, allow=allow, strict=strict, expected_per_layer=expected_act
             )
+            sharding.notes += dtype_notes
             if run.missing_ranks:
                 sharding.notes.append(f"ranks without a trace, not checked: {run.missing_ranks}")
     return RunAnalysis(

@@ -55,11 +55,8 @@ def collectives(events: list[dict]) -> list[Collective]:
             inner = [m for m in modules if _encloses(m, e)]
             if inner:
                 comm = (max(inner, key=lambda m: m["ts"])["name"][len(markers.MODULE) :], None)
-        out.append(
-            Collective(
-                e["name"], e["args"].get("Input Dims"), phase, comm[0] if comm else None, comm[1] if comm else None
-            )
-        )
+        role = comm[1].split("|")[0] if comm and comm[1] else None  # role|dtype=...|group=...: the role
+        out.append(Collective(e["name"], e["args"].get("Input Dims"), phase, comm[0] if comm else None, role))
     return out
 
 

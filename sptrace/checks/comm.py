@@ -29,6 +29,8 @@ class CommReport:
     findings: list[Finding]
     matching: Matching | None = None
     notes: list[str] = field(default_factory=list)
+    scope: str | None = None
+    """What the comparison covered when less than the model (L not declared: the layers seen)."""
 
     @property
     def ok(self) -> bool:
@@ -37,23 +39,29 @@ class CommReport:
     @property
     def verdict(self) -> Verdict:
         errors = [f for f in self.findings if f.severity == "error"]
-        unknown = [f for f in self.findings if f.code == "size-unknown"]
+        unknown = [f for f in self.findings if f.code in ("size-unknown", "group-unknown", "grad-dtype-unknown")]
         per_rank = int(self.ranks["observed"].max()) if len(self.ranks) else 0
         wire = float(self.ranks["observed_wire_bytes"].max()) if len(self.ranks) else 0.0
         if errors:
             return Verdict("fail", "MISMATCH", f"{len(errors)} findings against the {self.scheme} model")
         if unknown:
-            n = sum(len(f.ranks) for f in unknown)
+            what = []
+            for codes, label in ((("size-unknown",), "the size"), (("group-unknown",), "the group"),
+                                 (("grad-dtype-unknown",), "the gradient element size")):  # fmt: skip
+                n = sum(len(f.ranks) for f in unknown if f.code in codes)
+                if n:
+                    what.append(f"{label} of {n}")
             return Verdict(
                 "undecided", "CANNOT DECIDE",
                 f"{per_rank} collectives per rank, as the {self.scheme} model counts them, but the trace does not "
-                f"record the size of {n}",
+                f"record {' nor '.join(what)}",
                 tuple(f.text() for f in unknown),
             )  # fmt: skip
         return Verdict(
             "pass",
             "MATCH",
-            f"{per_rank} collectives and {human_bytes(wire)} on the wire per rank, as the {self.scheme} model predicts",
+            f"{per_rank} collectives and {human_bytes(wire)} on the wire per rank, as the {self.scheme} model predicts"
+            + (f" {self.scope}" if self.scope else ""),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,6 +157,8 @@ def check_collectives(
                         used[hit] = True
                         if _sig(rows[hit])[2] is None:
                             unsized.append((sig, layer, rows[hit].module))
+                        else:
+                            findings += _compare(rank, layer, spec, rows[hit])
             missing += [
                 ((per_layer_specs[j].phase, per_layer_specs[j].kind, per_layer_specs[j].in_bytes), layer) for j in unmet
             ]
@@ -191,7 +201,15 @@ def check_collectives(
         for spec in totals:
             mine = [e for e in leftovers if e[0][:2] == (spec.phase, spec.kind) and e[1] is None]
             leftovers = [e for e in leftovers if e not in mine]
-            if any(e[0][2] is None for e in mine):
+            if est.grad_bytes is None and mine:
+                findings.append(Finding(
+                    "warning", "collectives", "grad-dtype-unknown",
+                    f"{spec.phase} (step level): {len(mine)} {spec.kind}s of gradients, "
+                    f"{human_bytes(sum(int(e[0][2] or 0) for e in mine))} in all; their element size is neither "
+                    "declared (--grad-dtype) nor recorded in the trace, so their bytes are not checked",
+                    (rank,), page="collectives",
+                ))  # fmt: skip
+            elif any(e[0][2] is None for e in mine):
                 unsized.append(((spec.phase, spec.kind, spec.in_bytes), None, "grad_sync"))
             elif sum(int(e[0][2] or 0) for e in mine) != spec.in_bytes:
                 got = sum(int(e[0][2] or 0) for e in mine)
@@ -207,7 +225,7 @@ def check_collectives(
             where = f"layer {layer} {sig[0]}" if layer is not None else f"{sig[0]} (step level)"
             findings.append(Finding(
                 "warning", "collectives", "size-unknown",
-                f"{where}: a {sig[1]} where the scheme sends {human_bytes(sig[2])}; the trace does not record its "
+                f"{where}: {_a(sig[1])} where the scheme sends {human_bytes(sig[2])}; the trace does not record its "
                 "size", (rank,), layer, module, page="collectives",
             ))  # fmt: skip
         # per layer: what the layer was expected to issue, less what is still missing there, plus
@@ -237,16 +255,60 @@ def check_collectives(
             "not record"
         )
     if matching is not None and not matching.matched.empty:
-        m = matching.matched
-        worst = m.loc[m["arrival_skew_us"].idxmax()]
-        counts = m["straggler"].value_counts()
-        report.notes.append(
-            f"largest arrival skew {worst['arrival_skew_us']:.0f} us ({worst['kind']} #{worst['key']}, "
-            f"{worst['module'] or 'no module'}); rank {int(counts.index[0])} arrived last in "
-            f"{int(counts.iloc[0])} of {len(m)} collectives"
-        )
+        m = matching.matched[matching.matched["n_ranks"] > 1]
+        if len(m) and m["arrival_skew_us"].notna().any():
+            worst = m.loc[m["arrival_skew_us"].idxmax()]
+            report.notes.append(
+                f"largest arrival skew {worst['arrival_skew_us']:.0f} us ({worst['kind']} #{worst['key']}, "
+                f"{worst['module'] or 'no module'}), rank {int(worst['straggler'])} arriving last"
+            )
         report.notes += matching.notes
     return report
+
+
+def _a(kind: str) -> str:
+    """'an all_gather', 'a reduce_scatter'."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
+
+
+def _known(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and np.isnan(v)) and not pd.isna(v)
+
+
+def _compare(rank: int, layer: int, spec: Any, row: Any) -> list[Finding]:
+    """A collective matched to the model's by phase, kind and input bytes: do its group, output
+    bytes and wire bytes agree too? (A MATCH claims all of them.) An unknown group is said, never
+    taken for the model's."""
+    where = f"layer {layer} {spec.phase}"
+    module = row.module if isinstance(row.module, str) and row.module else None
+    group = int(row.group_size) if _known(row.group_size) else None
+    if spec.kind in ("send", "recv"):
+        return []
+    if group is None:
+        return [Finding(
+            "warning", "collectives", "group-unknown",
+            f"{where}: {_a(spec.kind)} of {human_bytes(spec.in_bytes)} whose group the trace does not record (the "
+            f"scheme's has {spec.group_size} ranks): its wire bytes cannot be checked",
+            (rank,), layer, module, page="collectives",
+        )]  # fmt: skip
+    if group != spec.group_size:
+        wire = float(row.wire_bytes) if _known(row.wire_bytes) else None
+        return [Finding(
+            "error", "collectives", "wrong-group",
+            f"{where}: {_a(spec.kind)} of {human_bytes(spec.in_bytes)} in a group of {group} ranks where the scheme's "
+            f"has {spec.group_size}" + (f" ({human_bytes(wire)} on the wire, not {human_bytes(spec.wire_bytes)})"
+                                        if wire is not None else ""),
+            (rank,), layer, module, page="collectives",
+        )]  # fmt: skip
+    out = int(row.out_bytes) if _known(row.out_bytes) else None
+    if out is not None and out != spec.out_bytes:
+        return [Finding(
+            "error", "collectives", "wrong-size",
+            f"{where}: {_a(spec.kind)} that returns {human_bytes(out)} where the scheme's returns "
+            f"{human_bytes(spec.out_bytes)}",
+            (rank,), layer, module, page="collectives",
+        )]  # fmt: skip
+    return []
 
 
 def _check_order(rank: int, layer: int, rows: list, specs: list) -> list[Finding]:
@@ -290,7 +352,7 @@ def _explain(rank: int, missing: list, extra: list) -> list[Finding]:
             extra.remove(same_place)
             findings.append(Finding(
                 "error", "collectives", "wrong-size",
-                f"{where}: a {kind} of {human_bytes(same_place[0][2])} where the scheme sends {human_bytes(size)}",
+                f"{where}: {_a(kind)} of {human_bytes(same_place[0][2])} where the scheme sends {human_bytes(size)}",
                 (rank,), layer, same_place[2], page="collectives",
             ))  # fmt: skip
         elif same_size is not None:

@@ -43,6 +43,7 @@ class CrossRankReport:
     @property
     def verdict(self) -> Verdict:
         errors = [f for f in self.findings if f.severity == "error"]
+        unsure = [f for f in self.findings if f.code == "mismatched-collective" and f.severity != "error"]
         per_rank = int(self.ranks["collectives"].max()) if len(self.ranks) else 0
         if not per_rank:
             return Verdict("undecided", "CANNOT DECIDE", "the trace holds no collective to compare across ranks")
@@ -50,6 +51,20 @@ class CrossRankReport:
         if errors:
             summary = f"{len(errors)} findings: ranks disagree on the collectives they issue"
             return Verdict("fail", "INCONSISTENT", summary, reasons)
+        if not self.matched:
+            return Verdict(
+                "undecided", "CANNOT DECIDE",
+                f"{per_rank} collectives per rank, but none was matched on two or more ranks: one rank's trace, or "
+                "ranks from different groups, cannot show that ranks agree", reasons,
+            )  # fmt: skip
+        if unsure:
+            n = int(self.ranks["disagree"].sum()) if "disagree" in self.ranks else len(unsure)
+            return Verdict(
+                "undecided", "CANNOT DECIDE",
+                f"{self.matched} collectives matched across ranks agree, but {n} disagree where the trace names no "
+                "process group: a desync and two groups look the same there",
+                (*reasons, *(f.text() for f in unsure)),
+            )  # fmt: skip
         return Verdict(
             "pass", "CONSISTENT",
             f"{per_rank} collectives per rank; {self.matched} matched across ranks agree in kind and size", reasons,
@@ -109,14 +124,42 @@ def check_cross_rank(
     # (unpaired sends and receives: sptrace.checks.p2p names each)
     notes = [n for n in matching.notes if "found no partner" not in n and "disagree in kind or size" not in n]
     m = matching.matched
-    if len(m) and m["arrival_skew_us"].notna().any():
-        worst = m.loc[m["arrival_skew_us"].idxmax()]
-        counts = m["straggler"].value_counts()
-        findings.append(Finding(
-            "info", "cross-rank", "straggler",
-            f"arrived last in {int(counts.iloc[0])} of {len(m)} matched collectives; the largest arrival skew is "
-            f"{worst['arrival_skew_us'] / 1e3:.2f} ms ({worst['kind']} #{worst['key']}, "
-            f"{worst['module'] or 'no module'})",
-            (int(counts.index[0]),), page="timeline",
-        ))  # fmt: skip
+    m = m[m["n_ranks"] > 1] if len(m) else m  # a collective seen on one rank matched nothing
+    straggler = _straggler(m)
+    if straggler is not None:
+        findings.append(straggler)
+    elif len(m) and m["arrival_skew_us"].notna().any():
+        notes.append(
+            f"no rank arrives last more often than chance ({len(m)} collectives matched across ranks; the largest "
+            f"arrival skew is {m['arrival_skew_us'].max() / 1e3:.2f} ms): no straggler"
+        )
     return CrossRankReport(frame, merge_ranks(findings), len(m), skipped, notes)
+
+
+def _straggler(m: pd.DataFrame) -> Finding | None:
+    """The rank that arrives last far more often than chance: with n ranks each is last in 1/n of
+    the collectives by luck; one rank last in at least 3 and at least twice its share is named.
+    The largest skew is reported with the rank that caused it, which may be another."""
+    if not len(m) or not m["arrival_skew_us"].notna().any():
+        return None
+    counts = m["straggler"].dropna().astype(int).value_counts()
+    if counts.empty:
+        return None
+    rank, times = int(counts.index[0]), int(counts.iloc[0])
+    share = float((1.0 / m["n_ranks"]).sum())  # the count chance alone gives one rank
+    if times < 3 or times < 2 * share:
+        return None
+    mine = m[m["straggler"] == rank]
+    worst_mine = mine.loc[mine["arrival_skew_us"].idxmax()]
+    worst = m.loc[m["arrival_skew_us"].idxmax()]
+    text = (
+        f"arrived last in {times} of {len(m)} matched collectives (chance: {share:.1f}); its largest arrival skew is "
+        f"{worst_mine['arrival_skew_us'] / 1e3:.2f} ms ({worst_mine['kind']} #{worst_mine['key']}, "
+        f"{worst_mine['module'] or 'no module'})"
+    )
+    if int(worst["straggler"]) != rank:
+        text += (
+            f"; the run's largest, {worst['arrival_skew_us'] / 1e3:.2f} ms ({worst['kind']} #{worst['key']}), "
+            f"was rank {int(worst['straggler'])}'s"
+        )
+    return Finding("info", "cross-rank", "straggler", text, (rank,), page="timeline")

@@ -12,6 +12,8 @@ when a shape is known, against the run's declared B, S, H, P (and a, g, F when d
                 at P=4) and nothing in the trace or the flags tells which: counted, shown, not judged
   other         no token dimension (weights, scalars, statistics)
   unknown       no shape, and a size that matches nothing
+  full-unknown-life  full-size, but the trace does not show its free (a backend's thread may have
+                released it, or a Python reference still holds it): not judged, and no PASS
 
 The verdict: FAIL on a full tensor (outside ``allow``); CANNOT DECIDE when the trace does not
 show enough (no backward in the window, no retained tensor judged, a layer with none judged, a
@@ -33,7 +35,7 @@ from sptrace.detect.allocations import Retention
 from sptrace.shape import ModelShape
 from sptrace.units import human_bytes, rank_ranges
 
-CLASSES = ("full", "head-sharded", "seq-sharded", "ambiguous", "other", "unknown")
+CLASSES = ("full", "head-sharded", "seq-sharded", "ambiguous", "other", "unknown", "full-unknown-life")
 JUDGED = ("full", "head-sharded", "seq-sharded")
 NEEDS = ("batch", "seq", "hidden", "sp_size")
 _MLP = re.compile(
@@ -122,16 +124,26 @@ class Judge:
                                       origin_text or "")  # fmt: skip
         else:
             return self._by_size(nbytes, module or "", producer or "", origin, origin_text or "")
-        full = self.full_bytes
-        if (
-            cls in ("head-sharded", "seq-sharded", "other")
-            and origin is None
-            and full
-            and storage_bytes >= full
-            and storage_bytes > nbytes
-        ):
-            return "full", f"a view of {nbytes} bytes keeping a {storage_bytes}-byte storage alive"
+        if cls in ("head-sharded", "seq-sharded", "other") and storage_bytes > nbytes:
+            numel = math.prod(int(d) for d in shape)
+            elem = nbytes // numel if numel and nbytes % numel == 0 else self.model.dtype_bytes
+            if elem and self._full_storage(storage_bytes, elem, origin):
+                return "full", f"a view of {nbytes} bytes keeping a {storage_bytes}-byte storage alive"
         return cls, why
+
+    def _full_storage(self, storage_bytes: int, elem: int, origin: str | None) -> bool:
+        """Is a storage of these bytes a full-sequence tensor at least H wide? Its origin vetoes
+        it when that makes it a shard (a column-parallel product of this rank's 1/P weight),
+        unless its width is a declared whole width only (F, a*d: the weight was whole)."""
+        m = self.model
+        tokens = m.batch * m.seq * elem
+        if storage_bytes % tokens or storage_bytes // tokens < m.hidden:
+            return False
+        width = storage_bytes // tokens
+        if origin in ("column", "attention", "all-to-all", "reduce-scattered"):
+            whole, shard = self.widths()
+            return width in whole and whole[width] != "H" and width not in shard
+        return True
 
     def _by_size(self, nbytes: int, module: str, producer: str, origin: str | None, text: str) -> tuple[str, str]:
         """A tensor known by its bytes alone (a compiled graph's buffer): FULL when only a
@@ -256,6 +268,13 @@ class Judge:
             heads = self._heads_of(shape, self._tokens(full_views[0]))
             if heads == "all" and origin != "column":
                 return "full", f"full sequence, every head ({text})"
+            whole, shard = self.widths()
+            wide = [v[1] for v in full_views if not v[3]]
+            # (H itself is no evidence: F/P may equal H when F is undeclared)
+            if origin == "column" and wide and all(w in whole and whole[w] != "H" and w not in shard and w >= H
+                                                   for w in wide):  # fmt: skip
+                # the weight was whole, not this rank's 1/P of it: a declared F (or a*d) wide
+                return "full", f"full sequence, {wide[0]} wide per token ({whole[wide[0]]}, unsharded): {text}"
             return "head-sharded", f"full sequence, a tensor-parallel shard: {text}"
         if origin == "row":
             wide = max(v[1] for v in full_views)
@@ -443,9 +462,18 @@ def check_sharding(
     saved["class"] = [c for c, _ in classes]
     saved["why"] = [w for _, w in classes]
     unseen_mask = saved["unseen_free"].map(lambda v: v is True or v == 1).astype(bool)
-    # a tensor whose free the trace does not show is judged only if it would break the contract:
+    # a tensor whose free the trace does not show matters only if it would break the contract:
     # then the verdict cannot be PASS (nor FAIL: it may have died before the boundary)
-    saved.loc[unseen_mask & (saved["class"] != "full"), "class"] = "other"
+    full_unseen = unseen_mask & (saved["class"] == "full")
+    # the rest are counted (unseen_frees), not rows: whether gloo's thread freed them is a race,
+    # and a report must not change with it
+    keep = ~unseen_mask | full_unseen
+    saved = saved[keep].reset_index(drop=True)
+    unseen_mask = unseen_mask[keep].reset_index(drop=True)
+    full_unseen = full_unseen[keep].reset_index(drop=True)
+    if full_unseen.any():
+        saved.loc[full_unseen, "why"] = "full-size, but its free is not in the trace: " + saved.loc[full_unseen, "why"]
+        saved.loc[full_unseen, "class"] = "full-unknown-life"
     findings: list[Finding] = []
     for rec in saved[~unseen_mask].to_dict(orient="records"):
         cls = rec["class"]
@@ -481,8 +509,8 @@ def check_sharding(
             f"{unseen} allocations alive at the boundary were not judged: their free is not in the trace (gloo and "
             "NCCL release a collective's tensors on threads the profiler does not record)"
         )
-    counts = {c: int((saved[~unseen_mask]["class"] == c).sum()) for c in CLASSES}
-    unseen_full = saved[unseen_mask & (saved["class"] == "full")]
+    counts = {c: int((saved["class"] == c).sum()) for c in CLASSES}
+    unseen_full = saved[full_unseen]
     if counts["ambiguous"]:
         notes.append(f"{counts['ambiguous']} tensors are ambiguous: {_first_why(saved, 'ambiguous')}")
     if counts["unknown"]:
@@ -538,9 +566,12 @@ def _conclude(
 ) -> Verdict:  # fmt: skip
     judged = sum(counts[c] for c in JUDGED)
     errors = [f for f in findings if f.severity == "error"]
+    by_size = int((saved["class"].isin(JUDGED) & ~saved["shape"].map(lambda s: isinstance(s, (tuple, list)))).sum())
     summary = (
         f"{judged} retained tensors judged on {len(retained)} ranks ({counts['seq-sharded']} sequence-sharded, "
-        f"{counts['head-sharded']} head-sharded, {counts['full']} full)"
+        f"{counts['head-sharded']} head-sharded, {counts['full']} full"
+        + (f"; {by_size} by size alone, with no recorded shape" if by_size else "")
+        + ")"
     )
     if errors:
         full = [f for f in errors if f.code == "full-size-save"]
@@ -569,7 +600,7 @@ def _conclude(
         if B == 1:
             residual |= {(S // P, H), (S, H)}
         seen = set().union(*(r.shapes_seen for r in retained))
-        if seen and not residual & seen:
+        if seen and not residual & seen and not any(_hidden_in_heads(shape, B, S, P, H) for shape in seen):
             reasons.append(
                 f"the declared shape (B={B}, S={S}, H={H}, P={P}) matches no tensor in the trace: no op took a "
                 f"[B, S/P, H] = [{B}, {S // P}, {H}] activation (in any layout); is the declared config right?"
@@ -618,6 +649,15 @@ def _conclude(
         caveats.append(f"{counts['unknown']} tensors of unknown shape not judged")
     text = f"every judged tensor is sharded; {summary}" + (f"; {', '.join(caveats)}" if caveats else "")
     return Verdict("pass", "PASS", text, tuple(caveats))
+
+
+def _hidden_in_heads(shape: tuple[int, ...], B: int, S: int, P: int, H: int) -> bool:
+    """A [B, S', a, d] or [S', B, a, d] activation with a*d == H (S' = S or S/P): the hidden state
+    split into heads, as an attention module alone takes it (DeepSpeed's DistributedAttention)."""
+    if len(shape) != 4 or math.prod(shape[2:]) != H:
+        return False
+    lead = {tuple(shape[:2])}
+    return bool(lead & {(B, S // P), (S // P, B), (B, S), (S, B)})
 
 
 def _ranks(ranks: list[int]) -> str:

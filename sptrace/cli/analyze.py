@@ -26,6 +26,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path", help="a run directory or one trace file")
     add_shape_flags(p)
     p.add_argument("--k", type=int, default=2, help="ZeRO-3 parameter gathers per step (default 2)")
+    p.add_argument(
+        "--grad-dtype", choices=("float32", "bfloat16", "float16"),
+        help="the element type of the gradient all-reduces (default: the trace's, else unknown)",
+    )  # fmt: skip
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--max-findings", type=int, default=30, help="findings shown in text (default 30)")
     add_load_flags(p)
@@ -35,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.k not in (1, 2):
         raise UsageError("--k must be 1 or 2")
-    analysis = analyse(args, k=args.k, parts=("collectives",))
+    analysis = analyse(args, k=args.k, parts=("collectives",), grad_dtype=args.grad_dtype)
     report = analysis.comm
     if report is None:  # no model of the job: what the ranks say of each other, and why no more
         cross = analysis.crossrank

@@ -74,13 +74,15 @@ def render_text(analysis: RunAnalysis, report: ShardingReport) -> str:
         )
     if not report.layers.empty:
         layer = report.layers.groupby("layer").agg(
-            measured=("measured_bytes", "mean"), expected=("expected_bytes", "first")
-        )
+            most=("measured_bytes", "max"), least=("measured_bytes", "min"), expected=("expected_bytes", "first"),
+            rank=("measured_bytes", lambda v: int(report.layers.loc[v.idxmax(), "rank"])),
+        )  # fmt: skip
         lines.append("")
         for i, row in layer.iterrows():
             expected = row.expected
             exp = "" if expected is None or expected != expected else f" (Korthikanti: {human_bytes(expected)})"
-            lines.append(f"layer {i}: {human_bytes(row.measured)} kept per rank{exp}")
+            spread = f" (rank {row['rank']}; the least, {human_bytes(row.least)})" if row.least != row.most else ""
+            lines.append(f"layer {i}: at most {human_bytes(row.most)} kept per rank{spread}{exp}")
     lines.append("")
     for f in report.findings:
         lines.append(f"FAIL {f.text()}")

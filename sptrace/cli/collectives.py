@@ -48,8 +48,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{len(frame)} collectives on {ranks} ranks; per rank and kind:")
     counts = frame.groupby(["kind"]).agg(n=("rank", "size"), wire=("wire_bytes", "sum"), unknown=("wire_bytes", _nulls))
     for kind, row in counts.iterrows():
-        unknown = f"  ({row.unknown / ranks:.1f} per rank whose wire bytes are unknown)" if row.unknown else ""
-        print(f"  {kind:<15}{row.n / ranks:>7.1f} per rank  {human_bytes(row.wire / ranks):>12} wire per rank{unknown}")
+        # an unknown is never printed as a number: "?" when no size is known, "+?" when some are
+        known = row.n - row.unknown
+        wire = "?" if not known else human_bytes(row.wire / ranks) + ("+?" if row.unknown else "")
+        unknown = f"  ({row.unknown / ranks:.1f} per rank of unknown size or group)" if row.unknown else ""
+        print(f"  {kind:<15}{row.n / ranks:>7.1f} per rank  {wire:>14} wire per rank{unknown}")
     print("\nper rank: step, communication (transfer time) and exposed communication, ms")
     for t in timing:
         exposed = "n/a (no GPU streams)" if t.exposed_ms is None else f"{t.exposed_ms:.2f}"

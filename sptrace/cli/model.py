@@ -107,11 +107,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"  {'per step':<15}{est.count():>5} collectives  {human_bytes(step):>12}  ({step / 2**20:.2f} MiB)")
     for note in est.notes:
         print(f"  note: {note}")
-    print("\nactivations kept per layer and rank (Korthikanti et al. Table 2, fp16 with dropout):")
+    # Korthikanti's Table 2 counts 2-byte activations (1-byte dropout masks): other dtypes scale
+    scale = (cfg.dtype_bytes or 2) / 2
+    basis = "fp16 with dropout" if scale == 1 else f"its fp16 formula with dropout, scaled to {cfg.dtype}"
+    print(f"\nactivations kept per layer and rank (Korthikanti et al. Table 2, {basis}):")
     print(
         f"  this scheme ({'selective recompute' if cfg.recompute == 'selective' else 'no recompute'}): "
-        f"{human_bytes(act or 0)}"
+        + ("unknown (needs --heads)" if act is None else human_bytes(act * scale))
     )
     if cfg.recompute != "selective":
-        print(f"  with selective recompute of core attention: {human_bytes(korthikanti['tp_sp_selective'])}")
+        print(f"  with selective recompute of core attention: {human_bytes(korthikanti['tp_sp_selective'] * scale)}")
     return 0

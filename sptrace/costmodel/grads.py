@@ -62,7 +62,7 @@ def _megatron_norms(b: Builder, *, attention_only: bool) -> None:
         )
 
 
-def _zero3(b: Builder, where: str, modules: tuple[str, ...], *, k: int, grad_bytes: int) -> None:
+def _zero3(b: Builder, where: str, modules: tuple[str, ...], *, k: int, grad_bytes: int, sized: bool = True) -> None:
     """FSDP2 shards every parameter of the wrapped module, each padded to a multiple of P."""
     cfg, P = b.cfg, b.cfg.sp_size
     params = params_per_layer(cfg)
@@ -76,16 +76,19 @@ def _zero3(b: Builder, where: str, modules: tuple[str, ...], *, k: int, grad_byt
         "backward",
         "reduce_scatter",
         where,
-        f"ZeRO-3 gradient reduce-scatter ({grad_bytes * 8}-bit)",
+        f"ZeRO-3 gradient reduce-scatter ({f'{grad_bytes * 8}-bit' if sized else 'element size unknown'})",
         (gathered,),
         (shard_elems,),
         elem=grad_bytes,
+        total_only=not sized,
     )
     b.notes.append(f"ZeRO-3 with k={k} parameter gathers per step (W = {W} weights)")
 
 
-def collectives(b: Builder, *, k: int, attention_only: bool, grad_bytes: int) -> None:
-    """Append the step's gradient and parameter collectives (``per_layer=False``)."""
+def collectives(b: Builder, *, k: int, attention_only: bool, grad_bytes: int, sized: bool = True) -> None:
+    """Append the step's gradient and parameter collectives (``per_layer=False``). ``sized``:
+    False when the gradients' element size is unknown (``grad_bytes`` is then a placeholder:
+    the estimate says so, and the check compares those collectives by count alone)."""
     cfg = b.cfg
     if cfg.scheme == "megatron":
         _megatron_norms(b, attention_only=attention_only)
@@ -93,7 +96,7 @@ def collectives(b: Builder, *, k: int, attention_only: bool, grad_bytes: int) ->
     sharded: tuple[str, ...] = ()
     if zero3(cfg):
         where, sharded = ZERO3[cfg.scheme]
-        _zero3(b, where, sharded, k=k, grad_bytes=grad_bytes)
+        _zero3(b, where, sharded, k=k, grad_bytes=grad_bytes, sized=sized)
     # the articles' attention example has only the four projections: no norms, no MLP
     synced = {m for m in REPLICATED[cfg.scheme] if m not in sharded and (m in _ATTN or not attention_only)}
     params = params_per_layer(cfg)
@@ -103,8 +106,8 @@ def collectives(b: Builder, *, k: int, attention_only: bool, grad_bytes: int) ->
     if cfg.grad_bucket_mib is None and not attention_only:
         b.add(
             "backward", "all_reduce", "grad_sync",
-            f"all-reduce of replicated gradients ({grad_bytes * 8}-bit; bucket cap not declared, so the "
-            "buckets are compared by their total)",
+            f"all-reduce of replicated gradients ({f'{grad_bytes * 8}-bit' if sized else 'element size unknown'}; "
+            "bucket cap not declared, so the buckets are compared by their total)",
             (sync,), (sync,), per_layer=False, elem=grad_bytes, total_only=True,
         )  # fmt: skip
         b.notes.append("gradient bucket cap not declared (--grad-bucket-mib): all-reduces compared by total bytes")

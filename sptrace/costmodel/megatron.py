@@ -20,9 +20,8 @@ def _qkv_width(b: Builder) -> int:
 def mlp_forward(b: Builder) -> None:
     """AG before mlp.fc1 (column-parallel), RS after mlp.fc2 (row-parallel); also the hybrid's."""
     shard, full = _shard_full(b)
-    label = "mlp.fc1 / after mlp.fc2"
-    b.add("forward", "all_gather", "mlp.fc1", f"all-gather of the sequence before {label}", shard, full)
-    b.add("forward", "reduce_scatter", "mlp.fc2", f"reduce-scatter after {label}", full, shard)
+    b.add("forward", "all_gather", "mlp.fc1", "all-gather of the sequence before mlp.fc1", shard, full)
+    b.add("forward", "reduce_scatter", "mlp.fc2", "reduce-scatter after mlp.fc2", full, shard)
 
 
 def mlp_backward(b: Builder) -> None:

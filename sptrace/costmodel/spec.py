@@ -80,6 +80,9 @@ class CommEstimate:
     collectives: tuple[CollectiveSpec, ...]
     k: int  # ZeRO-3 parameter gathers per step
     notes: tuple[str, ...] = field(default=())
+    grad_bytes: int | None = 4
+    """The element size of the gradients replicated weights communicate; None when neither the
+    user nor the trace said: their collectives are then compared by count, never by bytes."""
 
     @property
     def layers(self) -> int:
@@ -177,8 +180,8 @@ class Builder:
             CollectiveSpec(phase, kind, module, what, in_shape, out_shape, n_in, n_out, group, per_layer, total_only)
         )
 
-    def estimate(self, label: str, k: int) -> CommEstimate:
-        return CommEstimate(label, self.cfg, tuple(self.collectives), k, tuple(self.notes))
+    def estimate(self, label: str, k: int, grad_bytes: int | None = 4) -> CommEstimate:
+        return CommEstimate(label, self.cfg, tuple(self.collectives), k, tuple(self.notes), grad_bytes)
 
 
 def params_per_layer(cfg: ModelShape) -> dict[str, int]:

@@ -169,6 +169,9 @@ class Retention:
     notes: list[str] = field(default_factory=list)
     boundaries: list[Boundary] = field(default_factory=list)
     """Every forward -> backward boundary judged (each step, each micro-batch)."""
+    shape_dtypes: dict[tuple[int, ...], set[str]] = field(default_factory=dict)
+    """The element types each input shape of the forwards' ops was taken with: the activation
+    dtype, read where the user did not declare it."""
 
 
 def detect_retained(
@@ -205,7 +208,7 @@ def detect_retained(
         out.shapes_seen = _shapes_seen(cpu, forward_start_ns(trace), None)
         return out
     for b in bounds:
-        out.shapes_seen |= _shapes_seen(cpu, b.forward_ns, b.backward_ns)
+        out.shapes_seen |= _shapes_seen(cpu, b.forward_ns, b.backward_ns, out.shape_dtypes)
     many_steps = len({b.step for b in bounds}) > 1
     many_micro = any(b.micro_batch > 0 for b in bounds)
 
@@ -346,13 +349,19 @@ def _retained_from_memory(
     }  # fmt: skip
 
 
-def _shapes_seen(cpu: pd.DataFrame, fwd: int, bwd: int | None) -> set[tuple[int, ...]]:
+def _shapes_seen(cpu: pd.DataFrame, fwd: int, bwd: int | None, dtypes_of: dict | None = None) -> set[tuple[int, ...]]:
+    """Every tensor shape the window's ops took; ``dtypes_of`` (shape -> element types) collects
+    the type each shape was taken with, where the op records one per argument."""
     window = cpu[(cpu["ts_ns"] >= fwd) & (cpu["ts_ns"] < bwd)] if bwd is not None else cpu[cpu["ts_ns"] >= fwd]
     seen: set[tuple[int, ...]] = set()
-    for text in window["input_dims"].dropna().unique():
-        for arg in load_list(text):
+    pairs = window[["input_dims", "input_types"]].dropna(subset=["input_dims"]).drop_duplicates()
+    for text, types in zip(pairs["input_dims"], pairs["input_types"]):
+        args, kinds = load_list(text), load_list(types)
+        for k, arg in enumerate(args):
             shapes = [arg] if is_shape(arg) else [s for s in arg if is_shape(s)] if isinstance(arg, list) else []
             seen.update(tuple(s) for s in shapes)
+            if dtypes_of is not None and is_shape(arg) and k < len(kinds) and dtypes.canonical(kinds[k]):
+                dtypes_of.setdefault(tuple(arg), set()).add(dtypes.canonical(kinds[k]))
     return seen
 
 

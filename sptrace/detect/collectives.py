@@ -282,7 +282,8 @@ class RankIndex:
         Python stacks name modules by class and a per-class counter (``nn.Module: Block_3``), not
         by attribute path, so a layer is recognised by what it is:
           * a class named *Layer or *Block (LlamaDecoderLayer, GPT2Block, TransformerLayer);
-          * a child of a Sequential / ModuleList that was called (the container's own frame);
+          * a child of a Sequential / ModuleList that was called (the container's own frame) and
+            holds modules of its own (an MLP's Linear inside a block's Sequential is no layer);
           * one of several instances of a composite module (one with modules inside) called from
             the same parent: the stack of layers a ``for layer in self.layers`` loop runs.
         Its index is the class counter: the k-th instance of the layer class."""
@@ -316,7 +317,11 @@ class RankIndex:
             parent = parent_of[pid]
             if _CONTAINERS.match(name):
                 continue
-            if _LAYER_CLASS.match(name) or (parent is not None and _CONTAINERS.match(names[parent])):
+            # a container's child is a layer only if it holds modules of its own: the Linear and
+            # GELU of an nn.Sequential MLP inside a block are not layers
+            if _LAYER_CLASS.match(name) or (
+                parent is not None and _CONTAINERS.match(names[parent]) and name in composite
+            ):
                 layers.add(name)
         for group in siblings.values():
             for same in group.values():
@@ -348,7 +353,7 @@ class RankIndex:
         hits = [(depth, layer_frames[name]) for depth, name in enumerate(modules) if name in layer_frames]
         if not hits:
             return inner
-        depth, n = hits[-1]
+        depth, n = hits[0]  # the outermost: a layer's own sub-blocks are not layers of the model
         return f"layers.{n}" + ("" if depth == len(modules) - 1 else f".{inner}")
 
 
@@ -703,13 +708,19 @@ def _resolve(idx: RankIndex, rank: int | None, groups: _GroupTable, row: _Row) -
         if group_size is None and got.group_size is not None:
             group_size = got.group_size
             source.append("group size: gloo annotation (one tensor per member)")
-    # the marker of a collective issued by sptrace's reference models names its dtype
+    # the marker of a collective issued by sptrace's reference models names its dtype and group
+    # size (role|dtype=...|group=...): what a TensorList op or an unnamed group leaves unsaid
     module, role, how = idx.module_of(row.start, row.end, row.tid if row.tid is not None else -1)
-    if role and "|dtype=" in role:
-        role, _, marker_dtype = role.partition("|dtype=")
+    if role and "|" in role:
+        role, *fields = role.split("|")
+        meta = dict(f.partition("=")[::2] for f in fields)
+        marker_dtype, marker_group = meta.get("dtype", ""), meta.get("group", "")
         if sizes.dtype is None and dtypes.canonical(marker_dtype):
             sizes = sizes.merge(forms.Sizes(dtype=marker_dtype))
             source.append("dtype: sptrace.comm marker")
+        if group_size is None and marker_group.isdigit():
+            group_size = int(marker_group)
+            source.append("group size: sptrace.comm marker")
     # 5. the group: named by the op, else this rank's process groups, else the out/in ratio
     group_name, size2, ranks2, how_group = groups.resolve(group_name, group_size)
     group_size = group_size or size2
@@ -800,7 +811,7 @@ def detect_run_collectives(run: RunTrace) -> pd.DataFrame:
     frames = [f for f in frames if not f.empty]
     if not frames:
         return pd.DataFrame(columns=COLUMNS)
-    return resolve_peers(fill_from_peers(pd.concat(frames, ignore_index=True)))
+    return receives_follow_senders(resolve_peers(fill_from_peers(pd.concat(frames, ignore_index=True))))
 
 
 def resolve_peers(frame: pd.DataFrame) -> pd.DataFrame:
@@ -815,40 +826,61 @@ def resolve_peers(frame: pd.DataFrame) -> pd.DataFrame:
         return frame.drop(columns=["peer_candidates"])
     frame = frame.copy()
 
-    def where(row: Any) -> tuple:  # a send and its receive share their size, phase and layer
+    # a send and its receive share their size; usually their phase and layer too, but not always:
+    # a pipeline stage receives its gradient before its own backward starts, and each stage
+    # numbers its own layers. Partners are sought where all three agree, then by size alone.
+    def strict(row: Any) -> tuple:
         size = None if pd.isna(row.in_bytes) else int(row.in_bytes)
         layer = None if pd.isna(row.layer) else int(row.layer)
         return size, str(row.phase), layer
 
-    # (rank, kind, where, claimed peer, through which group) -> how many ops claim it; a group of
-    # None: the peer is known, the group not
-    claims: Counter = Counter()
-    for row in frame[frame["kind"].isin(["send", "recv"])].itertuples(index=False):
-        if row.peer is not None and not pd.isna(row.peer):
-            claims[(row.rank, row.kind, where(row), int(row.peer), row.group)] += 1
-        for option in row.peer_candidates or ():
-            claims[(row.rank, row.kind, where(row), option["peer"], option["group"])] += 1
-    answers: Counter = Counter()  # the same, whatever the group
-    for (rank_, kind_, place_, peer_, _), n in claims.items():
-        answers[(rank_, kind_, place_, peer_)] += n
+    def loose(row: Any) -> tuple:
+        return (None if pd.isna(row.in_bytes) else int(row.in_bytes),)
+
     opposite = {"send": "recv", "recv": "send"}
+    p2p = frame[frame["kind"].isin(["send", "recv"])]
+    tallies = []
+    for where in (strict, loose):
+        # (rank, kind, where, claimed peer, through which group) -> how many ops claim it; a
+        # group of None: the peer is known, the group not
+        claims: Counter = Counter()
+        for row in p2p.itertuples(index=False):
+            if row.peer is not None and not pd.isna(row.peer):
+                claims[(row.rank, row.kind, where(row), int(row.peer), row.group)] += 1
+            for option in row.peer_candidates or ():
+                claims[(row.rank, row.kind, where(row), option["peer"], option["group"])] += 1
+        answers: Counter = Counter()  # the same, whatever the group
+        for (rank_, kind_, place_, peer_, _), n in claims.items():
+            answers[(rank_, kind_, place_, peer_)] += n
+        tallies.append((where, claims, answers))
     for i in todo:
         rank, kind = int(frame.at[i, "rank"]), frame.at[i, "kind"]
-        place = where(frame.loc[i])
         options = frame.at[i, "peer_candidates"]
         peers = list(dict.fromkeys(o["peer"] for o in options))  # several groups may name one rank
-        # first the partner naming this rank through the same group, then through any group
-        scores = [
-            sum(claims[(o["peer"], opposite[kind], place, rank, o["group"])] for o in options if o["peer"] == peer)
-            for peer in peers
-        ]
-        best = max(scores)
-        if best == 0:
-            scores = [answers[(peer, opposite[kind], place, rank)] for peer in peers]
-            best = max(scores)
-        if best == 0 or scores.count(best) > 1:
+        chosen = None
+        # first the partner naming this rank through the same group (both ends read their peer
+        # in the group they ran in), in the same place, then in any place; only then through
+        # any group: WORLD reads every index as a global rank, and would answer for anyone
+        for same_group in (True, False):
+            for where, claims, answers in tallies:
+                place = where(frame.loc[i])
+                if same_group:
+                    scores = [
+                        sum(claims[(o["peer"], opposite[kind], place, rank, o["group"])]
+                            for o in options if o["peer"] == peer)
+                        for peer in peers
+                    ]  # fmt: skip
+                else:
+                    scores = [answers[(peer, opposite[kind], place, rank)] for peer in peers]
+                best = max(scores)
+                if best and scores.count(best) == 1:
+                    chosen = peers[scores.index(best)]
+                    break
+            if chosen is not None:
+                break
+        if chosen is None:
             continue
-        fitting = [o for o in options if o["peer"] == peers[scores.index(best)]]
+        fitting = [o for o in options if o["peer"] == chosen]
         frame.at[i, "peer"] = fitting[0]["peer"]
         if len(fitting) == 1:  # the group too, unless several of this rank's groups hold that peer
             frame.at[i, "group"], frame.at[i, "group_size"] = fitting[0]["group"], fitting[0]["size"]
@@ -857,6 +889,33 @@ def resolve_peers(frame: pd.DataFrame) -> pd.DataFrame:
         left = [u for u in str(frame.at[i, "unknown"] or "").split("; ") if u and not u.startswith("peer:")]
         frame.at[i, "unknown"] = "; ".join(left) or None
     return frame.drop(columns=["peer_candidates"])
+
+
+def receives_follow_senders(frame: pd.DataFrame) -> pd.DataFrame:
+    """A receive belongs to the autograd work of what was sent: a pipeline stage receives the
+    gradient of its output before its own backward starts, outside any autograd node, yet that
+    transfer is backward work. The k-th receive of n bytes from rank s takes the phase of the k-th
+    send of n bytes from s to this rank (when s's trace has it)."""
+    if not len(frame) or not frame["kind"].isin(["recv"]).any():
+        return frame
+    p2p = frame[frame["kind"].isin(["send", "recv"]) & frame["peer"].notna() & frame["in_bytes"].notna()]
+    p2p = p2p.sort_values("start_us", kind="stable")
+    sends: dict[tuple[int, int, int], list[str]] = {}
+    for row in p2p[p2p["kind"] == "send"].itertuples():
+        sends.setdefault((int(row.rank), int(row.peer), int(row.in_bytes)), []).append(str(row.phase))
+    frame = frame.copy()
+    seen: Counter = Counter()
+    for i, row in zip(p2p.index, p2p.itertuples()):
+        if row.kind != "recv":
+            continue
+        key = (int(row.peer), int(row.rank), int(row.in_bytes))
+        k = seen[key]
+        seen[key] += 1
+        phases = sends.get(key, [])
+        if k < len(phases) and phases[k] != row.phase and phases[k] in ("forward", "backward"):
+            frame.at[i, "phase"] = phases[k]
+            frame.at[i, "source"] = f"{frame.at[i, 'source']}; phase: its sender's (rank {int(row.peer)})"
+    return frame
 
 
 def fill_from_peers(frame: pd.DataFrame) -> pd.DataFrame:

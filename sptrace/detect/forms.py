@@ -189,9 +189,15 @@ def sizes_from_op(op_name: str, event: Any) -> Sizes:
     dims = _dims(event)
     types = _dims(event, "input_types")
     concrete = _dims(event, "concrete_inputs")
-    if form is None:  # symm_mem:: and anything else: the first argument, in place
+    if form is None:  # symm_mem:: and anything else: the first argument
         n = _numel(dims[0]) if dims else None
-        return Sizes(n, n, _tensor_type(types), why_in=None if n is not None else "no Input Dims recorded")
+        # in place only for an all-reduce; another's output is not recorded, never taken for its
+        # input (an out/in ratio of 1 would then read as a group of one)
+        same = "all_reduce" in op_name or "allreduce" in op_name
+        return Sizes(
+            n, n if same else None, _tensor_type(types), why_in=None if n is not None else "no Input Dims recorded",
+            why_out=None if same else f"{op_name} records its input only",
+        )  # fmt: skip
     group_size = _int_arg(concrete, form.group_size_arg)
     peer = _int_arg(concrete, form.root_arg)
     layout = form.layout

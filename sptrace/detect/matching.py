@@ -104,7 +104,10 @@ def _best_shift(ref: pd.DataFrame, other: pd.DataFrame) -> int:
     return best
 
 
-def match_collectives(frame: pd.DataFrame) -> Matching:
+def match_collectives(frame: pd.DataFrame, world_size: int | None = None) -> Matching:
+    """Every collective matched across the ranks that issued it. ``world_size``: the job's rank
+    count, when known: a collective matched on all of them ran in a group of exactly that size
+    (a group holds no more ranks than the world), which busbw needs when the trace names none."""
     cols = [
         "key", "group", "kind", "n_ranks", "ranks", "in_bytes", "wire_bytes", "phase", "layer", "module",
         "arrival_skew_us", "straggler", "max_wait_us", "transfer_us", "algbw_gbps", "busbw_gbps", "start_us",
@@ -179,15 +182,26 @@ def match_collectives(frame: pd.DataFrame) -> Matching:
         size_bytes = (
             float(np.nanmax([m["in_bytes"].max(), m["out_bytes"].max()])) if m["in_bytes"].notna().any() else np.nan
         )
-        group_size = int(m["group_size"].max()) if m["group_size"].notna().any() else n
+        # the bus factor needs the group's size: unknown stays unknown (never the matched-rank
+        # count), unless every rank of the world took part
+        group_size = int(m["group_size"].max()) if m["group_size"].notna().any() else None
+        if group_size is None and world_size is not None and n == world_size:
+            group_size = world_size
         algbw = size_bytes / (transfer * 1e-6) / 1e9 if transfer > 0 and not np.isnan(size_bytes) else np.nan
-        busbw = algbw * BUS_FACTOR.get(kind, lambda _: 1.0)(group_size) if not np.isnan(algbw) else np.nan
+        busbw = (
+            algbw * BUS_FACTOR.get(kind, lambda _: 1.0)(group_size)
+            if not np.isnan(algbw) and group_size is not None
+            else np.nan
+        )
         first = m.iloc[0]
         rows.append({
             "key": key, "group": group, "kind": kind, "n_ranks": n, "ranks": sorted(int(r) for r in m["rank"]),
             "in_bytes": first["in_bytes"], "wire_bytes": first["wire_bytes"], "phase": first["phase"],
-            "layer": first["layer"], "module": first["module"], "arrival_skew_us": last - float(arrive.min()),
-            "straggler": int(arrive.idxmax()), "max_wait_us": last - float(arrive.min()), "transfer_us": transfer,
+            # one rank alone has no skew and no straggler
+            "layer": first["layer"], "module": first["module"],
+            "arrival_skew_us": last - float(arrive.min()) if n > 1 else np.nan,
+            "straggler": int(arrive.idxmax()) if n > 1 else None,
+            "max_wait_us": last - float(arrive.min()) if n > 1 else np.nan, "transfer_us": transfer,
             "algbw_gbps": algbw, "busbw_gbps": busbw, "start_us": float(arrive.min()),
         })  # fmt: skip
     rows += p2p_rows

@@ -37,6 +37,7 @@ KIND_COLORS = {
 CLASS_COLORS = {
     "seq-sharded": "#37b24d", "head-sharded": "#1c7ed6", "ambiguous": VERDICT_COLORS["undecided"],
     "full": VERDICT_COLORS["fail"], "other": "#ced4da", "unknown": "#adb5bd",
+    "full-unknown-life": VERDICT_COLORS["undecided"],
 }  # fmt: skip
 PHASE_COLORS = {"forward": "rgba(34,139,230,0.08)", "backward": "rgba(253,126,20,0.09)",
                 "optimizer": "rgba(134,142,150,0.10)", "step": "rgba(134,142,150,0.05)"}  # fmt: skip
@@ -222,9 +223,11 @@ def _matched_info(a: Any, f: pd.DataFrame) -> pd.DataFrame:
         if isinstance(row.get("ranks"), list):
             others = [r for r in row["ranks"] if r != row["rank"]]
             out.at[i, "peers"] = _rank_text(others)
-            out.at[i, "straggler"] = f"rank {int(row['straggler'])}"
+            if pd.notna(row["straggler"]):
+                out.at[i, "straggler"] = f"rank {int(row['straggler'])}"
             if pd.notna(row["algbw_gbps"]):
-                out.at[i, "algbw"] = f"algbw {row['algbw_gbps']:.2f} GB/s, busbw {row['busbw_gbps']:.2f} GB/s"
+                busbw = f"{row['busbw_gbps']:.2f} GB/s" if pd.notna(row["busbw_gbps"]) else "? (group size unknown)"
+                out.at[i, "algbw"] = f"algbw {row['algbw_gbps']:.2f} GB/s, busbw {busbw}"
     return out
 
 
@@ -344,8 +347,8 @@ def bandwidth_vs_size(matched: pd.DataFrame) -> go.Figure:
 # ---- memory ------------------------------------------------------------------------------------
 
 
-RETAINED_GROUPS = {"sharded": ("seq-sharded", "head-sharded"), "ambiguous": ("ambiguous",), "full": ("full",),
-                   "other": ("other", "unknown")}  # fmt: skip
+RETAINED_GROUPS = {"sharded": ("seq-sharded", "head-sharded"), "ambiguous": ("ambiguous", "full-unknown-life"),
+                   "full": ("full",), "other": ("other", "unknown")}  # fmt: skip
 
 
 def skew_heatmap(a: Any, max_rows: int = 400, max_columns: int = 256) -> go.Figure:

@@ -1,5 +1,8 @@
-"""check_collectives on synthetic observations built from the cost model itself: a perfect run
-matches; each kind of deviation yields its finding."""
+"""check_collectives against a Megatron-SP step written out from the scheme's own table (SPEC
+section 1: per layer 4 collectives forward and 6 backward, each moving one [S/P, B, H] shard to
+or from the whole [S, B, H] across the P ranks, then one all-reduce of the norms' gradients):
+the numbers below come from B, S, H, P and that table, never from sptrace's cost model. A perfect
+step matches; each kind of deviation yields its finding."""
 
 from __future__ import annotations
 
@@ -13,26 +16,55 @@ from sptrace.checks import check_collectives
 from sptrace.costmodel import estimate_comm
 from sptrace.detect import COLUMNS
 
+B, S, H, P, L, FP32 = 2, 128, 96, 8, 2, 4  # the reference default StepConfig(scheme="megatron")
+SHARD, FULL = B * S // P * H * FP32, B * S * H * FP32  # 12 KiB, 96 KiB
+NORMS = L * 2 * H * FP32  # two LayerNorm weights per layer, all-reduced once after backward
+RING = (P - 1) / P
+# SPEC section 1, Megatron sequence parallelism: (phase, collective, module)
+TABLE = [
+    ("forward", "all_gather", "attn.qkv"), ("forward", "reduce_scatter", "attn.proj"),
+    ("forward", "all_gather", "mlp.fc1"), ("forward", "reduce_scatter", "mlp.fc2"),
+    ("backward", "all_gather", "mlp.fc2"),  # 5: the output gradient
+    ("backward", "all_gather", "mlp.fc1"), ("backward", "reduce_scatter", "mlp.fc1"),  # 6, 7
+    ("backward", "all_gather", "attn.proj"), ("backward", "all_gather", "attn.qkv"),  # 8-10
+    ("backward", "reduce_scatter", "attn.qkv"),
+]  # fmt: skip
 
-def observed(est, ranks=(0, 1)):
-    rows = []
-    t = 0.0
+
+def row(rank, phase, kind, layer, module, t, group=P):
+    into, out = (SHARD, FULL) if kind == "all_gather" else (FULL, SHARD)
+    wire = out * (group - 1) / group if kind == "all_gather" else into * (group - 1) / group
+    return {"rank": rank, "kind": kind, "phase": phase, "layer": layer, "module": module, "in_bytes": into,
+            "out_bytes": out, "group_size": group, "wire_bytes": wire, "start_us": t}  # fmt: skip
+
+
+def observed(ranks=(0, 1)):
+    rows, t = [], 0.0
     for rank in ranks:
         for phase in ("forward", "backward"):
-            layers = range(est.layers) if phase == "forward" else reversed(range(est.layers))
-            for layer in layers:
-                for c in est.collectives:
-                    if c.per_layer and c.phase == phase:
+            for layer in range(L) if phase == "forward" else reversed(range(L)):
+                for ph, kind, module in TABLE:
+                    if ph == phase:
                         t += 1
-                        rows.append({"rank": rank, "kind": c.kind, "phase": phase, "layer": layer,
-                                     "module": f"layers.{layer}.{c.module}", "in_bytes": c.in_bytes,
-                                     "out_bytes": c.out_bytes, "wire_bytes": c.wire_bytes, "start_us": t})  # fmt: skip
+                        rows.append(row(rank, phase, kind, layer, f"layers.{layer}.{module}", t))
+        t += 1
+        rows.append({"rank": rank, "kind": "all_reduce", "phase": "backward", "layer": None, "module": None,
+                     "in_bytes": NORMS, "out_bytes": NORMS, "group_size": P, "wire_bytes": 2 * NORMS * RING,
+                     "start_us": t})  # fmt: skip
+    return pd.DataFrame(rows).reindex(columns=COLUMNS)
+
+
+def per_layer_as_estimated(est, ranks=(0, 1)):
+    """Every per-layer collective exactly as ``est`` says, plus its step-level ones: only for the
+    tests about the step-level gradient totals, where the per-layer part is not what is tested."""
+    rows, t = [], 0.0
+    for rank in ranks:
         for c in est.collectives:
-            if not c.per_layer:
+            for layer in range(est.layers) if c.per_layer else [None]:
                 t += 1
-                rows.append({"rank": rank, "kind": c.kind, "phase": c.phase, "layer": None, "module": c.module,
-                             "in_bytes": c.in_bytes, "out_bytes": c.out_bytes, "wire_bytes": c.wire_bytes,
-                             "start_us": t})  # fmt: skip
+                rows.append({"rank": rank, "kind": c.kind, "phase": c.phase, "layer": layer, "module": c.module,
+                             "in_bytes": c.in_bytes, "out_bytes": c.out_bytes, "group_size": c.group_size,
+                             "wire_bytes": c.wire_bytes, "start_us": t})  # fmt: skip
     return pd.DataFrame(rows).reindex(columns=COLUMNS)
 
 
@@ -42,13 +74,38 @@ def est():
 
 
 def test_a_perfect_run_matches(est):
-    report = check_collectives(observed(est), est, [0, 1])
-    assert report.ok and report.findings == []
-    assert (report.ranks["observed_wire_bytes"] == est.wire_per_step()).all()
+    report = check_collectives(observed(), est, [0, 1])
+    assert report.ok and report.findings == [] and report.verdict.label == "MATCH"
+    # 10 * N * r per layer (SPEC section 1), plus the norms' all-reduce
+    wire = L * 10 * SHARD * P * RING + 2 * NORMS * RING
+    assert list(report.ranks["observed_wire_bytes"]) == pytest.approx([wire, wire])
+    assert (report.ranks["observed"] == L * 10 + 1).all() and (report.ranks["expected"] == L * 10 + 1).all()
+
+
+def test_a_collective_in_a_smaller_group_is_not_a_match(est):
+    """The same input bytes in a group of 4 instead of 8: half the output, less on the wire."""
+    frame = observed()
+    i = frame.index[(frame["rank"] == 1) & (frame["layer"] == 0) & (frame["phase"] == "forward")][0]
+    frame.loc[i] = pd.Series(row(1, "forward", "all_gather", 0, "layers.0.attn.qkv", frame.at[i, "start_us"], 4))
+    frame.loc[i, "out_bytes"] = SHARD * 4
+    frame.loc[i, "wire_bytes"] = SHARD * 3
+    report = check_collectives(frame, est, [0, 1])
+    (finding,) = report.findings
+    assert (finding.code, finding.ranks, finding.layer) == ("wrong-group", (1,), 0)
+    assert "group of 4 ranks where the scheme's has 8" in finding.message
+    assert report.verdict.label == "MISMATCH"
+
+
+def test_a_collective_whose_group_is_unknown_cannot_match(est):
+    frame = observed()
+    frame.loc[frame["kind"] == "reduce_scatter", ["group_size", "wire_bytes"]] = None
+    report = check_collectives(frame, est, [0, 1])
+    assert {f.code for f in report.findings} == {"group-unknown"}
+    assert report.verdict.label == "CANNOT DECIDE" and report.verdict.exit_code == 2
 
 
 def test_each_deviation_has_its_finding(est):
-    frame = observed(est)
+    frame = observed()
     r0 = frame["rank"] == 0
     fwd_l1 = frame.index[r0 & (frame["layer"] == 1) & (frame["phase"] == "forward")]
     frame = frame.drop(index=fwd_l1[0])  # layer 1's first forward all-gather
@@ -69,7 +126,7 @@ def test_each_deviation_has_its_finding(est):
 
 
 def test_out_of_order_is_a_warning(est):
-    frame = observed(est)
+    frame = observed()
     idx = frame.index[(frame["rank"] == 1) & (frame["layer"] == 0) & (frame["phase"] == "forward")]
     a, b = idx[0], idx[1]  # swap the first all-gather and reduce-scatter of layer 0
     frame.loc[a, "start_us"], frame.loc[b, "start_us"] = frame.loc[b, "start_us"], frame.loc[a, "start_us"]
@@ -82,7 +139,7 @@ def test_out_of_order_is_a_warning(est):
 
 def test_a_finding_on_every_rank_is_one_finding(est):
     # GIVEN the same collective missing on both ranks
-    frame = observed(est)
+    frame = observed()
     gone = frame.index[(frame["layer"] == 1) & (frame["phase"] == "forward") & (frame["kind"] == "all_gather")]
     report = check_collectives(frame.drop(index=gone[[0, len(gone) // 2]]), est, [0, 1])
     # THEN it is reported once, with its rank set
@@ -94,7 +151,7 @@ def test_a_finding_on_every_rank_is_one_finding(est):
 
 def test_unknown_sizes_are_their_own_finding(est):
     # GIVEN a trace that does not record the size of one all-gather per rank (a TensorList op)
-    frame = observed(est)
+    frame = observed()
     first = frame.index[(frame["layer"] == 0) & (frame["kind"] == "all_gather")]
     frame.loc[first[[0, len(first) // 2]], ["in_bytes", "out_bytes", "wire_bytes"]] = None
     report = check_collectives(frame, est, [0, 1])
@@ -103,7 +160,7 @@ def test_unknown_sizes_are_their_own_finding(est):
     assert report.ok and [f.code for f in report.findings] == ["size-unknown"]
     assert report.findings[0].ranks == (0, 1) and report.findings[0].severity == "warning"
     assert report.verdict.status == "undecided" and report.verdict.exit_code == 2
-    assert "does not record the size of 2" in report.verdict.summary
+    assert report.verdict.summary.endswith("does not record the size of 2")
 
 
 def test_gradient_buckets_without_a_cap_compare_in_total():
@@ -111,7 +168,7 @@ def test_gradient_buckets_without_a_cap_compare_in_total():
     shape = StepConfig(scheme="ulysses").shape()
     est = estimate_comm(dataclasses.replace(shape, grad_bucket_mib=None))
     (total,) = [c for c in est.collectives if c.total_only]
-    frame = observed(est)
+    frame = per_layer_as_estimated(est)
     sync = frame[frame["module"] == "grad_sync"]
     # WHEN the job split them into three buckets of any sizes
     parts = [total.in_bytes // 4, total.in_bytes // 2, total.in_bytes - total.in_bytes // 4 - total.in_bytes // 2]

@@ -58,8 +58,13 @@ def test_dlrm_cross_rank_matching(dlrm):
     assert len(m.matched) == 8 and (m.matched["n_ranks"] == 8).all() and m.unmatched == 0
     assert sorted(m.offsets_us) == list(range(8)) and m.offsets_us[0] == 0
     assert m.matched["straggler"].between(0, 7).all()
+    # the trace names no group: busbw, which needs the group's size, is unknown, never the count
+    # of ranks that matched
     ar = m.matched[m.matched["kind"] == "all_reduce"].iloc[0]
-    assert ar["busbw_gbps"] == pytest.approx(ar["algbw_gbps"] * 2 * 7 / 8)  # over the 8 ranks that matched
+    assert pd.isna(ar["busbw_gbps"]) and ar["algbw_gbps"] > 0
+    # unless every rank of the world matched it: a group holds no more ranks than the world
+    ar = match_collectives(frame, world_size=8).matched.query("kind == 'all_reduce'").iloc[0]
+    assert ar["busbw_gbps"] == pytest.approx(ar["algbw_gbps"] * 2 * 7 / 8)
 
 
 def test_partial_trace_is_realigned(dlrm):
@@ -141,7 +146,7 @@ def test_collectives_cli_formats(corpus, capsys, tmp_path):
     assert lines[0].split(",")[:3] == ["rank", "kind", "op"] and len(lines) == 65
     assert main(["collectives", str(path), "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "all_to_all         5.0 per rank" in out and "(5.0 per rank whose wire bytes are unknown)" in out
+    assert "all_to_all         5.0 per rank" in out and "(5.0 per rank of unknown size or group)" in out
     assert (
         main(["collectives", str(corpus / "kineto_tb_plugin/resnet50_num_workers_0"), "--cache-dir", str(tmp_path)])
         == 0

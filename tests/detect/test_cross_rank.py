@@ -69,7 +69,7 @@ def test_a_rank_that_issues_another_size_is_inconsistent(tmp_path, capsys):
     assert "error: rank 2: group 0: its collective #2" in capsys.readouterr().out
 
 
-def test_without_a_named_group_a_disagreement_is_only_a_warning(tmp_path, capsys):
+def test_without_a_named_group_a_disagreement_cannot_decide(tmp_path, capsys):
     def edit(rank, trace):
         del trace["distributedInfo"]["pg_config"]
         for record in comm_records(trace):
@@ -78,9 +78,22 @@ def test_without_a_named_group_a_disagreement_is_only_a_warning(tmp_path, capsys
             comm_records(trace)[0]["args"]["In msg nelems"] = 2 * 24576
 
     code, report = analyze_json(write_run(tmp_path / "run", edit), capsys, tmp_path)
-    assert code == 0, report["findings"]
+    # a desync and two groups look the same where no group is named: neither CONSISTENT nor an error
+    assert code == 2 and report["verdict"]["label"] == "CANNOT DECIDE", report["findings"]
+    assert "disagree where the trace names no process group" in report["verdict"]["summary"]
     (finding,) = [f for f in report["findings"] if f["code"] == "mismatched-collective"]
     assert finding["severity"] == "warning" and finding["ranks"] == [1] and "may be two groups" in finding["message"]
+
+
+def test_one_rank_alone_is_not_consistent(tmp_path, capsys):
+    """A single rank's trace matches nothing across ranks: CANNOT DECIDE, and no straggler."""
+    run = write_run(tmp_path / "run", lambda rank, trace: None)
+    for f in run.iterdir():
+        if f.name.startswith("rank") and not f.name.startswith("rank0"):
+            f.unlink()
+    code, report = analyze_json(run, capsys, tmp_path)
+    assert code == 2 and "none was matched on two or more ranks" in report["verdict"]["summary"]
+    assert not [f for f in report["findings"] if f["code"] == "straggler"]
 
 
 def test_a_rank_with_fewer_collectives_is_a_warning(tmp_path, capsys):

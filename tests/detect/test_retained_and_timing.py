@@ -82,6 +82,33 @@ def test_python_stack_layers(tmp_path):
     assert idx.python_module(1 * us, 2 * us, 1) == "LayerNorm_0"
 
 
+def test_an_mlp_sequential_inside_a_block_is_not_the_layer_container(tmp_path):
+    # GIVEN two blocks of a user's ring model (RingBlock_0/1: no *Layer or *Block class rule
+    # needed, composite siblings of one parent), each with an nn.Sequential MLP of Linear, GELU,
+    # Linear inside (Linear_3 and Linear_7 are the Sequentials' children)
+    events = [
+        _frame(1, 0, "nn.Module: Model_0", 0, 200),
+        _frame(2, 1, "nn.Module: Ring_0", 10, 80),
+        _frame(3, 2, "nn.Module: Linear_0", 11, 2),
+        _frame(4, 2, "nn.Module: Sequential_0", 20, 30),
+        _frame(5, 4, "nn.Module: Linear_1", 21, 2),
+        _frame(6, 4, "nn.Module: GELU_0", 24, 2),
+        _frame(7, 4, "nn.Module: Linear_3", 27, 2),
+        _frame(8, 1, "nn.Module: Ring_1", 110, 80),
+        _frame(9, 8, "nn.Module: Linear_4", 111, 2),
+        _frame(10, 8, "nn.Module: Sequential_1", 120, 30),
+        _frame(11, 10, "nn.Module: Linear_5", 121, 2),
+        _frame(12, 10, "nn.Module: GELU_1", 124, 2),
+        _frame(13, 10, "nn.Module: Linear_7", 127, 2),
+    ]
+    idx = RankIndex(_trace(tmp_path, events))
+    # THEN the blocks are the layers, and an MLP's Linear inside one is that layer's
+    assert idx.python_layers() == {0, 1}
+    us = 1000
+    assert idx.python_module(127 * us, 128 * us, 1) == "layers.1.Linear_7"
+    assert idx.python_module(21 * us, 22 * us, 1) == "layers.0.Linear_1"
+
+
 def test_transfer_time_and_exposed_communication(tmp_path):
     # a 100 us step; an NCCL all-reduce kernel of 40 us, half of it under a compute kernel
     events = [

@@ -75,9 +75,9 @@ def test_usp_rings_stay_inside_ulysses_positions(usp):
     a2a = usp.collectives[usp.collectives["kind"] == "all_to_all"]
     assert len(a2a) == P * L * 8  # four each way per layer
     # c10d::alltoall_base_ records no group, and each rank is in three (the world, its Ulysses
-    # pair, its ring): a group size the trace cannot tell is unknown, and says why, never guessed
-    assert set(a2a["group_size"].dropna()) <= {U}
-    assert a2a.loc[a2a["group_size"].isna(), "unknown"].str.contains("group size").all()
+    # pair, its ring): the reference model's marker names the group's size, U, on every one
+    assert len(a2a) and (a2a["group_size"] == U).all()
+    assert a2a["source"].str.contains("group size: sptrace.comm marker").all()
     assert usp.comm is not None and usp.comm.verdict.exit_code == 0, usp.comm.verdict.line()
 
 

@@ -66,6 +66,9 @@ def census(model: nn.Module, step: Callable[[], Tensor]) -> list[dict[str, Any]]
             "module": stack[-1] if stack else "<outside>", "shape": list(local.shape), "dtype": str(local.dtype),
             "storage": local.untyped_storage().data_ptr(), "storage_bytes": local.untyped_storage().nbytes(),
             "param": bool(is_param), "dtensor": hasattr(t, "_local_tensor"),
+            # DTensor's own word on what this rank holds: Replicate() on every mesh dim is the
+            # whole tensor (the gathered sequence), Shard(d) a 1/P piece of dim d
+            "placements": [str(p) for p in t.placements] if hasattr(t, "placements") else None,
         })  # fmt: skip
         return t
 
@@ -475,6 +478,62 @@ def two_steps(root: Path) -> None:
     })  # fmt: skip
 
 
+def pp2_sp4(root: Path) -> None:
+    """Two pipeline stages of four sequence-parallel ranks each (SP groups [0-3] and [4-7]; stage
+    pairs [r, r+4]), one micro-batch, written with dist.send / dist.recv in the pair's group as
+    a hand-rolled pipeline does: stage 0 sends its activations forward, stage 1 sends the
+    gradient of its input back, and stage 0's backward starts from that gradient. The oracle is
+    every send and receive with its global peer and bytes, and the autograd work it belongs to."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    half = world // 2
+    sp_groups = [dist.new_group(list(range(i * half, (i + 1) * half))) for i in range(2)]
+    pairs = [dist.new_group([r, r + half]) for r in range(half)]  # every rank creates every group
+    stage, sp, pair = rank // half, sp_groups[rank // half], pairs[rank % half]
+    torch.manual_seed(11 + stage)
+    layer = models.MegatronMlp(H, 2 * H, sp)
+    x = shard_of(torch.randn(B, S, H), rank % half, half)
+    opt = torch.optim.SGD(layer.parameters(), lr=1e-3)
+    calls: list[dict[str, Any]] = []
+
+    def send(t: Tensor, peer: int, phase: str) -> None:
+        calls.append({"op": "send", "peer": peer, "bytes": t.numel() * t.element_size(), "phase": phase})
+        dist.send(t.contiguous(), dst=peer, group=pair)
+
+    def recv(shape: tuple[int, ...], peer: int, phase: str) -> Tensor:
+        t = torch.empty(shape)
+        calls.append({"op": "recv", "peer": peer, "bytes": t.numel() * t.element_size(), "phase": phase})
+        dist.recv(t, src=peer, group=pair)
+        return t
+
+    def step() -> None:
+        if stage == 0:
+            out = layer(x)
+            send(out.detach(), rank + half, "forward")
+            grad = recv(tuple(out.shape), rank + half, "backward")
+            out.backward(grad)
+        else:
+            inp = recv(tuple(x.shape), rank - half, "forward").requires_grad_(True)
+            layer(inp).square().mean().backward()
+            send(inp.grad, rank - half, "backward")
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        step()
+    calls.clear()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True) as prof:
+        step()
+    out = root / "pp2_sp4"
+    out.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(out / f"rank{rank}.json"))
+    dist.barrier()
+    write_oracle(root, "pp2_sp4", {
+        "p2p": calls, "stage": stage, "sp_group": list(range(stage * half, (stage + 1) * half)),
+        "config": {"batch": B, "seq": S, "hidden": H, "sp": half, "layers": 1},
+    })  # fmt: skip
+
+
 SCENARIOS = {
     "tp_sp_native": tp_sp_native,
     "tp_sp_instrumented": tp_sp_instrumented,
@@ -487,9 +546,10 @@ SCENARIOS = {
     "sac": sac,
     "accumulation": accumulation,
     "two_steps": two_steps,
-    # last: its two ring groups stay in every later trace's process groups, where the other
-    # scenarios' checks read P from "the run's only process group"
+    # last: their groups stay in every later trace's process groups, where the other scenarios'
+    # checks read P from "the run's only process group"
     "ring_isend": ring_isend,
+    "pp2_sp4": pp2_sp4,
 }
 
 

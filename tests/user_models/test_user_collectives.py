@@ -32,7 +32,7 @@ def frames(user_runs, private_cache):
     cache = private_cache
     out = {}
     names = ("tp_sp_native", "functional_ulysses", "list_allgather", "p2p_ring", "ffn4h_p4", "forward_only")
-    for name in (*names, "ring_isend"):
+    for name in (*names, "ring_isend", "pp2_sp4"):
         run = sptrace.load_run(user_runs / name, cache_dir=cache, workers=1)
         out[name] = detect_run_collectives(run)
     return out
@@ -207,3 +207,31 @@ def test_ring_attention_with_isend_irecv_in_a_subgroup(user_runs, frames):
     # forward: P-1 = 3 steps per ring, each with one hop per rank of both rings
     fwd = report.steps[report.steps["phase"] == "forward"]
     assert list(fwd["step"]) == [0, 1, 2] and set(fwd["hops"]) == {WORLD}
+
+
+def test_pipeline_stages_of_sequence_parallel_groups(user_runs, frames, capsys, tmp_path):
+    """GIVEN two pipeline stages of four SP ranks (SP groups [0-3], [4-7]; stage pairs [r, r+4])
+    whose sends and receives name their peer by its rank in the pair's group, which the op does
+    not record, and whose stage-0 gradient receive runs before stage 0's backward
+    THEN every send and receive has the global peer, the bytes and the autograd work (forward
+    activations, backward gradients) of the wrapped calls, every send pairs with its receive, the
+    SP collectives stay in the stage's group, and analyze finds the ranks CONSISTENT."""
+    from sptrace.detect.p2p import analyse_point_to_point
+
+    frame = fwd_bwd(frames["pp2_sp4"])
+    for rank in range(WORLD):
+        o = oracle(user_runs, "pp2_sp4", rank)
+        mine = frame[frame["rank"] == rank]
+        for kind in ("send", "recv"):
+            want = sorted((c["phase"], c["peer"], c["bytes"]) for c in o["p2p"] if c["op"] == kind)
+            rows = mine[mine["kind"] == kind]
+            got = sorted(zip(rows["phase"], rows["peer"].astype(int), rows["in_bytes"].astype(int)))
+            assert got == want, (rank, kind, got, want)
+        sp = mine[~mine["kind"].isin(["send", "recv"])]
+        assert len(sp) and (sp["group_size"] == len(o["sp_group"])).all(), rank
+    report = analyse_point_to_point(frame)
+    assert len(report.pairs) == sum(len([c for c in oracle(user_runs, "pp2_sp4", r)["p2p"] if c["op"] == "send"])
+                                    for r in range(WORLD)) and report.unpaired.empty  # fmt: skip
+    code = main(["analyze", str(user_runs / "pp2_sp4"), "--format", "json", "--cache-dir", str(tmp_path)])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["verdict"]["label"] == "CONSISTENT", out["findings"]
