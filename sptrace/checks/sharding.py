@@ -452,8 +452,9 @@ def check_sharding(
     classes = [
         judge.classify(
             tuple(s) if isinstance(s, (tuple, list)) else None, int(n),
-            int(sb) if sb is not None and sb == sb else None, mod, prod,
-            org if isinstance(org, str) else None, txt if isinstance(txt, str) else None,
+            int(sb) if sb is not None and sb == sb else None, mod if isinstance(mod, str) else None,
+            prod if isinstance(prod, str) else None, org if isinstance(org, str) else None,
+            txt if isinstance(txt, str) else None,
         )
         for s, n, sb, mod, prod, org, txt in zip(
             saved["shape"], saved["nbytes"], saved["storage_bytes"], saved["module"],

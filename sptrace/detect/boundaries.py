@@ -112,6 +112,7 @@ def _from_autograd(idx: RankIndex, trace_start_ns: int) -> list[tuple[int, int, 
         else:
             segments[-1].append(i)
         reach = max(reach, int(ends[i]))
+    segments = [part for seg in segments for part in _split_grouped(seg, seqs, dict(zip(fwd_seq, fwd_ts)))]
     pairs = []
     previous_end = previous_linked_end = None
     for seg in segments:
@@ -127,6 +128,29 @@ def _from_autograd(idx: RankIndex, trace_start_ns: int) -> list[tuple[int, int, 
         previous_end = b_end
         previous_linked_end = int(fwd_end[linked].max()) if linked.any() else previous_linked_end
     return pairs
+
+
+def _split_grouped(seg: list[int], seqs: np.ndarray, forward_at: dict[int, int]) -> list[list[int]]:
+    """Backwards that run back to back (gradient accumulation as f0 f1 b0 b1) form one run of
+    nodes. A backward visits its forward's ops from the last to the first, so the forward op
+    each node links to (by Sequence number) only goes back in time; a node linked to a forward op
+    later than any its run has visited starts the next backward."""
+    parts: list[list[int]] = [[seg[0]]]
+    top = _linked(seg[0], seqs, forward_at)
+    for i in seg[1:]:
+        t = _linked(i, seqs, forward_at)
+        if t is not None and top is not None and t > top:
+            parts.append([i])
+            top = t
+            continue
+        parts[-1].append(i)
+        top = t if top is None else top
+    return parts
+
+
+def _linked(i: int, seqs: np.ndarray, forward_at: dict[int, int]) -> int | None:
+    seq = seqs[i]
+    return None if np.isnan(seq) else forward_at.get(int(seq))
 
 
 def _step_start(idx: RankIndex, ts: int) -> int | None:

@@ -841,37 +841,34 @@ def resolve_peers(frame: pd.DataFrame) -> pd.DataFrame:
     p2p = frame[frame["kind"].isin(["send", "recv"])]
     tallies = []
     for where in (strict, loose):
-        # (rank, kind, where, claimed peer, through which group) -> how many ops claim it; a
-        # group of None: the peer is known, the group not
+        # (rank, kind, where, claimed peer, through which group) -> how many ops claim it (a
+        # group of None: the peer is known, the group not); and the claims of known peers alone
         claims: Counter = Counter()
+        known: Counter = Counter()
         for row in p2p.itertuples(index=False):
             if row.peer is not None and not pd.isna(row.peer):
                 claims[(row.rank, row.kind, where(row), int(row.peer), row.group)] += 1
+                known[(row.rank, row.kind, where(row), int(row.peer))] += 1
             for option in row.peer_candidates or ():
                 claims[(row.rank, row.kind, where(row), option["peer"], option["group"])] += 1
-        answers: Counter = Counter()  # the same, whatever the group
-        for (rank_, kind_, place_, peer_, _), n in claims.items():
-            answers[(rank_, kind_, place_, peer_)] += n
-        tallies.append((where, claims, answers))
+        tallies.append((where, claims, known))
     for i in todo:
         rank, kind = int(frame.at[i, "rank"]), frame.at[i, "kind"]
         options = frame.at[i, "peer_candidates"]
         peers = list(dict.fromkeys(o["peer"] for o in options))  # several groups may name one rank
         chosen = None
-        # first the partner naming this rank through the same group (both ends read their peer
-        # in the group they ran in), in the same place, then in any place; only then through
-        # any group: WORLD reads every index as a global rank, and would answer for anyone
-        for same_group in (True, False):
-            for where, claims, answers in tallies:
-                place = where(frame.loc[i])
-                if same_group:
-                    scores = [
-                        sum(claims[(o["peer"], opposite[kind], place, rank, o["group"])]
-                            for o in options if o["peer"] == peer)
-                        for peer in peers
-                    ]  # fmt: skip
-                else:
-                    scores = [answers[(peer, opposite[kind], place, rank)] for peer in peers]
+        # the strongest evidence first: in the same place (size, phase, layer), a partner naming
+        # this rank through the same group, then a partner whose own peer is known; then the same
+        # by size alone (a pipeline stage receives its gradient before its own backward starts).
+        # A partner's mere candidate through another group is no evidence: WORLD reads every
+        # index as a global rank, and would answer for anyone.
+        for where, claims, known in tallies:
+            place = where(frame.loc[i])
+            for scores in (
+                [sum(claims[(o["peer"], opposite[kind], place, rank, o["group"])] for o in options if o["peer"] == p)
+                 for p in peers],
+                [known[(p, opposite[kind], place, rank)] for p in peers],
+            ):  # fmt: skip
                 best = max(scores)
                 if best and scores.count(best) == 1:
                     chosen = peers[scores.index(best)]

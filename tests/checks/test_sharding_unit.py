@@ -128,3 +128,32 @@ def test_assert_sequence_sharded_leaves_the_model_clean():
     model = Clean()
     sptrace.assert_sequence_sharded(model, torch.randn(1, 4, 16), sp_size=2)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def _retained(shapes_seen, tensors):
+    import pandas as pd
+
+    from sptrace.detect.allocations import RETAINED_COLUMNS, Retention
+
+    frame = pd.DataFrame(
+        [{"rank": 0, "module": "layers.0.attn", "layer": 0, "shape": s, "nbytes": n, "storage_bytes": n,
+          "holder": "autograd", "kind": "activation", "unseen_free": False} for s, n in tensors],
+        columns=RETAINED_COLUMNS,
+    )  # fmt: skip
+    return Retention(rank=0, tensors=frame, boundary_ns=100, has_records=False, has_memory=True,
+                     layers_seen={0}, shapes_seen=set(shapes_seen))  # fmt: skip
+
+
+def test_an_attention_module_alone_is_judged_in_its_head_layout():
+    """DeepSpeed's DistributedAttention takes q, k, v as [S/P, B, a, d] (sequence-first): the
+    hidden state split into heads, never [B, S/P, H] itself. That is the declared shape, not a
+    wrong declaration."""
+    from sptrace.checks.sharding import check_sharding
+
+    model = ModelShape(batch=1, seq=64, hidden=64, sp_size=8, dtype="float32")
+    q = (8, 1, 8, 8)  # [S/P, B, a, d], a*d = H
+    report = check_sharding([_retained({q}, [(q, 8 * 64 * 4)])], model)
+    assert report.verdict.status == "pass", report.verdict
+    # a shape that does not split H is still a wrong declaration
+    report = check_sharding([_retained({(8, 1, 8, 4)}, [((8, 1, 8, 4), 8 * 32 * 4)])], model)
+    assert report.verdict.status == "undecided" and "matches no tensor" in report.verdict.summary

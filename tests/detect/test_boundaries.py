@@ -115,3 +115,21 @@ def test_a_backward_whose_forward_ran_before_the_window_is_not_a_boundary(tmp_pa
     assert [(b.forward_ns, b.backward_ns) for b in find_boundaries(RankIndex(_trace(tmp_path, events)), 0)] == [
         (100_000, 200_000)
     ]
+
+
+def test_accumulation_with_the_backwards_back_to_back(tmp_path):
+    """No markers: f0 f1 b0 b1 (both losses kept, then backward in turn). No forward op separates
+    b0 from b1; each visits its own forward's ops from the last to the first, so b1 starts at the
+    node linked to a later forward op than any b0 visited."""
+    events = [op(10, seq=1), op(20, seq=2), op(110, seq=3), op(120, seq=4),
+              node(200, seq=2), node(210, seq=1), node(220, seq=4), node(230, seq=3)]  # fmt: skip
+    events += alloc(12, 215, 0x100)  # micro-batch 0's, freed in b0
+    events += alloc(112, 235, 0x200)  # micro-batch 1's, freed in b1
+    trace = _trace(tmp_path, events)
+    bounds = find_boundaries(RankIndex(trace), 10_000)
+    assert [(b.backward_ns, b.backward_end_ns, b.micro_batch) for b in bounds] == [
+        (200_000, 215_000, 0),
+        (220_000, 235_000, 1),
+    ]
+    r = detect_retained(trace)
+    assert kept(r) == [(12, 0), (112, 1)]

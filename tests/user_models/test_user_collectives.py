@@ -154,6 +154,7 @@ def test_analyze_names_the_missing_regather_of_native_tp(user_runs, capsys, tmp_
     assert len(out["findings"]) == len({(f["code"], f["message"]) for f in out["findings"]})
     assert main(["analyze", str(user_runs / "tp_sp_native"), *flags]) == 1
     text = capsys.readouterr().out
+    # the shard the backward should re-gather: B x S/P x H x 4 bytes = 2 x 8 x 48 x 4 = 3 KiB
     assert "ranks 0-7: layer 1 backward: missing all_gather of 3.00 KiB" in text
 
 

@@ -49,9 +49,14 @@ def test_check_equals_the_truth_on_every_drawn_model(generated_runs, private_cac
         assert code == {"pass": 0, "fail": 1, "undecided": 2}[got]
         tally[got if got != expected else "agree"] += 1
         if got == expected:
-            if got == "fail":  # the finding names the step, micro-batch and layer torch saw
-                layers = {f["layer"] for f in report["findings"] if f["code"] == "full-size-save"}
-                assert d.stray["layer"] in layers, (d.name, layers)
+            if got == "fail":  # the finding names the layer, step and micro-batch the stray ran in
+                found = [f for f in report["findings"] if f["code"] == "full-size-save"]
+                mine = [f["message"] for f in found if f["layer"] == d.stray["layer"]]
+                assert mine, (d.name, [f["message"] for f in found])
+                if d.steps > 1:  # the profiler's own step number when the stray ran
+                    assert any(f"step {truth['stray']['profiler_step']}" in m for m in mine), (d.name, mine)
+                if d.micro_batches > 1:
+                    assert any(f"micro-batch {d.stray['micro_batch']}" in m for m in mine), (d.name, mine)
             continue
         if got == "undecided" and d.undecidable():
             continue
