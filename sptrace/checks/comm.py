@@ -13,6 +13,7 @@ import pandas as pd
 
 from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.costmodel.comm import CommEstimate
+from sptrace.detect.args import present
 from sptrace.detect.matching import Matching
 from sptrace.units import human_bytes
 
@@ -271,43 +272,41 @@ def _a(kind: str) -> str:
     return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
 
 
-def _known(v: Any) -> bool:
-    return v is not None and not (isinstance(v, float) and np.isnan(v)) and not pd.isna(v)
-
-
 def _compare(rank: int, layer: int, spec: Any, row: Any) -> list[Finding]:
     """A collective matched to the model's by phase, kind and input bytes: do its group, output
     bytes and wire bytes agree too? (A MATCH claims all of them.) An unknown group is said, never
     taken for the model's."""
-    where = f"layer {layer} {spec.phase}"
-    module = row.module if isinstance(row.module, str) and row.module else None
-    group = int(row.group_size) if _known(row.group_size) else None
     if spec.kind in ("send", "recv"):
         return []
-    if group is None:
-        return [Finding(
-            "warning", "collectives", "group-unknown",
-            f"{where}: {_a(spec.kind)} of {human_bytes(spec.in_bytes)} whose group the trace does not record (the "
-            f"scheme's has {spec.group_size} ranks): its wire bytes cannot be checked",
-            (rank,), layer, module, page="collectives",
-        )]  # fmt: skip
+    where = f"layer {layer} {spec.phase}: {_a(spec.kind)}"
+    module = row.module if isinstance(row.module, str) and row.module else None
+
+    def finding(severity: str, code: str, text: str) -> list[Finding]:
+        return [Finding(severity, "collectives", code, f"{where} {text}", (rank,), layer, module, page="collectives")]
+
+    if not present(row.group_size):
+        return finding(
+            "warning", "group-unknown",
+            f"of {human_bytes(spec.in_bytes)} whose group the trace does not record (the scheme's has "
+            f"{spec.group_size} ranks): its wire bytes cannot be checked",
+        )  # fmt: skip
+    group = int(row.group_size)
     if group != spec.group_size:
-        wire = float(row.wire_bytes) if _known(row.wire_bytes) else None
-        return [Finding(
-            "error", "collectives", "wrong-group",
-            f"{where}: {_a(spec.kind)} of {human_bytes(spec.in_bytes)} in a group of {group} ranks where the scheme's "
-            f"has {spec.group_size}" + (f" ({human_bytes(wire)} on the wire, not {human_bytes(spec.wire_bytes)})"
-                                        if wire is not None else ""),
-            (rank,), layer, module, page="collectives",
-        )]  # fmt: skip
-    out = int(row.out_bytes) if _known(row.out_bytes) else None
-    if out is not None and out != spec.out_bytes:
-        return [Finding(
-            "error", "collectives", "wrong-size",
-            f"{where}: {_a(spec.kind)} that returns {human_bytes(out)} where the scheme's returns "
-            f"{human_bytes(spec.out_bytes)}",
-            (rank,), layer, module, page="collectives",
-        )]  # fmt: skip
+        wire = (
+            f" ({human_bytes(float(row.wire_bytes))} on the wire, not {human_bytes(spec.wire_bytes)})"
+            if present(row.wire_bytes)
+            else ""
+        )
+        return finding(
+            "error", "wrong-group",
+            f"of {human_bytes(spec.in_bytes)} in a group of {group} ranks where the scheme's has "
+            f"{spec.group_size}{wire}",
+        )  # fmt: skip
+    if present(row.out_bytes) and int(row.out_bytes) != spec.out_bytes:
+        return finding(
+            "error", "wrong-size",
+            f"that returns {human_bytes(int(row.out_bytes))} where the scheme's returns {human_bytes(spec.out_bytes)}",
+        )  # fmt: skip
     return []
 
 

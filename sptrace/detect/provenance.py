@@ -98,7 +98,12 @@ class Provenance:
     def source(self, before_ns: int, nbytes: int, tid: int | None, since_ns: int) -> int | None:
         """The ledger row of the latest allocation of exactly ``nbytes`` made on ``tid`` in
         [since_ns, before_ns)."""
-        mask = (self._bytes == nbytes) & (self._alloc < before_ns) & (self._alloc >= since_ns)
+        return self._latest(self._bytes == nbytes, before_ns, tid, since_ns)
+
+    def _latest(self, sized: np.ndarray, before_ns: int, tid: int | None, since_ns: int) -> int | None:
+        """The ledger row of the latest allocation among ``sized`` made on ``tid`` in
+        [since_ns, before_ns)."""
+        mask = sized & (self._alloc < before_ns) & (self._alloc >= since_ns)
         if tid is not None:
             mask &= self._tid == tid
         hit = np.flatnonzero(mask)
@@ -166,11 +171,7 @@ class Provenance:
         if name not in _COPIES:
             return None
         nbytes = numel * elem
-        mask = (self._bytes > nbytes) & (self._bytes <= 4 * nbytes) & (self._alloc < start) & (self._alloc >= since)
-        if tid is not None:
-            mask &= self._tid == tid
-        hit = np.flatnonzero(mask)
-        return int(hit[np.argmax(self._alloc[hit])]) if len(hit) else None
+        return self._latest((self._bytes > nbytes) & (self._bytes <= 4 * nbytes), start, tid, since)
 
     def _producer_of(self, row: int) -> str | None:
         rec = self.ledger.iloc[row]
