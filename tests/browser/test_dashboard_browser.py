@@ -87,6 +87,31 @@ def open_page(browser, url, **kwargs):
     return page, errors
 
 
+def click_bar(page, graph, trace_name, x, shown):
+    """Click the bar of `trace_name` at category `x` in `graph` until the page says `shown`.
+
+    The bar is found by its data, not its position. A click can land while Plotly is still laying
+    out the figure (its responsive resize re-draws the bars), and is then lost; the click is
+    repeated a few times before the test fails, the wait for `shown` being the assertion."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    find = """([graph, name, x]) => {
+        const traces = [...document.querySelectorAll(graph + ' .barlayer .trace')];
+        const t = traces.findIndex(el => el.__data__[0].trace.name === name);
+        return t < 0 ? [-1, -1] : [t, traces[t].__data__[0].trace.x.indexOf(x)];
+    }"""
+    for attempt in range(4):
+        t, i = page.evaluate(find, [graph, trace_name, x])
+        assert t >= 0 and i >= 0, f"no {trace_name} bar at {x} in {graph}"
+        page.locator(f"{graph} .barlayer .trace").nth(t).locator(".point path").nth(i).click(force=True)
+        try:
+            page.wait_for_selector(f"text={shown}", timeout=TIMEOUT_MS if attempt == 3 else 8_000)
+            return
+        except PlaywrightTimeout:
+            if attempt == 3:
+                raise
+
+
 def choose_run(page, label):
     page.click("#header-run")
     page.get_by_role("option", name=label, exact=True).click()
@@ -198,9 +223,7 @@ def test_bar_click_filters_the_table_and_csv_downloads(browser, server):
     page, errors = open_page(browser, server + "/collectives?run=1", accept_downloads=True)
     page.wait_for_selector("#collectives-grid .ag-row", timeout=TIMEOUT_MS)
     total = page.inner_text("#collectives-grid .ag-paging-row-summary-panel")
-    bar = page.locator("#collectives-wire .barlayer .trace").first.locator(".point path").nth(2)  # reduce_scatter
-    bar.click(force=True)
-    page.wait_for_selector("text=showing the reduce_scatter collectives", timeout=TIMEOUT_MS)
+    click_bar(page, "#collectives-wire", "measured", "reduce_scatter", "showing the reduce_scatter collectives")
     kinds = page.evaluate("""() => [...document.querySelectorAll('#collectives-grid .ag-row [col-id="kind"]')]
         .map(c => c.textContent)""")
     assert kinds and set(kinds) == {"reduce_scatter"}
@@ -219,10 +242,7 @@ def test_bar_click_filters_the_table_and_csv_downloads(browser, server):
 def test_memory_bar_click_lists_its_tensors(browser, server):
     page, errors = open_page(browser, server + "/memory?run=1")
     page.wait_for_selector("#memory-graph .barlayer .point path", timeout=TIMEOUT_MS)
-    full = page.evaluate("""() => [...document.querySelectorAll('#memory-graph .barlayer .trace')]
-        .findIndex(t => t.__data__[0].trace.name === 'full')""")
-    page.locator("#memory-graph .barlayer .trace").nth(full).locator(".point path").first.click(force=True)
-    page.wait_for_selector("text=showing layer 1: full tensors", timeout=TIMEOUT_MS)
+    click_bar(page, "#memory-graph", "full", "layer 1", "showing layer 1: full tensors")
     modules = page.evaluate("""() => [...document.querySelectorAll('#memory-grid .ag-row [col-id="module"]')]
         .map(c => c.textContent)""")
     assert modules == ["layers.1.mlp.fc1"] * 8
