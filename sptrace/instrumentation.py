@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.autograd.profiler import record_function
+from torch.utils._python_dispatch import _disable_current_modes
 
 from sptrace import markers
 from sptrace.markers import SavedTensor
@@ -39,6 +40,23 @@ def _kernel(op: Any) -> Any:
 # recorded Python frames (benchmarks/bench_instrument.py measures the difference).
 _range_enter = _kernel(torch.ops.profiler._record_function_enter_new.default)
 _range_exit = _kernel(torch.ops.profiler._record_function_exit._RecordFunction)
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_in_backward = torch._C._current_graph_task_id  # -1 outside autograd's backward
+
+
+# The range ops go through the dispatcher, where a TorchDispatchMode counts them as ops of its
+# region: selective activation checkpointing replays its region in backward and fails when the
+# replay's ops differ from the forward's. Our ranges are no ops of the user's model, so under a
+# mode they are opened and closed with the modes set aside (the hooks test _dispatch_modes, a C
+# call, and call these only when one is active).
+def _range_enter_unseen(name: str) -> Any:
+    with _disable_current_modes():
+        return _range_enter(name, None)
+
+
+def _range_exit_unseen(handle: Any) -> None:
+    with _disable_current_modes():
+        _range_exit(handle)
 
 
 def _profiling() -> bool:
@@ -116,10 +134,13 @@ class Instrumentation:
                 self._stack += ((qualname, None, None),)
                 return
             hooks = None
-            if self.saved_tensors and not self._stack:
+            # a forward replayed in backward (activation checkpointing) keeps nothing across
+            # the boundary: its saves are not recorded
+            if self.saved_tensors and not self._stack and _in_backward() == -1:
                 hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack_first)
                 hooks.__enter__()
-            self._stack += ((qualname, _range_enter(range_name, None), hooks),)
+            handle = _range_enter_unseen(range_name) if _dispatch_modes() else _range_enter(range_name, None)
+            self._stack += ((qualname, handle, hooks),)
 
         return pre_hook
 
@@ -130,7 +151,7 @@ class Instrumentation:
             _, handle, hooks = self._stack[-1]
             del self._stack[-1]
             if handle is not None:
-                _range_exit(handle)
+                _range_exit_unseen(handle) if _dispatch_modes() else _range_exit(handle)
             if hooks is not None:
                 hooks.__exit__(None, None, None)
             if not self._stack and self._pending:
@@ -177,7 +198,10 @@ class Instrumentation:
         dtypes = map(_DTYPE_PREFIX, map(str, map(_dtype_of, tensors)))
         nbytes = map(_nbytes_of, tensors)
         records = map(_RECORD.format, modules, dims, dtypes, nbytes, ptrs, sizes, kinds)
-        _range_exit(_range_enter(" ".join(records), None))
+        if _dispatch_modes():
+            _range_exit_unseen(_range_enter_unseen(" ".join(records)))
+        else:
+            _range_exit(_range_enter(" ".join(records), None))
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -230,6 +230,15 @@ class Judge:
             and self._head_axis(shape[0] // B, shape[2])
         ):
             add(1, (shape[0] // B, shape[2]), "[B*h, S, d]")
+        if P > 1 and n >= 3:
+            # the sequence as P chunks of S/P on two axes: an all-to-all's buffer (DeepSpeed-Ulysses
+            # lays q, k, v out as [P, S/P, B, h/P, d] sequence-first, [P, B, S/P, h/P, d] and
+            # [B, P, S/P, ...] batch-first); the whole sequence, whatever each axis alone reads as
+            for chunked, layout in (((0, 1), "[P, S/P, B, ...]"), ((0, 2), "[P, B, S/P, ...]"),
+                                    ((1, 2), "[B, P, S/P, ...]")):  # fmt: skip
+                batch_axis = ({0, 1, 2} - set(chunked)).pop()
+                if shape[chunked[0]] == P and shape[chunked[1]] == s_local and shape[batch_axis] == B:
+                    out.append((True, math.prod(shape[3:]), layout, False))
         if m.heads and any(v[2] == "[B, h, S, d]" for v in out):
             # declared heads matched one more axis than a [B, S, ...] reading: the more specific wins
             out = [v for v in out if v[2] == "[B, h, S, d]"]
@@ -286,6 +295,11 @@ class Judge:
         classes = {c for c, _ in judged}
         if len(classes) == 1:
             return judged[0]
+        readings_text = "; ".join(f"as {v[2]}: {c}" for v, (c, _) in zip(views, judged))
+        if classes <= {"seq-sharded", "head-sharded", "other"}:
+            # no reading is full: the tensor is a shard (or a statistic) whichever it is
+            cls = next(c for c in ("seq-sharded", "head-sharded", "other") if c in classes)
+            return cls, f"not full whichever way its shape reads ({readings_text})"
         readings = "; ".join(f"as {v[2]}{' scores' if v[3] else ''}: {c}" for v, (c, _) in zip(views, judged))
         return "ambiguous", f"its shape reads several ways ({readings}) and its origin is not in the trace"
 

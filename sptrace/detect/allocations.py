@@ -36,7 +36,7 @@ from sptrace import dtypes, markers
 from sptrace.detect import forms
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.boundaries import Boundary, find_boundaries
-from sptrace.detect.collectives import RankIndex, layer_of, matches, within
+from sptrace.detect.collectives import RankIndex, matches, within
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.provenance import Provenance
 from sptrace.detect.shapes import infer_shape
@@ -242,7 +242,7 @@ def detect_retained(
         producer = _producer(collectives, ops, alloc, slack) if alloc is not None else None
         origin = origins.of_row(int(alloc["_row"]), producer, b.forward_ns) if alloc is not None else None
         rows.append({
-            "rank": trace.rank, "module": rec.module, "layer": layer_of(rec.module), "shape": rec.shape,
+            "rank": trace.rank, "module": rec.module, "layer": idx.layer_of(rec.module), "shape": rec.shape,
             "dtype": rec.dtype, "nbytes": rec.nbytes, "storage_bytes": rec.storage_nbytes or rec.nbytes,
             "storage_ptr": rec.storage_ptr or None, "source": "sptrace.saved record", "alloc_op": made_by,
             "producer": producer, "origin": origin and origin.kind, "origin_text": origin and origin.text,
@@ -338,7 +338,7 @@ def _retained_from_memory(
     inferred = infer_shape(op, int(rec["bytes"]), element_size, slack) if op is not None else None
     module, _, _ = idx.module_of(alloc_ns, alloc_ns, tid if tid is not None else -1)
     return {
-        "module": module, "layer": layer_of(module),
+        "module": module, "layer": idx.layer_of(module),
         "shape": None if inferred is None else inferred[0],
         "dtype": None if inferred is None else inferred[1], "nbytes": int(rec["bytes"]),
         "storage_bytes": int(rec["bytes"]), "storage_ptr": int(rec["addr"]),
@@ -366,11 +366,7 @@ def _shapes_seen(cpu: pd.DataFrame, fwd: int, bwd: int | None, dtypes_of: dict |
 
 
 def _layers_seen(idx: RankIndex) -> set[int]:
-    seen: set[int] = set()
-    for name in idx.module_markers.frame.get("name", pd.Series(dtype=str)).astype(str):
-        layer = layer_of(name[len(markers.MODULE) :])
-        if layer is not None:
-            seen.add(layer)
+    seen = set(idx.marker_layers.values())
     if not seen:
         seen = idx.python_layers()
     return seen

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -114,6 +115,27 @@ def layer_of(module: str | None) -> int | None:
         return None
     match = _LAYER_IN_PATH.search(module)
     return int(match.group(1)) if match else None
+
+
+def layers_of_paths(paths: Iterable[str]) -> dict[str, int]:
+    """Module paths -> layer index, read from the paths together: a named layer container first
+    (``layer_of``); else the outermost numbered child of a container (a path part that is a
+    number: a ModuleList or Sequential index) that holds modules of its own, as ``0`` does in
+    ``0.attn`` for ``nn.Sequential(*blocks)``. A Sequential MLP's ``mlp.0`` Linear holds none
+    and is no layer (the same rule ``RankIndex.layer_frames`` applies to python stacks)."""
+    paths = {p for p in paths if p}
+    composite = {p.rsplit(".", 1)[0] for p in paths if "." in p}
+    composite |= {c.rsplit(".", k)[0] for c in list(composite) for k in range(1, c.count(".") + 1)}
+    out: dict[str, int] = {}
+    for path in paths:
+        n = layer_of(path)
+        if n is None:
+            parts = path.split(".")
+            n = next((int(part) for i, part in enumerate(parts)
+                      if part.isdigit() and ".".join(parts[: i + 1]) in composite), None)  # fmt: skip
+        if n is not None:
+            out[path] = n
+    return out
 
 
 def within(ranges: Intervals, points: np.ndarray) -> np.ndarray:
@@ -274,6 +296,17 @@ class RankIndex:
         if module:
             return module, None, "python stack"
         return None, None, "none"
+
+    @cached_property
+    def marker_layers(self) -> dict[str, int]:
+        """The layer of each module path the instrumentation's markers name (layers_of_paths)."""
+        names = self.module_markers.frame.get("name", pd.Series(dtype=str)).astype(str)
+        return layers_of_paths(n[len(markers.MODULE) :] for n in names.unique())
+
+    def layer_of(self, module: str | None) -> int | None:
+        """A module's layer: its path's named container, else its place among the marked paths."""
+        n = layer_of(module)
+        return n if n is not None or not module else self.marker_layers.get(module)
 
     @cached_property
     def layer_frames(self) -> dict[str, int]:
@@ -787,7 +820,7 @@ def _resolve(idx: RankIndex, rank: int | None, groups: _GroupTable, row: _Row) -
         "transfer_start_us": None if transfer is None else transfer[0] / 1000,
         "transfer_dur_us": None if transfer is None else (transfer[1] - transfer[0]) / 1000,
         "phase": idx.phase_of(row.start, row.end, row.tid if row.tid is not None else -1),
-        "step": idx.step_of(row.start), "layer": layer_of(module), "module": module, "role": role, "seq": seq,
+        "step": idx.step_of(row.start), "layer": idx.layer_of(module), "module": module, "role": role, "seq": seq,
         "source": "; ".join(source), "unknown": "; ".join(unknown) or None, "tid": row.tid,
         "peer_candidates": candidates,
     }  # fmt: skip

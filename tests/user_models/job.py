@@ -210,6 +210,25 @@ def functional_ulysses(root: Path) -> None:
     })  # fmt: skip
 
 
+def deepspeed_ulysses(root: Path) -> None:
+    """DeepSpeed-Ulysses' layout, sequence-first: x is [S/P, B, H] on every rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(3)
+    model = nn.Sequential(*(models.DeepSpeedUlysses(H, HEADS, dist.group.WORLD) for _ in range(2)))
+    x = shard_of(torch.randn(S, B, H), rank, world, dim=0)
+
+    def forward() -> Tensor:
+        return model(x).square().mean()
+
+    saved = census(model, forward)
+    counts = comm_counts(forward)
+    profiled(root / "deepspeed_ulysses", sgd_step(model, forward))
+    write_oracle(root, "deepspeed_ulysses", {
+        "saved": saved, "comm_counts": counts,
+        "config": {"batch": B, "seq": S, "hidden": H, "heads": HEADS, "sp": world, "layers": 2},
+    })  # fmt: skip
+
+
 def list_allgather(root: Path) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(2)
@@ -380,11 +399,15 @@ def forward_only(root: Path) -> None:
     write_oracle(root, "forward_only", {"config": {"batch": B, "seq": S, "hidden": H, "sp": world}})
 
 
-def sac(root: Path) -> None:
+def sac(root: Path, name: str = "sac", keep_gathered: bool = True) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(7)
-    blocks = [models.CheckpointedGather(H, dist.group.WORLD) for _ in range(2)]
+    blocks = [models.CheckpointedGather(H, dist.group.WORLD, keep_gathered) for _ in range(2)]
     model = nn.Sequential(*blocks)
+    if not keep_gathered:  # the clean run, instrumented as the README says
+        import sptrace
+
+        sptrace.instrument(model)
     x = shard_of(torch.randn(B, S, H), rank, world).requires_grad_(False)
 
     def forward() -> Tensor:
@@ -393,11 +416,11 @@ def sac(root: Path) -> None:
     step = sgd_step(model, forward)
     for b in blocks:
         b.recorded.clear()
-    profiled(root / "sac", step)
+    profiled(root / name, step)
     # the policy saw the warm-up steps too: one step's worth is the last third
     kept = [r for b in blocks for r in b.recorded]
     per_step = len(kept) // 3
-    write_oracle(root, "sac", {
+    write_oracle(root, name, {
         "sac": kept[-per_step:], "config": {"batch": B, "seq": S, "hidden": H, "sp": world, "layers": 2},
     })  # fmt: skip
 
@@ -539,11 +562,13 @@ SCENARIOS = {
     "tp_sp_instrumented": tp_sp_instrumented,
     "functional_ulysses": functional_ulysses,
     "list_allgather": list_allgather,
+    "deepspeed_ulysses": deepspeed_ulysses,
     "p2p_ring": p2p_ring,
     "stray_list": stray_list,
     "ffn4h_p4": ffn4h_p4,
     "forward_only": forward_only,
     "sac": sac,
+    "sac_clean": lambda root: sac(root, "sac_clean", keep_gathered=False),
     "accumulation": accumulation,
     "two_steps": two_steps,
     # last: their groups stay in every later trace's process groups, where the other scenarios'

@@ -299,11 +299,13 @@ class RingMixer(nn.Module):
 class CheckpointedGather(nn.Module):
     """A block under non-reentrant selective activation checkpointing whose policy saves matmul
     outputs and the all-gathered sequence: the gathered [B, S, H] tensor lives in the SAC cache,
-    not in autograd's saved tensors."""
+    not in autograd's saved tensors. With keep_gathered=False the policy saves only the matmul
+    outputs (sequence shards) and recomputes the gather in backward: the clean way to use SAC."""
 
-    def __init__(self, hidden: int, group: dist.ProcessGroup) -> None:
+    def __init__(self, hidden: int, group: dist.ProcessGroup, keep_gathered: bool = True) -> None:
         super().__init__()
         self.group = group
+        self.keep_gathered = keep_gathered
         self.norm = nn.LayerNorm(hidden)
         self.mix = nn.Linear(hidden, hidden, bias=False)
         self.recorded: list[tuple[str, tuple[int, ...]]] = []
@@ -312,7 +314,7 @@ class CheckpointedGather(nn.Module):
         from torch.utils.checkpoint import CheckpointPolicy
 
         name = str(op)
-        keep = "mm" in name or "all_gather" in name or "wait_tensor" in name
+        keep = "mm" in name or (self.keep_gathered and ("all_gather" in name or "wait_tensor" in name))
         if keep and not ctx.is_recompute and isinstance(ctx.op_output, Tensor):
             self.recorded.append((name, tuple(ctx.op_output.shape)))
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
@@ -332,6 +334,63 @@ class CheckpointedGather(nn.Module):
         return checkpoint(
             self._inner, x, use_reentrant=False, context_fn=partial(create_selective_checkpoint_contexts, self.policy)
         )
+
+
+# ---- 6b. DeepSpeed-Ulysses' DistributedAttention, sequence-first ----------------------------------
+
+
+def _seq_first_all_to_all(x: Tensor, scatter_heads: bool, group: dist.ProcessGroup) -> Tensor:
+    """DeepSpeed's sequence-first all-to-all, as deepspeed/sequence/layer.py lays it out (written
+    anew here). Heads out, sequence in: [S/P, B, a, d] -> [P, S/P, B, a/P, d] (the all-to-all's
+    buffer) -> [S, B, a/P, d], a view of it. Sequence out, heads in: [S, B, a/P, d] ->
+    [P, S/P, B, a/P, d] -> [S/P, B, P, a/P, d] -> [S/P, B, a, d]."""
+    p = dist.get_world_size(group)
+    if scatter_heads:
+        s_local, b, a, d = x.shape
+        send = x.reshape(s_local, b, p, a // p, d).permute(2, 0, 1, 3, 4).contiguous()
+    else:
+        s, b, a_local, d = x.shape
+        send = x.reshape(p, s // p, b, a_local, d).contiguous()
+    got = torch.empty_like(send)
+    dist.all_to_all_single(got, send, group=group)
+    if scatter_heads:
+        return got.reshape(s_local * p, b, a // p, d)
+    return got.permute(1, 2, 0, 3, 4).reshape(s // p, b, a_local * p, d)
+
+
+class _SeqAllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, scatter_heads: bool, group: dist.ProcessGroup) -> Tensor:
+        ctx.scatter_heads, ctx.group = scatter_heads, group
+        return _seq_first_all_to_all(x, scatter_heads, group)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return _seq_first_all_to_all(grad.contiguous(), not ctx.scatter_heads, ctx.group), None, None
+
+
+class DeepSpeedUlysses(nn.Module):
+    """A sequence-first block ([S/P, B, H] in and out) around DeepSpeed-Ulysses'
+    DistributedAttention: q, k, v are [S/P, B, a, d] until the all-to-all gives each rank the
+    whole sequence for a/P heads; the context goes back the other way. Weights are whole on
+    every rank (Ulysses has no tensor parallelism)."""
+
+    def __init__(self, hidden: int, heads: int, group: dist.ProcessGroup) -> None:
+        super().__init__()
+        self.heads, self.group = heads, group
+        self.norm = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+
+    def forward(self, x: Tensor) -> Tensor:
+        s_local, b, h = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(s_local, b, 3, self.heads, h // self.heads).unbind(2)
+        q, k, v = (_SeqAllToAll.apply(t.contiguous(), True, self.group) for t in (q, k, v))  # [S, B, a/P, d]
+        context = nn.functional.scaled_dot_product_attention(*(t.permute(1, 2, 0, 3) for t in (q, k, v)))
+        context = _SeqAllToAll.apply(context.permute(2, 0, 1, 3).contiguous(), False, self.group)  # [S/P, B, a, d]
+        x = x + self.proj(context.reshape(s_local, b, h))
+        return x + self.mlp(x)
 
 
 # ---- 7. ring attention over a subgroup, written with dist.isend / dist.irecv -------------------------

@@ -131,6 +131,47 @@ def test_selective_checkpointing_keeps_are_seen(user_runs, capsys, private_cache
     assert sum(len(s) for s in full_per_rank(report).values()) >= WORLD  # most are judged, and fail
 
 
+def test_clean_selective_checkpointing_instrumented_passes(user_runs, capsys, private_cache):
+    """The clean SAC block (its policy saves only matmul outputs and recomputes the gather in
+    backward), with sptrace.instrument as the README says: every tensor the policy kept is a
+    [B, S/P, H] shard by its own record, so a SAC user gets a green gate."""
+    kept = oracle(user_runs, "sac_clean")["sac"]
+    assert kept and {math.prod(shape) for _, shape in kept} == {B * S // WORLD * H}
+    assert not any("all_gather" in op or "wait_tensor" in op for op, _ in kept)
+    code, report = check(user_runs, "sac_clean", capsys, private_cache, "--sp", "8")
+    assert (code, report["verdict"]["status"]) == (0, "pass"), report["verdict"]
+    assert report["counts"]["full"] == 0 and report["counts"]["ambiguous"] == 0
+    for rank in range(WORLD):  # the kept shards are judged on every rank, in both layers
+        judged = [s for s in report["saved"] if s["rank"] == rank and s["class"] == "seq-sharded"]
+        assert {s["layer"] for s in judged} == {0, 1}, rank
+
+
+def test_deepspeed_ulysses_sequence_first_passes(user_runs, capsys, private_cache):
+    """DeepSpeed-Ulysses' own layout: sequence-first [S/P, B, H] blocks whose q, k, v are
+    [S/P, B, a, d] until an all-to-all gives each rank the whole sequence for a/P heads (the
+    all-to-all's [P, S/P, B, a/P, d] buffer). torch's census: nothing autograd saved holds the
+    whole sequence at full width, so the step is clean; every saved all-to-all buffer is a
+    head shard, never "a few tokens of the sequence"."""
+    census = [s for s in oracle(user_runs, "deepspeed_ulysses")["saved"] if not s["param"]]
+    assert census and not any(spans_the_sequence(s["shape"]) for s in census)
+    heads = 8
+    code, report = check(user_runs, "deepspeed_ulysses", capsys, private_cache, "--sp", "8", "--heads", str(heads))
+    assert (code, report["verdict"]["status"]) == (0, "pass"), report["verdict"]
+    d = H // heads
+    for rank in range(WORLD):
+        a2a = [s for s in report["saved"] if s["rank"] == rank and s["origin"] == "all-to-all"]
+        # an all-to-all moves as many bytes as it takes: each buffer is 1/P of the sequence's
+        assert a2a and all(s["storage_bytes"] == S * B * H // WORLD * 4 for s in a2a), rank
+        assert not {s["class"] for s in a2a} & {"full", "ambiguous", "other"}, rank
+        # DeepSpeed's own buffer layout for q, k, v: the whole sequence (P chunks of S/P) for
+        # a/P heads, in both layers
+        buffers = [s for s in a2a if s["shape"] == [WORLD, S // WORLD, B, heads // WORLD, d]]
+        assert len(buffers) >= 2 * 3 and {s["class"] for s in buffers} == {"head-sharded"}, rank
+    # without --heads the same verdict: the layout comes from the trace
+    code2, report2 = check(user_runs, "deepspeed_ulysses", capsys, private_cache, "--sp", "8")
+    assert code2 == 0, report2["verdict"]
+
+
 def test_a_wrong_declaration_cannot_decide(user_runs, capsys, private_cache):
     ok, _ = check(user_runs, "list_allgather", capsys, private_cache)
     assert ok == 0
