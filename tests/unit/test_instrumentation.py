@@ -177,3 +177,62 @@ def test_bulk_records_match_the_readable_description():
     assert {(r.shape, r.kind) for r in expected} >= {((), "activation"), ((6, 4), "param")}
     args = ("m", "3x6", "float32", 72, 0x7F00, 96, "activation")
     assert _RECORD.format(*args) == markers.saved_marker("m", (3, 6), *args[2:])
+
+
+class _Checkpointed(nn.Module):
+    """Blocks under selective activation checkpointing (matmul outputs saved, the rest replayed
+    in backward), the whole model checkpointed from outside as well: SAC fails in backward when
+    its replay runs other ops than the forward did."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Tiny() for _ in range(2))
+
+    def forward(self, x):
+        from functools import partial
+
+        from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+        def policy(ctx, op, *args, **kwargs):
+            return CheckpointPolicy.MUST_SAVE if "mm" in str(op) else CheckpointPolicy.PREFER_RECOMPUTE
+
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False,
+                           context_fn=partial(create_selective_checkpoint_contexts, policy))  # fmt: skip
+        return x
+
+
+@pytest.mark.parametrize("outside", [False, True])
+def test_selective_checkpointing_runs_instrumented(outside):
+    from functools import partial
+
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    model = _Checkpointed()
+    sptrace.instrument(model)
+    x = torch.randn(3, 5, 12, requires_grad=True)
+
+    def forward():
+        if not outside:
+            return model(x)
+        keep = partial(create_selective_checkpoint_contexts, lambda *a, **k: CheckpointPolicy.PREFER_RECOMPUTE)
+        return checkpoint(model, x, use_reentrant=False, context_fn=keep)
+
+    forward().sum().backward()  # the warm-up: no profiler
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        forward().sum().backward()  # raised "invocation index ... not found in storage" before
+    names = Counter(e.name for e in prof.events())
+    # each block's range in forward and again in its backward replay
+    assert names["sptrace.module::blocks.0.fc1"] == 2 and names["sptrace.module::blocks.1.block"] == 2
+    # the forward's saves are recorded once; the replay keeps nothing across the boundary
+    records = [e.name for e in prof.events() if e.name.startswith("sptrace.saved")]
+    assert len(records) == 1
+
+
+def test_layers_from_the_structure_of_module_paths():
+    from sptrace.detect.collectives import layers_of_paths
+
+    paths = ["0", "0.attn", "0.mlp.0", "0.mlp.1", "1", "1.attn", "layers.3.mlp.0", "head", "mlp.0"]
+    layers = layers_of_paths(paths)
+    # Sequential(*blocks) children that hold modules are layers; a Sequential MLP's Linears are not
+    assert layers == {"0": 0, "0.attn": 0, "0.mlp.0": 0, "0.mlp.1": 0, "1": 1, "1.attn": 1, "layers.3.mlp.0": 3}
