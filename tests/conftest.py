@@ -131,7 +131,15 @@ class Launches:
         self.out("generated").mkdir(parents=True, exist_ok=True)
         # inductor's cache inside the launch's folder: the compiled draws compile once per launch
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.out("generated") / "inductor")}
-        return _torchrun("tests.user_models.generated.job", self.out("generated"), self.run, nproc=4, env=env)
+        proc = _torchrun("tests.user_models.generated.job", self.out("generated"), self.run, nproc=4, env=env)
+        if proc.returncode != 0:
+            return proc
+        # the checks of the 42 draws here too, in this thread: they overlap the tests running
+        # meanwhile instead of following them
+        judged = self.run([sys.executable, "-m", "tests.user_models.generated.judge", str(self.out("generated"))],
+                          cwd=REPO, text=True, timeout=900)  # fmt: skip
+        return subprocess.CompletedProcess(proc.args, judged.returncode, proc.stdout + judged.stdout,
+                                           proc.stderr + judged.stderr)  # fmt: skip
 
 
 LAUNCHES = Launches()
@@ -212,10 +220,12 @@ def user_runs() -> Path:
 
 @pytest.fixture(scope="session")
 def generated_runs() -> Path:
-    """One 4-rank run of tests.user_models.generated.job: 42 drawn models, each with its truth."""
+    """One 4-rank run of tests.user_models.generated.job: 42 drawn models, each with its truth
+    and `sptrace check`'s verdict on it (tests.user_models.generated.judge)."""
     proc = LAUNCHES.result("generated")
     out = LAUNCHES.out("generated")
     assert proc.returncode == 0 and (out / "done").exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert (out / "checks" / "done").exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
     return out
 
 

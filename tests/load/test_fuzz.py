@@ -69,9 +69,10 @@ def write(directory: Path, name: str, data: bytes) -> Path:
 
 
 # database=None: no example database (the conftest sends hypothesis's other files to a scratch folder)
-# SPTRACE_FUZZ_EXAMPLES=2000 for a long hunt before a release; CI draws 25 new cases per test each run
+# SPTRACE_FUZZ_EXAMPLES=2000 for a long hunt before a release. Each run draws new cases: make test
+# 10 per test (it has a time budget), CI (.ci/run) 25
 FUZZ = settings(
-    max_examples=int(os.environ.get("SPTRACE_FUZZ_EXAMPLES", "25")),
+    max_examples=int(os.environ.get("SPTRACE_FUZZ_EXAMPLES", "10")),
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -241,7 +241,8 @@ def events(draw):
 
 
 @settings(
-    max_examples=int(os.environ.get("SPTRACE_FUZZ_EXAMPLES", "120")),
+    # make test draws 40 new event lists per run, CI (.ci/run) 120
+    max_examples=int(os.environ.get("SPTRACE_NATIVE_EXAMPLES", "40")),
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

@@ -1,0 +1,51 @@
+"""`sptrace check` on every draw the generator profiled, with the flags a user knows (B, S, H, P),
+each verdict written beside the traces for test_generated.py to compare with the truth:
+
+    python -m tests.user_models.generated.judge DIR
+
+DIR/checks/<gNN>.json   {"code": exit code, "report": check's JSON report}
+
+The suite runs this in its background thread right after the generator's launch, so the 42
+checks overlap the tests that run meanwhile (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+from sptrace.cli import main as sptrace
+
+
+def judge(run: Path) -> dict:
+    draw = json.loads((run.parent / "truth" / f"{run.name}.json").read_text())["draw"]
+    shape = ["--batch", str(draw["batch"]), "--seq", str(draw["seq"]), "--hidden", str(draw["hidden"]),
+             "--sp", str(draw["sp"])]  # fmt: skip
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = sptrace(["check", str(run), "--format", "json", "--workers", "1", "--no-cache", *shape])
+    text = out.getvalue()
+    return {"code": code, "report": json.loads(text) if text.strip() else None, "stderr": err.getvalue()[-2000:]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("root", type=Path)
+    args = parser.parse_args()
+    checks = args.root / "checks"
+    checks.mkdir(exist_ok=True)
+    for truth in sorted((args.root / "truth").glob("*.json")):
+        result = judge(args.root / truth.stem)
+        tmp = checks / f".{truth.stem}.json.tmp"
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, checks / f"{truth.stem}.json")
+    (checks / "done").touch()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
