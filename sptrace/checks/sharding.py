@@ -230,7 +230,9 @@ class Judge:
             and self._head_axis(shape[0] // B, shape[2])
         ):
             add(1, (shape[0] // B, shape[2]), "[B*h, S, d]")
-        if P > 1 and n >= 3:
+        if P > 1 and n >= 3 and not any(not v[0] and v[1] == m.hidden for v in out):
+            # (not where the shape already reads as an exact [S/P, B, H] shard, as the all-to-all
+            # that brings the heads home leaves it when P == S/P)
             # the sequence as P chunks of S/P on two axes: an all-to-all's buffer (DeepSpeed-Ulysses
             # lays q, k, v out as [P, S/P, B, h/P, d] sequence-first, [P, B, S/P, h/P, d] and
             # [B, P, S/P, ...] batch-first); the whole sequence, whatever each axis alone reads as

@@ -75,11 +75,20 @@ def run(args: argparse.Namespace) -> int:
         )
         for s in ("none", "tp", "tp_sp", "tp_sp_selective", "full_recompute")
     }
+    # Korthikanti's Table 2 counts 2-byte activations (1-byte dropout masks): other dtypes scale
+    scale = (cfg.dtype_bytes or 2) / 2
     if args.format == "json":
         out = est.to_dict()
         out["attention_only"] = attention_only
-        out["activation_bytes_per_layer"] = act
-        out["korthikanti_bytes_per_layer"] = korthikanti
+        # the paper's fp16 figures as printed there, and scaled to the declared dtype as the text
+        # shows them (null where the dtype or the heads are unknown)
+        out["activation_bytes_per_layer_fp16"] = act
+        out["korthikanti_bytes_per_layer_fp16"] = korthikanti
+        known = cfg.dtype_bytes is not None
+        out["activation_bytes_per_layer"] = None if act is None or not known else round(act * scale)
+        out["korthikanti_bytes_per_layer"] = {s: (round(v * scale) if known and v is not None else None)
+                                              for s, v in korthikanti.items()}  # fmt: skip
+        out["activation_dtype"] = cfg.dtype
         print(json.dumps(out, indent=2, default=str))
         return 0
     print(
@@ -107,8 +116,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"  {'per step':<15}{est.count():>5} collectives  {human_bytes(step):>12}  ({step / 2**20:.2f} MiB)")
     for note in est.notes:
         print(f"  note: {note}")
-    # Korthikanti's Table 2 counts 2-byte activations (1-byte dropout masks): other dtypes scale
-    scale = (cfg.dtype_bytes or 2) / 2
     basis = "fp16 with dropout" if scale == 1 else f"its fp16 formula with dropout, scaled to {cfg.dtype}"
     print(f"\nactivations kept per layer and rank (Korthikanti et al. Table 2, {basis}):")
     print(

@@ -41,6 +41,12 @@ def _bytes(shape):
         ((2, 16, 128, 128), "full"),  # attention scores of all a heads
         ((2, 2, 16, 128), "seq-sharded"),  # a query shard's scores against the whole sequence (ring)
         ((96, 96), "other"),  # a weight
+        # DeepSpeed-Ulysses' all-to-all buffers: the sequence as P chunks of S/P on two axes
+        ((8, 16, 2, 2, 6), "head-sharded"),  # [P, S/P, B, a/P, d]: whole sequence, a/P heads
+        ((8, 2, 16, 2, 6), "head-sharded"),  # [P, B, S/P, a/P, d] (batch-first, permuted)
+        ((8, 16, 2, 16, 6), "full"),  # [P, S/P, B, a, d]: whole sequence, every head
+        ((2, 8, 16, 16, 6), "full"),  # [B, P, S/P, a, d]
+        ((16, 2, 8, 2, 6), "seq-sharded"),  # [S/P, B, P, a/P, d]: this rank's tokens, heads in P groups
     ],
 )
 def test_classify_by_shape(shape, cls):

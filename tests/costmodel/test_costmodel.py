@@ -118,6 +118,17 @@ def test_model_cli_text_and_json(capsys):
     data = json.loads(capsys.readouterr().out)
     assert round(data["wire_bytes_per_step"] / GiB, 2) == 38.72 and data["k"] == 1
     assert data["by_kind"]["all_to_all"]["count"] == 64
+    # Korthikanti's fp16 figure (2 bytes an element, 1-byte dropout masks), and the same scaled to
+    # the declared dtype: fp32 doubles it, in the JSON as in the text
+    shape = ["--scheme", "megatron", "--layers", "1", "--batch", "1", "--seq", "2048", "--hidden", "12288",
+             "--heads", "96", "--ffn", "49152", "--sp", "8"]  # fmt: skip
+    sbh = 2048 * 12288
+    assert main(["model", *shape, "--dtype", "float32", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["korthikanti_bytes_per_layer_fp16"]["tp_sp_selective"] == 34 * sbh / 8
+    assert data["korthikanti_bytes_per_layer"]["tp_sp_selective"] == 2 * 34 * sbh // 8
+    assert main(["model", *shape, "--dtype", "float32"]) == 0
+    assert f"with selective recompute of core attention: {2 * 34 * sbh // 8 / 2**20:.2f} MiB" in capsys.readouterr().out
     flags = ["--sp", "4", "--heads", "8", "--kv-heads", "2", "--hidden", "64"]
     # nothing is filled in from the reference models' defaults unless asked for by name
     assert main(["model", "--scheme", "hybrid", *flags]) == 2
