@@ -105,10 +105,14 @@ def not_found(pathname: str) -> Any:
     ], className="not-found")  # fmt: skip
 
 
-def create_app(paths: list[Path], sweeps: list[Path] | None = None, analyses: list | None = None) -> Dash:
+def create_app(
+    paths: list[Path], sweeps: list[Path] | None = None, analyses: list | None = None,
+    options: dict[str, Any] | None = None,
+) -> Dash:  # fmt: skip
     """``paths``: the runs; ``sweeps``: sptrace sweep folders, shown on the Compare page;
-    ``analyses``: the runs' analyses when the caller already has them (sptrace demo)."""
-    store = RunStore(paths, sweeps or [], analyses)
+    ``analyses``: the runs' analyses when the caller already has them (sptrace demo);
+    ``options``: analyse_run's for every run (the model flags, load options)."""
+    store = RunStore(paths, sweeps or [], analyses, options)
     app = Dash(__name__, title="sptrace", update_title=None, suppress_callback_exceptions=True,
                assets_folder=str(ASSETS), serve_locally=True)  # fmt: skip
     app.layout = dmc.MantineProvider(
@@ -223,11 +227,11 @@ def _serve_404(app: Dash, store: RunStore) -> None:
 
 def serve(
     paths: list[Path], host: str = "127.0.0.1", port: int = 8050, debug: bool = False,
-    sweeps: list[Path] | None = None, analyses: list | None = None,
+    sweeps: list[Path] | None = None, analyses: list | None = None, options: dict[str, Any] | None = None,
 ) -> Any:  # fmt: skip
     import logging
 
-    app = create_app(paths, sweeps, analyses)
+    app = create_app(paths, sweeps, analyses, options)
     app.sptrace_store.warm()  # type: ignore[attr-defined]
     if not debug:  # one line per request drowns sptrace's own messages; --debug keeps them
         logging.getLogger("werkzeug").setLevel(logging.WARNING)

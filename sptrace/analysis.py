@@ -42,7 +42,7 @@ from sptrace.rankmap import (
     merged_collectives,
     summarize,
 )
-from sptrace.shape import ModelShape
+from sptrace.shape import FIELDS, Declarations, ModelShape
 
 PARTS = ("collectives", "sharding")
 """What analyse_run can compute: collectives (with matching, timing and the cost-model check) and
@@ -159,14 +159,20 @@ class RunAnalysis:
         }
 
 
-def declared_model(run_info: dict[str, Any] | None, flags: Mapping[str, Any] | None = None) -> ModelShape:
+def declared_model(
+    run_info: dict[str, Any] | None, flags: Mapping[str, Any] | Declarations | None = None
+) -> ModelShape:
     """run.json's declared config, overridden by flags (what is known before any trace is read)."""
     declared = run_info.get("config") if isinstance(run_info, dict) else None
+    if declared is None and isinstance(run_info, dict) and any(k in FIELDS for k in run_info):
+        declared = run_info  # written flat, shaped like profile_step's run_info
     model = ModelShape.from_mapping(declared if isinstance(declared, dict) else None, "run.json")
+    if isinstance(flags, Declarations):  # a --config file, then the flags
+        return flags.apply(model)
     return model.override("flags", **dict(flags)) if flags else model
 
 
-def resolve_model(run: RunTrace, flags: Mapping[str, Any] | None = None) -> ModelShape:
+def resolve_model(run: RunTrace, flags: Mapping[str, Any] | Declarations | None = None) -> ModelShape:
     """run.json's declared config, overridden by flags; P read off the trace when it leaves
     one answer (the run's only process group), saying so in provenance."""
     model = declared_model(run.run_info, flags)
@@ -182,7 +188,7 @@ def resolve_model(run: RunTrace, flags: Mapping[str, Any] | None = None) -> Mode
 def analyse_run(
     source: Path | str | RunTrace,
     *,
-    flags: Mapping[str, Any] | None = None,
+    flags: Mapping[str, Any] | Declarations | None = None,
     allow: tuple[str, ...] = (),
     strict: bool = False,
     k: int = 2,
@@ -302,7 +308,7 @@ def reduce_run(
     path: Path | None,
     results: Mapping[int, RankResult],
     *,
-    flags: Mapping[str, Any] | None = None,
+    flags: Mapping[str, Any] | Declarations | None = None,
     allow: tuple[str, ...] = (),
     strict: bool = False,
     k: int = 2,

@@ -41,6 +41,45 @@ FIELDS: dict[str, tuple[str, str]] = {
     "ulysses_degree": ("--ulysses-degree", "U, the ranks of one Ulysses group (usp; the ring spans P/U)"),
 }
 INT_FIELDS = ("sp_size", "layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "ulysses_degree")
+# other spellings a config file may use for a field (run.json's keys are the field names)
+ALIASES = {"sp": "sp_size", "kv": "kv_heads", "grad_bucket_mb": "grad_bucket_mib"}
+
+
+def config_values(data: Any, source: str) -> dict[str, Any]:
+    """The ModelShape fields of a config document: run_info's keys (``seq``, ``sp_size`` ...,
+    dashes or underscores, ``sp`` for sp_size), flat or under ``config`` as run.json holds them.
+    A key that is no field is an error naming it (a misspelt key must not be silently unknown)."""
+    if isinstance(data, dict) and isinstance(data.get("config"), dict):
+        data = data["config"]
+    if not isinstance(data, dict):
+        raise UsageError(f"{source}: expected a mapping of run_info keys (seq: 4096, hidden: 4096, ...), "
+                         f"got {type(data).__name__}")  # fmt: skip
+    values: dict[str, Any] = {}
+    unknown = []
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        name = ALIASES.get(name, name)
+        if name not in FIELDS:
+            unknown.append(str(key))
+        elif value is not None:
+            values[name] = value
+    if unknown:
+        raise UsageError(f"{source}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(sorted(unknown))} "
+                         f"(known: {', '.join(FIELDS)})")  # fmt: skip
+    return values
+
+
+@dataclass(frozen=True)
+class Declarations:
+    """What the user declared beside run.json, in order (a later layer wins): a config file's
+    values, then the flags. Each value keeps its source for the model's provenance."""
+
+    layers: tuple[tuple[str, Mapping[str, Any]], ...]
+
+    def apply(self, model: ModelShape) -> ModelShape:
+        for source, values in self.layers:
+            model = model.override(source, **values)
+        return model
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,14 +155,14 @@ class ModelShape:
         missing = self.missing(names)
         if missing:
             flags = ", ".join(FIELDS[n][0] for n in missing)
-            raise UsageError(f"{purpose} needs {flags}: declared neither by run.json nor by a flag; pass {flags}")
+            raise UsageError(f"{purpose} needs {flags}, which neither run.json, --config nor a flag declares")
 
     def why_missing(self, names: Iterable[str], purpose: str) -> str | None:
         missing = self.missing(names)
         if not missing:
             return None
         flags = ", ".join(FIELDS[n][0] for n in missing)
-        return f"{purpose} needs {flags}: declared neither by run.json nor by a flag; pass {flags}"
+        return f"{purpose} needs {flags}, which neither run.json, --config nor a flag declares"
 
     @property
     def label(self) -> str:

@@ -25,3 +25,8 @@ def rank_ranges(ranks: Iterable[int]) -> str:
         out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
         i = j + 1
     return ", ".join(out)
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and the noun that agrees with it: "1 rank", "8 ranks", "1 finding"."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

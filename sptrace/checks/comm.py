@@ -15,7 +15,7 @@ from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.costmodel.comm import CommEstimate
 from sptrace.detect.args import present
 from sptrace.detect.matching import Matching
-from sptrace.units import human_bytes
+from sptrace.units import count, human_bytes
 
 Sig = tuple[str, str, int | None]  # (phase, kind, in_bytes); None: the trace did not say
 
@@ -44,7 +44,7 @@ class CommReport:
         per_rank = int(self.ranks["observed"].max()) if len(self.ranks) else 0
         wire = float(self.ranks["observed_wire_bytes"].max()) if len(self.ranks) else 0.0
         if errors:
-            return Verdict("fail", "MISMATCH", f"{len(errors)} findings against the {self.scheme} model")
+            return Verdict("fail", "MISMATCH", f"{count(len(errors), 'finding')} against the {self.scheme} model")
         if unknown:
             what = []
             for codes, label in ((("size-unknown",), "the size"), (("group-unknown",), "the group"),

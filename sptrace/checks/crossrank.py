@@ -26,7 +26,7 @@ import pandas as pd
 
 from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.detect.matching import UNKNOWN_GROUP, Matching
-from sptrace.units import human_bytes
+from sptrace.units import count, human_bytes
 
 
 @dataclass
@@ -49,7 +49,7 @@ class CrossRankReport:
             return Verdict("undecided", "CANNOT DECIDE", "the trace holds no collective to compare across ranks")
         reasons = (f"the cost-model comparison was skipped: {self.skipped}",) if self.skipped else ()
         if errors:
-            summary = f"{len(errors)} findings: ranks disagree on the collectives they issue"
+            summary = f"{count(len(errors), 'finding')}: ranks disagree on the collectives they issue"
             return Verdict("fail", "INCONSISTENT", summary, reasons)
         if not self.matched:
             return Verdict(

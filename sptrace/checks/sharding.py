@@ -33,7 +33,7 @@ import pandas as pd
 from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.detect.allocations import Retention
 from sptrace.shape import ModelShape
-from sptrace.units import human_bytes, rank_ranges
+from sptrace.units import count, human_bytes, rank_ranges
 
 CLASSES = ("full", "head-sharded", "seq-sharded", "ambiguous", "other", "unknown", "full-unknown-life")
 JUDGED = ("full", "head-sharded", "seq-sharded")
@@ -321,10 +321,12 @@ class Judge:
         if scores:
             heads = max(1, width // S)
             if m.heads is None:
-                return "ambiguous", f"attention scores of {heads} heads over the full sequence; pass --heads to judge"
+                return "ambiguous", (
+                    f"attention scores of {count(heads, 'head')} over the full sequence; pass --heads to judge"
+                )
             if heads * P <= m.heads:
-                return "head-sharded", f"attention scores of {heads} heads (a/P = {m.heads // P})"
-            return "full", f"attention scores of {heads} heads over the full sequence (a = {m.heads})"
+                return "head-sharded", f"attention scores of {count(heads, 'head')} (a/P = {m.heads // P})"
+            return "full", f"attention scores of {count(heads, 'head')} over the full sequence (a = {m.heads})"
         heads = self._heads_of(shape, self._tokens(view))
         if heads == "all":
             return "full", f"full sequence, every head ({width} wide per token)"
@@ -585,7 +587,8 @@ def _conclude(
     errors = [f for f in findings if f.severity == "error"]
     by_size = int((saved["class"].isin(JUDGED) & ~saved["shape"].map(lambda s: isinstance(s, (tuple, list)))).sum())
     summary = (
-        f"{judged} retained tensors judged on {len(retained)} ranks ({counts['seq-sharded']} sequence-sharded, "
+        f"{count(judged, 'retained tensor')} judged on {count(len(retained), 'rank')} "
+        f"({counts['seq-sharded']} sequence-sharded, "
         f"{counts['head-sharded']} head-sharded, {counts['full']} full"
         + (f"; {by_size} by size alone, with no recorded shape" if by_size else "")
         + ")"

@@ -35,6 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from sptrace.fileio import write_atomic
 
+    _require_declared(args)
     analysis = analyse(args, allow=tuple(args.allow), strict=args.strict, parts=("sharding",))
     report = analysis.sharding
     if report is None:
@@ -53,6 +54,30 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return report.verdict.exit_code
+
+
+def _require_declared(args: argparse.Namespace) -> None:
+    """B, S and H come only from the user (run.json, --config, flags): name every one missing
+    before the traces are parsed. P may come from the trace's only process group, so it is named
+    with that condition."""
+    from pathlib import Path
+
+    from sptrace.analysis import declared_model
+    from sptrace.cli.common import declarations
+    from sptrace.load.trace import files_of, read_run_info
+    from sptrace.shape import FIELDS
+
+    path = Path(args.path)
+    if not path.exists():
+        return  # the loader's own message
+    root, _, _ = files_of(path)
+    model = declared_model(read_run_info(root, []), declarations(args))
+    missing = model.missing(("batch", "seq", "hidden"))
+    if missing:
+        flags = ", ".join(FIELDS[n][0] for n in missing)
+        also = " (and --sp, unless the trace holds a single process group)" if model.sp_size is None else ""
+        raise UsageError(f"{args.path}: the sharding check needs {flags}{also}, which neither run.json, --config "
+                         "nor a flag declares")  # fmt: skip
 
 
 def render_text(analysis: RunAnalysis, report: ShardingReport) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from sptrace.dtypes import ACTIVATION_DTYPES
 from sptrace.errors import UsageError
 from sptrace.executors import EXECUTORS
-from sptrace.shape import RECOMPUTE, SCHEME_CHOICES
+from sptrace.shape import RECOMPUTE, SCHEME_CHOICES, Declarations
 
 
 class Parser(argparse.ArgumentParser):
@@ -31,7 +31,9 @@ SHAPE_FLAGS = ("layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "
 def add_shape_flags(p: argparse.ArgumentParser, *, scheme: bool = True, names: tuple[str, ...] = SHAPE_FLAGS) -> None:
     """What the user declares about a run they analyse; every value defaults to run.json's,
     and is unknown when neither says (never a reference model's default)."""
-    g = p.add_argument_group("the run's model (default: run.json's; unknown when neither says)")
+    g = p.add_argument_group("the run's model (flags, then --config, then run.json; unknown when none says)")
+    g.add_argument("--config", metavar="FILE", help="a YAML or JSON file of run_info keys (seq: 4096, hidden: "
+                   "4096, sp_size: 8, ...; flat, or under config: as run.json holds them)")  # fmt: skip
     if scheme:
         g.add_argument("--scheme", choices=SCHEME_CHOICES)
     g.add_argument("--sp", type=int, help="P, the sequence-parallel group size (default: run.json's, else the run's "
@@ -42,6 +44,36 @@ def add_shape_flags(p: argparse.ArgumentParser, *, scheme: bool = True, names: t
     if scheme:
         g.add_argument("--recompute", choices=RECOMPUTE)
         g.add_argument("--grad-bucket-mib", type=float, help="gradient all-reduce bucket cap (DDP's bucket_cap_mb)")
+
+
+def declarations(args: argparse.Namespace) -> Declarations:
+    """What the user declared: the --config file's values (read and checked now, before any
+    trace is parsed), then the flags."""
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if getattr(args, "config", None):
+        layers.append((f"--config {args.config}", read_config(Path(args.config))))
+    layers.append(("flags", shape_flags(args)))
+    return Declarations(tuple(layers))
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A config file's ModelShape fields (YAML, which JSON is a subset of)."""
+    import yaml
+
+    from sptrace.shape import ModelShape, config_values
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: not YAML or JSON ({str(exc).splitlines()[0]})") from None
+    values = config_values(data, str(path))
+    try:  # its values' types and ranges, checked now
+        ModelShape().override(f"--config {path}", **values)
+    except (UsageError, TypeError, ValueError) as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    return values
 
 
 def shape_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -99,7 +131,7 @@ def analyse(args: argparse.Namespace, **options: Any):
     warnings go to stderr, one line each."""
     from sptrace.analysis import analyse_run
 
-    analysis = analyse_run(args.path, flags=shape_flags(args), load_options=load_options(args), **options)
+    analysis = analyse_run(args.path, flags=declarations(args), load_options=load_options(args), **options)
     for w in analysis.warnings:
         log(f"warning: {w}")
     return analysis

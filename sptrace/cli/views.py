@@ -1,12 +1,13 @@
 """``sptrace report`` (a self-contained HTML file) and ``sptrace dash`` (the dashboard), both
-over the runs named on the command line and nothing else."""
+over the runs named on the command line and nothing else, analysed with the same model flags,
+--config and load flags as ``check`` and ``analyze`` (each applies to every run named)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from sptrace.cli.common import log
+from sptrace.cli.common import add_load_flags, add_shape_flags, declarations, load_options, log
 from sptrace.errors import UsageError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -18,11 +19,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8050)
     p.add_argument("--debug", action="store_true", help="Dash debug mode (loopback only; never on unless asked)")
+    add_shape_flags(p)
+    add_load_flags(p)
     p.set_defaults(func=cmd_dash)
 
     p = sub.add_parser("report", help="a self-contained HTML report over one or several runs")
     p.add_argument("paths", nargs="+", metavar="PATH", help="run directories or trace files")
     p.add_argument("--html", required=True, help="the HTML file to write (atomically)")
+    add_shape_flags(p)
+    add_load_flags(p)
     p.set_defaults(func=cmd_report)
 
 
@@ -35,7 +40,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     for p in paths:
         if not p.exists():
             raise UsageError(f"{p}: no such file or directory")
-    text, usable = render_html(paths)
+    text, usable = render_html(paths, flags=declarations(args), load_options=load_options(args))
     if not usable:
         raise UsageError(f"no run could be analysed among {', '.join(map(str, paths))}; {args.html} not written")
     write_atomic(Path(args.html), text.encode())
@@ -59,6 +64,7 @@ def cmd_dash(args: argparse.Namespace) -> int:
             paths.extend(sweep_runs(p))
         else:
             paths.append(p)
+    options = {"flags": declarations(args), "load_options": load_options(args)}
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port} is not a TCP port")
     if args.host not in LOOPBACK:
@@ -66,5 +72,5 @@ def cmd_dash(args: argparse.Namespace) -> int:
             raise UsageError(f"--debug serves an interactive debugger: only on loopback, not on {args.host}")
         log(f"warning: serving on {args.host}: anyone who reaches this machine can read these runs")
     log(f"dashboard on http://{args.host}:{args.port}/ over {len(paths)} runs (Ctrl-C stops it)")
-    serve(paths, host=args.host, port=args.port, debug=args.debug, sweeps=sweeps)
+    serve(paths, host=args.host, port=args.port, debug=args.debug, sweeps=sweeps, options=options)
     return 0

@@ -25,7 +25,7 @@ from sptrace.executors import Executor, map_ranks
 from sptrace.load import cache as table_cache
 from sptrace.load.arrow import compute, to_numpy, value_counts
 from sptrace.load.decode import decode_trace
-from sptrace.units import rank_ranges
+from sptrace.units import count, rank_ranges
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 RUN_FILE = "run.json"
@@ -185,6 +185,35 @@ def _identify(path: Path, metadata: dict[str, Any]) -> tuple[int | None, int | N
     return None, None, "none"
 
 
+_SNIFF = 64 * 1024
+# keys a Kineto trace starts with (the profiler writes schemaVersion, deviceProperties and
+# distributedInfo before traceEvents; a trace written by other tools may open on traceEvents)
+_TRACE_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"', b'"deviceProperties"')
+
+
+def _named_like_a_trace(name: str) -> bool:
+    """A name that says rank or trace (rank3.json, worker_0.pt.trace.json): read as a trace
+    whatever it holds, so that a broken trace is an error, never skipped."""
+    return bool(_RANK_IN_NAME.search(name)) or "trace" in name.lower()
+
+
+def _starts_like_a_trace(path: Path) -> bool:
+    """Another .json beside the traces (a config, metrics, a truth file) is no trace: read its
+    first bytes (inflated for .gz) for a trace's top-level keys."""
+    import gzip
+
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rb") as f:
+                head = f.read(_SNIFF)
+        else:
+            with open(path, "rb") as f:
+                head = f.read(_SNIFF)
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return True  # unreadable: loading it says why
+    return any(key in head for key in _TRACE_KEYS)
+
+
 def find_traces(root: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     """Trace files in a run folder, and the files skipped (HTA's outputs)."""
     if not root.exists():
@@ -197,6 +226,9 @@ def find_traces(root: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
             continue
         if "_with_counters" in p.name:
             skipped.append((p, "written by HTA's generate_trace_with_counters, not a profiler trace"))
+            continue
+        if not _named_like_a_trace(p.name) and not _starts_like_a_trace(p):
+            skipped.append((p, f"not a profiler trace (no trace key among its first {_SNIFF // 1024} KiB)"))
             continue
         files.append(p)
     if not files:
@@ -352,7 +384,7 @@ def assemble_run(
     if missing:
         notes.append(
             f"{len(missing)} of {world} ranks have no trace ({rank_ranges(missing)}): cross-rank matching, "
-            f"skew and straggler analysis cover the {len(by_rank)} ranks present, and the per-rank "
+            f"skew and straggler analysis cover the {count(len(by_rank), 'rank')} present, and the per-rank "
             "checks say nothing about the missing ones"
         )
     return RunTrace(dict(sorted(by_rank.items())), world, root, run_info, missing, [], notes)

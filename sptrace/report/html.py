@@ -19,8 +19,9 @@ from sptrace.shape import ModelShape
 from sptrace.units import human_bytes
 
 
-def render_html(paths: list[Path]) -> tuple[str, int]:
-    """(the page, how many runs could be analysed)."""
+def render_html(paths: list[Path], **options: Any) -> tuple[str, int]:
+    """(the page, how many runs could be analysed). ``options``: analyse_run's (the model
+    flags, load options) for every run."""
     import plotly.offline
 
     from sptrace.report import figures
@@ -28,7 +29,7 @@ def render_html(paths: list[Path]) -> tuple[str, int]:
     sections, index = [], []
     usable = 0
     for i, path in enumerate(paths):
-        a = try_analyse(path)
+        a = try_analyse(path, **options)
         if not isinstance(a, RunAnalysis):
             sections.append(
                 f'<section id="run{i}"><h2>{html.escape(str(path))}</h2>'

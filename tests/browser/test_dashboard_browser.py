@@ -271,7 +271,7 @@ def test_gpu_page_on_a_gpu_run(browser, server):
     assert "0.1 ms" in page.inner_text("#exposed-4") and "n/a" in page.inner_text("#exposed-0")
     page.goto(server + "/memory?run=4", timeout=TIMEOUT_MS)  # no run.json: explained, no crash
     page.wait_for_selector("text=sharding not checked", timeout=TIMEOUT_MS)
-    assert "declared neither by run.json nor by a flag" in page.inner_text(".run-error")
+    assert "which neither run.json, --config nor a flag declares" in page.inner_text(".run-error")
     assert errors == []
 
 

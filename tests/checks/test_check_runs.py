@@ -141,10 +141,13 @@ def test_unusable_input(corpus, capsys, tmp_path, profiled):
     out = capsys.readouterr().out
     assert "CANNOT DECIDE: ranks 0-7 have neither [memory] events nor sptrace.saved records" in out
     assert "profile_memory=True" in out
-    # nothing declared: the flags to pass, one line
-    assert main(["check", str(corpus / "param_dlrm_kineto"), "--cache-dir", str(tmp_path)]) == 2
+    # nothing declared: every flag to pass in one line, before the traces are parsed (no cache
+    # was written for this folder)
+    fresh = tmp_path / "fresh-cache"
+    assert main(["check", str(corpus / "param_dlrm_kineto"), "--cache-dir", str(fresh)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "the sharding check needs --batch, --seq, --hidden, --sp" in err
+    assert err.count("\n") == 1 and "the sharding check needs --batch, --seq, --hidden (and --sp, unless" in err
+    assert not fresh.exists() or not any(fresh.rglob("*.arrow*"))
     assert main(["check", str(profiled("megatron")), "--seq", "100"]) == 2
     assert "seq 100 is not divisible by the sequence-parallel size 8" in capsys.readouterr().err
 

@@ -136,6 +136,25 @@ def test_hta_outputs_are_skipped_and_bad_ranks_can_be_skipped(tmp_path, capsys):
     assert "skipped: " in capsys.readouterr().out
 
 
+def test_other_json_beside_the_traces_is_listed_not_read(tmp_path, capsys):
+    # GIVEN rank traces and a job's other JSON files: a config, metrics (gzipped), a truth file
+    write(tmp_path, "rank0.json", trace_json(rank=0, world=2))
+    write(tmp_path, "rank1.json", trace_json(rank=1, world=2))
+    write(tmp_path, "truth.json", json.dumps({"stray": None, "seq": 64}))
+    write(tmp_path, "config.json", "[1, 2]")
+    (tmp_path / "metrics.json.gz").write_bytes(gzip.compress(b'{"loss": [2.5, 2.1]}'))
+    run = sptrace.load_run(tmp_path, cache=False)
+    assert sorted(run.ranks) == [0, 1]
+    assert sorted(p.name for p, _ in run.skipped) == ["config.json", "metrics.json.gz", "truth.json"]
+    assert main(["info", str(tmp_path), "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"skipped: {tmp_path / n}: not a profiler trace" in out for n in ("truth.json", "config.json"))
+    # a file named as a rank's trace is read whatever it holds: broken, it is an error, never skipped
+    write(tmp_path, "rank1.json", json.dumps({"results": []}))
+    assert main(["info", str(tmp_path), "--no-cache"]) == 2
+    assert "rank1.json: no traceEvents" in capsys.readouterr().err
+
+
 def test_all_ranks_bad_is_an_error_even_when_skipping(tmp_path):
     write(tmp_path, "rank0.json", "{")
     with pytest.raises(TraceError, match="no usable trace"):
