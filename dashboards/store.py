@@ -22,7 +22,7 @@ class RunStore:
         options: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         self.paths = [Path(p) for p in paths]
-        self.options = dict(options or {})  # analyse_run's: the model flags and load options
+        self.analyse_options = dict(options or {})  # analyse_run's: the model flags and load options
         self.sweeps = [Path(p) for p in sweeps or []]
         self._cache: dict[tuple[int, str], Any] = {(i, "run"): a for i, a in enumerate(analyses or [])}
         self._locks: dict[tuple[int, str], threading.Lock] = {}
@@ -72,7 +72,7 @@ class RunStore:
 
         def analyse() -> RunAnalysis | SptraceError:
             try:
-                return analyse_run(self.paths[index], **self.options)
+                return analyse_run(self.paths[index], **self.analyse_options)
             except SptraceError as exc:  # its message names the file and the problem
                 return exc
 
