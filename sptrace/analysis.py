@@ -146,7 +146,7 @@ class RunAnalysis:
         layers = self.sharding.layers if self.sharding is not None else None
         return float(layers["measured_bytes"].mean()) if layers is not None and len(layers) else None
 
-    def time_summary(self) -> dict[str, float | None]:
+    def time_summary(self) -> dict[str, Any]:
         """Over ranks: the slowest step, mean transfer time, mean exposed communication."""
         steps = [float(t.step_ms) for t in self.timing if t.step_ms is not None]
         exposed = [float(t.exposed_ms) for t in self.timing if t.exposed_ms is not None]
@@ -156,6 +156,8 @@ class RunAnalysis:
             "comm_ms": sum(comm) / len(comm) if comm else None,
             "exposed_ms": sum(exposed) / len(exposed) if exposed else None,
             "comm_share": (sum(comm) / len(comm)) / max(steps) if comm and steps and max(steps) > 0 else None,
+            # what measured the step (sptrace.detect.timing.step_window), over the ranks
+            "step_source": " / ".join(sorted({t.step_source for t in self.timing if t.step_ms is not None})) or None,
         }
 
 

@@ -23,7 +23,7 @@ def run_facts(a: RunAnalysis) -> dict[str, Any]:
     t = a.time_summary()
     return {
         "step_ms": t["step_ms"], "comm_ms": t["comm_ms"], "comm_share": t["comm_share"],
-        "exposed_ms": t["exposed_ms"],
+        "exposed_ms": t["exposed_ms"], "step_source": t["step_source"],
         "wire_bytes": a.wire_bytes_per_rank(),
         "model_wire_bytes": a.estimate.wire_per_step() if a.estimate is not None else None,
         "retained_per_layer": a.retained_per_layer(),
@@ -79,12 +79,13 @@ def run_card(store: RunStore, i: int, selected: bool) -> Any:
     desc = f"{len(run)} of {run.world_size} ranks · {run.backend or 'unknown backend'}"
     shape_bits = [f"{k} {v}" for k, v in (("S", model.seq), ("P", model.sp_size), ("L", model.layers)) if v]
     step = facts["step_ms"]
+    step_detail = "slowest rank" + (f"; {facts['step_source']}" if facts.get("step_source") else "")
     share = facts["comm_share"]
     exposed = facts["exposed_ms"]
     wire, model_wire = facts["wire_bytes"], facts["model_wire_bytes"]
     kept, korth = facts["retained_per_layer"], facts["korthikanti_per_layer"]
     stats = dmc.SimpleGrid([
-        _stat("step time", "n/a" if step is None else f"{step:.1f} ms", "slowest rank", stat_id=f"step-{i}"),
+        _stat("step time", "n/a" if step is None else f"{step:.1f} ms", step_detail, stat_id=f"step-{i}"),
         _stat("communication", "n/a" if share is None else f"{100 * share:.1f} %",
               None if facts["comm_ms"] is None else f"{facts['comm_ms']:.1f} ms of transfer per rank",
               stat_id=f"comm-{i}"),

@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         wire = "?" if not known else human_bytes(row.wire / ranks) + ("+?" if row.unknown else "")
         unknown = f"  ({row.unknown / ranks:.1f} per rank of unknown size or group)" if row.unknown else ""
         print(f"  {kind:<15}{row.n / ranks:>7.1f} per rank  {wire:>14} wire per rank{unknown}")
-    print("\nper rank: step, communication (transfer time) and exposed communication, ms")
+    sources = " / ".join(sorted({t.step_source for t in timing if t.step_ms is not None})) or "nothing"
+    print(f"\nper rank: step (measured by {sources}), communication (transfer time) and exposed communication, ms")
     for t in timing:
         exposed = "n/a (no GPU streams)" if t.exposed_ms is None else f"{t.exposed_ms:.2f}"
         step = "?" if t.step_ms is None else f"{t.step_ms:.2f}"

@@ -25,13 +25,14 @@ from sptrace.load.trace import RankTrace
 class RankTiming:
     rank: int
     step_ms: float | None
-    """The profiled step (ProfilerStep#N), else the trace's span."""
+    """The profiled step; ``step_source`` says what measured it (step_window)."""
     comm_ms: float
     """Union of transfer intervals."""
     exposed_ms: float | None
     """Transfer time not overlapped by compute kernels (None without GPU kernels)."""
     issue_only: int
     """Collectives counted with their CPU span: no kernel or worker annotation was linked."""
+    step_source: str = "the trace's span"
 
     @property
     def compute_ms(self) -> float | None:
@@ -40,7 +41,7 @@ class RankTiming:
     def to_dict(self) -> dict[str, float | int | None]:
         return {
             "rank": self.rank, "step_ms": self.step_ms, "comm_ms": self.comm_ms, "exposed_ms": self.exposed_ms,
-            "compute_ms": self.compute_ms, "issue_only": self.issue_only,
+            "compute_ms": self.compute_ms, "issue_only": self.issue_only, "step_source": self.step_source,
         }  # fmt: skip
 
 
@@ -88,15 +89,37 @@ def subtract_length(keep: list[tuple[float, float]], remove: list[tuple[float, f
     return float(sum(e - s for s, e in subtract(keep, remove)))
 
 
+def step_window(trace: RankTrace, idx: RankIndex) -> tuple[tuple[int, int] | None, str]:
+    """The profiled step's [start, end] in ns and what measured it, best first:
+    * the profiler's ``ProfilerStep#N`` (the longest, when the window holds several);
+    * sptrace's phase markers (forward, backward, optimizer), first start to last end;
+    * the training work itself: the first forward op autograd numbered (``Sequence number``)
+      to the end of the last backward node or optimizer step, which leaves out what a trace
+      without step markers holds around the step (data loading, logging, a barrier);
+    * else the trace's span, first to last event."""
+    steps = idx.steps
+    if len(steps):
+        i = int(np.argmax(steps.end - steps.start))
+        return (int(steps.start[i]), int(steps.end[i])), "ProfilerStep#"
+    phases = idx.phase_markers
+    if len(phases):
+        return (int(phases.start.min()), int(phases.end.max())), "sptrace.phase markers"
+    fwd = idx.forward_by_seq
+    ends = [r.end for r in (idx.backward_nodes, idx.optimizer) if len(r)]
+    if len(fwd) and len(idx.backward_nodes):
+        start = int(fwd["ts_ns"].to_numpy(dtype=np.int64, na_value=0).min())
+        end = int(max(e.max() for e in ends))
+        if end > start:
+            return (start, end), "first autograd op to last backward/optimizer op"
+    span = trace.time_span_ns()
+    return (None if span is None else (int(span[0]), int(span[1]))), "the trace's span"
+
+
 def detect_timing(trace: RankTrace, collectives: pd.DataFrame, index: RankIndex | None = None) -> RankTiming:
     """``collectives``: this rank's rows of detect_collectives."""
     idx = index or RankIndex(trace)
-    steps = idx.steps
-    if len(steps):
-        step_ms = float((steps.end - steps.start).max()) / 1e6
-    else:
-        span = trace.time_span_ns()
-        step_ms = None if span is None else (span[1] - span[0]) / 1e6
+    window, source = step_window(trace, idx)
+    step_ms = None if window is None else (window[1] - window[0]) / 1e6
     mine = collectives[collectives["rank"] == trace.rank] if "rank" in collectives else collectives
     has_transfer = mine["transfer_start_us"].notna() if len(mine) else pd.Series(dtype=bool)
     starts = np.where(has_transfer, mine["transfer_start_us"].astype(float), mine["start_us"].astype(float))
@@ -111,7 +134,7 @@ def detect_timing(trace: RankTrace, collectives: pd.DataFrame, index: RankIndex 
         exposed = subtract_length(comm, merge_intervals(ks, ke)) / 1e3
     return RankTiming(
         rank=int(trace.rank) if trace.rank is not None else 0, step_ms=step_ms, comm_ms=comm_ms,
-        exposed_ms=exposed, issue_only=int((~has_transfer).sum()) if len(mine) else 0,
+        exposed_ms=exposed, issue_only=int((~has_transfer).sum()) if len(mine) else 0, step_source=source,
     )  # fmt: skip
 
 

@@ -59,8 +59,8 @@ def render_html(paths: list[Path], **options: Any) -> tuple[str, int]:
             exposed = "n/a (no GPU streams)" if t["exposed_ms"] is None else f"{t['exposed_ms']:.1f} ms"
             share = "" if t["comm_share"] is None else f" ({100 * t['comm_share']:.0f}% of the step)"
             parts.append(html_p(
-                f"step {t['step_ms']:.1f} ms (slowest rank); communication {t['comm_ms'] or 0:.1f} ms of transfer time "
-                f"per rank{share}; exposed {exposed}"
+                f"step {t['step_ms']:.1f} ms (slowest rank, measured by {t['step_source']}); communication "
+                f"{t['comm_ms'] or 0:.1f} ms of transfer time per rank{share}; exposed {exposed}"
             ))  # fmt: skip
         frame = a.collectives
         parts.append(_figure(figures.timeline(a)))

@@ -173,3 +173,40 @@ def test_a_collective_output_whose_free_is_not_in_the_trace(tmp_path, case, judg
     if judged:
         assert gathered["producer"].iloc[0] == "_c10d_functional::all_gather_into_tensor"
         assert gathered["holder"].iloc[0].startswith("alive at the boundary: its free is not in the trace")
+
+
+def test_step_time_from_the_best_source_the_trace_has(tmp_path):
+    # GIVEN a step without ProfilerStep# (a DeepSpeed-style trace): 1 ms of data loading, the
+    # forward (autograd-numbered ops), the backward, the optimizer, then 3 ms of logging
+    def op(name, ts, dur, tid=1, **args):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    events = [
+        op("aten::copy_", 0, 1000),  # the data loader's copy: no autograd number
+        op("aten::mm", 2000, 300, **{"Sequence number": 7}),
+        op("aten::gelu", 2400, 100, **{"Sequence number": 8}),
+        {**node(3000, "GeluBackward0"), "dur": 200},
+        {**node(3300, "MmBackward0"), "dur": 400},
+        {"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#SGD.step", "pid": 1, "tid": 1,
+         "ts": 3800, "dur": 200},
+        op("aten::item", 7000, 3000),  # logging
+    ]  # fmt: skip
+    trace = _trace(tmp_path, events)
+    t = detect_timing(trace, detect_collectives(trace))
+    # the training work: the first numbered forward op to the optimizer's end, 2000 -> 4000 us
+    assert t.step_ms == pytest.approx(2.0) and t.step_source.startswith("first autograd op")
+    # sptrace's phase markers, where present, measure it instead
+    phases = [{"ph": "X", "cat": "user_annotation", "name": f"{markers.PHASE}{p}", "pid": 1, "tid": 1, "ts": ts,
+               "dur": dur} for p, ts, dur in (("forward", 1900, 700), ("backward", 2990, 800))]  # fmt: skip
+    trace = _trace(tmp_path, events + phases, "rank1.json")
+    t = detect_timing(trace, detect_collectives(trace))
+    assert t.step_ms == pytest.approx(1.89) and t.step_source == "sptrace.phase markers"
+    # and the profiler's own step marker before anything else
+    step = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1, "tid": 1, "ts": 1500, "dur": 5000}
+    trace = _trace(tmp_path, events + phases + [step], "rank2.json")
+    t = detect_timing(trace, detect_collectives(trace))
+    assert t.step_ms == pytest.approx(5.0) and t.step_source == "ProfilerStep#"
+    # nothing to go by: the trace's span, and it says so
+    trace = _trace(tmp_path, [op("aten::copy_", 0, 1000), op("aten::item", 7000, 3000)], "rank3.json")
+    t = detect_timing(trace, detect_collectives(trace))
+    assert t.step_ms == pytest.approx(10.0) and t.step_source == "the trace's span"
