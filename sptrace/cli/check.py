@@ -67,11 +67,12 @@ def _require_declared(args: argparse.Namespace) -> None:
     from sptrace.load.trace import files_of, read_run_info
     from sptrace.shape import FIELDS
 
+    declared = declarations(args)  # a bad --config is named first, before any trace is looked at
     path = Path(args.path)
     if not path.exists():
         return  # the loader's own message
     root, _, _ = files_of(path)
-    model = declared_model(read_run_info(root, []), declarations(args))
+    model = declared_model(read_run_info(root, []), declared)
     missing = model.missing(("batch", "seq", "hidden"))
     if missing:
         flags = ", ".join(FIELDS[n][0] for n in missing)
