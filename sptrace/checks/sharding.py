@@ -684,9 +684,12 @@ def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
 
 
-def render_junit(report: ShardingReport) -> str:
+def render_junit(report: ShardingReport, run: str | None = None, seconds: float | None = None,
+                 started: str | None = None) -> str:  # fmt: skip
     """JUnit XML: one test case per module (all ranks together), failed when that module keeps a
-    full tensor, with the rank set in the message; one more case for the verdict itself."""
+    full tensor, with the rank set in the message; one more case for the verdict itself. ``run``
+    names the suite (``sptrace check RUN``); ``seconds`` (the whole check, its analysis included)
+    is the suite's time and the verdict case's, ``started`` (ISO 8601) its timestamp."""
     from xml.sax.saxutils import quoteattr
 
     saved = report.saved
@@ -704,13 +707,17 @@ def render_junit(report: ShardingReport) -> str:
             cases.append(f'    <testcase classname="sptrace.sharding" name={name}/>')
     verdict = report.verdict
     name = quoteattr("verdict")
+    timed = "" if seconds is None else f' time="{seconds:.3f}"'
     if verdict.status == "undecided":
         error = f"<error message={quoteattr(verdict.line())}/>"
-        cases.append(f'    <testcase classname="sptrace.sharding" name={name}>{error}</testcase>')
+        cases.append(f'    <testcase classname="sptrace.sharding" name={name}{timed}>{error}</testcase>')
     else:
-        cases.append(f'    <testcase classname="sptrace.sharding" name={name}/>')
+        cases.append(f'    <testcase classname="sptrace.sharding" name={name}{timed}/>')
     errors = int(verdict.status == "undecided")
-    head = f'  <testsuite name="sptrace check" tests="{len(cases)}" failures="{failures}" errors="{errors}">'
+    suite = quoteattr("sptrace check" + (f" {run}" if run else ""))
+    stamp = "" if started is None else f" timestamp={quoteattr(started)}"
+    head = (f'  <testsuite name={suite} tests="{len(cases)}" failures="{failures}" errors="{errors}"'
+            f"{timed}{stamp}>")  # fmt: skip
     return "\n".join(
         ['<?xml version="1.0" encoding="UTF-8"?>', "<testsuites>", head, *cases, "  </testsuite>", "</testsuites>", ""]
     )

@@ -30,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--grad-dtype", choices=("float32", "bfloat16", "float16"),
         help="the element type of the gradient all-reduces (default: the trace's, else unknown)",
     )  # fmt: skip
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="text, or JSON with every finding")
     p.add_argument("--max-findings", type=int, default=30, help="findings shown in text (default 30)")
     add_load_flags(p)
     p.set_defaults(func=run)

@@ -13,7 +13,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache", help="the cache of parsed traces: what it holds, or clear it")
     p.add_argument("action", choices=("info", "clear"))
     p.add_argument("--cache-dir", help="default: $XDG_CACHE_HOME/sptrace")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="text, or JSON")
     p.set_defaults(func=run)
 
 

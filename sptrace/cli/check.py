@@ -26,15 +26,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--allow", action="append", default=[], metavar="MODULE_GLOB", help="modules allowed to keep full tensors"
     )
     p.add_argument("--strict", action="store_true", help="ambiguous and unknown tensors fail too")
-    p.add_argument("--format", choices=("text", "json", "junit"), default="text")
+    p.add_argument("--format", choices=("text", "json", "junit"), default="text",
+                   help="text, JSON (every retained tensor) or JUnit XML (a case per module, for CI)")  # fmt: skip
     p.add_argument("--output", help="write the report here (atomically) instead of stdout")
     add_load_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import time
+    from datetime import datetime, timezone
+
     from sptrace.fileio import write_atomic
 
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    clock = time.perf_counter()
     _require_declared(args)
     analysis = analyse(args, allow=tuple(args.allow), strict=args.strict, parts=("sharding",))
     report = analysis.sharding
@@ -45,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "junit":
         from sptrace.checks.sharding import render_junit
 
-        text = render_junit(report)
+        text = render_junit(report, run=str(args.path), seconds=time.perf_counter() - clock, started=started)
     else:
         text = render_text(analysis, report)
     if args.output:

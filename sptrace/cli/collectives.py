@@ -14,7 +14,12 @@ from sptrace.units import human_bytes
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("collectives", help="every collective of every rank: kind, group, bytes, phase, layer")
     p.add_argument("path", help="a run directory or one trace file")
-    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    p.add_argument(
+        "--format",
+        choices=("table", "json", "csv"),
+        default="table",
+        help="a table per rank, or JSON or CSV with one row per collective",
+    )
     add_load_flags(p)
     p.set_defaults(func=run)
 

@@ -11,7 +11,7 @@ from sptrace.cli.common import add_load_flags, map_quietly
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="what a run's traces hold and which analyses they allow")
     p.add_argument("path", help="a run directory (per-rank *.json / *.json.gz traces) or one trace file")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="text, or JSON")
     add_load_flags(p)
     p.set_defaults(func=run)
 

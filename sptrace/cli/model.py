@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--attention-only", action="store_true", help="the attention block alone (the article's first example)"
     )
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="text, or JSON")
     p.set_defaults(func=run)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import xml.etree.ElementTree as ET
+from datetime import datetime
 
 import pytest
 
@@ -191,6 +192,11 @@ def test_junit_reports_each_module_once_with_its_ranks(user_runs, capsys, privat
     assert int(suite.get("failures")) == len(failed) == 4
     assert len({c.get("name") for c in cases}) == len(cases)  # a module once, not once per rank
     assert all("ranks 0-7:" in c.find("failure").get("message") for c in failed)
+    # the suite names the run, and says when it ran and how long the whole check took
+    assert suite.get("name") == f"sptrace check {user_runs / 'tp_sp_native'}"
+    assert float(suite.get("time")) > 0 and datetime.fromisoformat(suite.get("timestamp")).tzinfo is not None
+    verdict = next(c for c in cases if c.get("name") == "verdict")
+    assert verdict.get("time") == suite.get("time")
 
 
 def test_instrumented_dtensor_records_are_judged_by_their_local_shard(user_runs, capsys, private_cache):
