@@ -7,7 +7,7 @@ import json
 import math
 import sys
 
-from sptrace.cli.common import add_load_flags, map_quietly, missing, size_text
+from sptrace.cli.common import add_load_flags, fixed_width, map_quietly, missing, size_text
 from sptrace.units import human_bytes
 
 
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if frame.empty:
         print("no collectives in this run")
         return 0
-    print(render_table(frame))
+    print(render_table(frame, timing))
     ranks = frame["rank"].nunique()
     print(f"\n{len(frame)} collectives on {ranks} ranks; per rank and kind:")
     counts = frame.groupby(["kind"]).agg(n=("rank", "size"), wire=("wire_bytes", "sum"), unknown=("wire_bytes", _nulls))
@@ -72,20 +72,25 @@ def _nulls(values) -> int:
     return int(values.isna().sum())
 
 
-def render_table(frame) -> str:
-    lines = [
-        f"{'rank':>4} {'kind':<15}{'group':<6}{'P':>4} {'dtype':<9}{'in':>11}{'out':>11}{'wire':>11}"
-        f"{'start ms':>10}{'xfer ms':>9} {'phase':<9}{'layer':>5}  module"
-    ]
-    t0 = frame["start_us"].min()
+def render_table(frame, timing=()) -> str:
+    """One line per collective; times in ms from the rank's step start (``timing``: the ranks'
+    RankTiming, whose step_start_us is that zero), else from the rank's first collective."""
+    zero = {t.rank: t.step_start_us for t in timing if t.step_start_us is not None}
+    first = frame.groupby("rank")["start_us"].min().to_dict()
+    header = ["rank", "kind", "group", "P", "peer", "dtype", "in", "out", "wire", "start ms", "xfer ms", "phase",
+              "layer", "module"]  # fmt: skip
+    rows = []
     for r in frame.itertuples():
-        layer = "" if missing(r.layer) else int(r.layer)
-        group = "?" if missing(r.group) else r.group
-        size = "?" if missing(r.group_size) else int(r.group_size)
-        xfer = "?" if missing(r.transfer_dur_us) else f"{r.transfer_dur_us / 1e3:.2f}"
-        lines.append(
-            f"{r.rank:>4} {r.kind:<15}{group!s:<6}{size!s:>4} {r.dtype or '?'!s:<9}{size_text(r.in_bytes):>11}"
-            f"{size_text(r.out_bytes):>11}{size_text(r.wire_bytes):>11}{(r.start_us - t0) / 1e3:>10.2f}{xfer:>9} "
-            f"{r.phase:<9}{layer!s:>5}  {r.module or ''}"
-        )
-    return "\n".join(lines)
+        t0 = zero.get(r.rank, first[r.rank])
+        rows.append([
+            str(r.rank), r.kind, "?" if missing(r.group) else str(r.group),
+            "?" if missing(r.group_size) else str(int(r.group_size)),
+            "" if missing(r.peer) else str(int(r.peer)), r.dtype or "?",
+            size_text(r.in_bytes), size_text(r.out_bytes), size_text(r.wire_bytes),
+            f"{(r.start_us - t0) / 1e3:.2f}", "?" if missing(r.transfer_dur_us) else f"{r.transfer_dur_us / 1e3:.2f}",
+            r.phase, "" if missing(r.layer) else str(int(r.layer)), r.module or "",
+        ])  # fmt: skip
+    zeros = sorted({t.step_source for t in timing if t.step_start_us is not None})
+    origin = f"the rank's step start ({' / '.join(zeros)})" if zeros else "the rank's first collective"
+    lines = fixed_width(header, rows, left={1, 2, 5, 11, 13})
+    return "\n".join([f"start ms: from {origin}; xfer ms: transfer time", *lines])

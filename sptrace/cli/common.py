@@ -145,3 +145,16 @@ def size_text(value: Any) -> str:
     from sptrace.units import human_bytes
 
     return "?" if missing(value) else human_bytes(float(value))
+
+
+def fixed_width(header: list[str], rows: list[list[str]], left: set[int] = frozenset()) -> list[str]:
+    """Lines of a text table whose columns are as wide as their widest cell and two spaces apart,
+    so that no value runs into the next; columns in ``left`` are left-aligned (text), the others
+    right-aligned (numbers). (pandas' to_string aligns every column one way.)"""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+
+    def line(cells: list[str]) -> str:
+        padded = (c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(padded).rstrip()
+
+    return [line(header), *map(line, rows)]

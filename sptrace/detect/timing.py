@@ -33,6 +33,8 @@ class RankTiming:
     issue_only: int
     """Collectives counted with their CPU span: no kernel or worker annotation was linked."""
     step_source: str = "the trace's span"
+    step_start_us: float | None = None
+    """Where the step starts (the zero of "ms from the step start"), on this rank's clock."""
 
     @property
     def compute_ms(self) -> float | None:
@@ -42,6 +44,7 @@ class RankTiming:
         return {
             "rank": self.rank, "step_ms": self.step_ms, "comm_ms": self.comm_ms, "exposed_ms": self.exposed_ms,
             "compute_ms": self.compute_ms, "issue_only": self.issue_only, "step_source": self.step_source,
+            "step_start_us": self.step_start_us,
         }  # fmt: skip
 
 
@@ -135,6 +138,7 @@ def detect_timing(trace: RankTrace, collectives: pd.DataFrame, index: RankIndex 
     return RankTiming(
         rank=int(trace.rank) if trace.rank is not None else 0, step_ms=step_ms, comm_ms=comm_ms,
         exposed_ms=exposed, issue_only=int((~has_transfer).sum()) if len(mine) else 0, step_source=source,
+        step_start_us=None if window is None else window[0] / 1e3,
     )  # fmt: skip
 
 
