@@ -140,8 +140,15 @@ def test_clean_selective_checkpointing_instrumented_passes(user_runs, capsys, pr
     assert kept and {math.prod(shape) for _, shape in kept} == {B * S // WORLD * H}
     assert not any("all_gather" in op or "wait_tensor" in op for op, _ in kept)
     code, report = check(user_runs, "sac_clean", capsys, private_cache, "--sp", "8")
-    assert (code, report["verdict"]["status"]) == (0, "pass"), report["verdict"]
     assert report["counts"]["full"] == 0 and report["counts"]["ambiguous"] == 0
+    # PASS; or, when gloo's thread dropped the last reference to a gathered buffer (a race the
+    # README describes: the CPU allocator does not record that free), CANNOT DECIDE naming only
+    # those buffers, never anything else
+    unseen = [s for s in report["saved"] if s["class"] == "full-unknown-life"]
+    assert (code, report["verdict"]["status"]) == ((0, "pass") if not unseen else (2, "undecided")), report["verdict"]
+    gathered = [s for s in unseen
+                if s["origin"] == "gathered" or "all_gather" in f"{s.get('producer')} {s.get('alloc_op')}"]  # fmt: skip
+    assert gathered == unseen and (not unseen or "no recorded free" in report["verdict"]["summary"]), unseen
     for rank in range(WORLD):  # the kept shards are judged on every rank, in both layers
         judged = [s for s in report["saved"] if s["rank"] == rank and s["class"] == "seq-sharded"]
         assert {s["layer"] for s in judged} == {0, 1}, rank
