@@ -25,24 +25,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from sptrace.detect import COLUMNS
     from sptrace.rankmap import merged_collectives
 
     _, results = map_quietly(args, ("collectives",))
     timing = [results[r].timing for r in sorted(results)]
     frame = merged_collectives(results)
-    if args.format == "csv":
-        sys.stdout.write(frame.to_csv(index=False))
-        return 0
-    if args.format == "json":
+    if args.format in ("csv", "json"):
+        out = export_frame(frame[COLUMNS], timing)
+        if args.format == "csv":
+            sys.stdout.write(out.to_csv(index=False))
+            return 0
         records = [
-            {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}
-            for rec in frame[COLUMNS].to_dict(orient="records")
+            {k: (None if v is pd.NA or (isinstance(v, float) and math.isnan(v)) else v) for k, v in rec.items()}
+            for rec in out.astype(object).to_dict(orient="records")
         ]
-        for rec in records:  # a rank is an int (pandas made the column float around its nulls)
-            for key in ("peer", "group_size", "layer", "step", "seq"):
-                if isinstance(rec.get(key), float):
-                    rec[key] = int(rec[key])
         print(json.dumps(records, indent=1, default=str))
         return 0
     if frame.empty:
@@ -66,6 +65,29 @@ def run(args: argparse.Namespace) -> int:
         issue = f"; {t.issue_only} without a transfer record (CPU span used)" if t.issue_only else ""
         print(f"  rank {t.rank}: step {step}, comm {t.comm_ms:.2f}, exposed {exposed}{issue}")
     return 0
+
+
+# counts that are whole numbers: written as integers (pandas makes a column float around its nulls)
+_INTEGERS = ("rank", "group_size", "peer", "in_elems", "out_elems", "in_bytes", "out_bytes", "wire_bytes", "step",
+             "layer", "seq", "tid")  # fmt: skip
+
+
+def export_frame(frame, timing=()):
+    """The collectives as CSV and JSON write them: every column of the table (absolute times in
+    us, on each rank's clock), whole counts as integers (null where unknown; a fractional value
+    keeps the column float), and ``start_ms_from_step``: ms from the rank's step start."""
+    import pandas as pd
+
+    out = frame.copy()
+    for col in _INTEGERS:
+        values = pd.to_numeric(out[col], errors="coerce")
+        known = values.dropna()
+        if len(known) == len(out[col].dropna()) and (known == known.round()).all():
+            out[col] = values.round().astype("Int64")
+    zero = {t.rank: t.step_start_us for t in timing if t.step_start_us is not None}
+    steps = out["rank"].map(lambda r: zero.get(int(r)) if pd.notna(r) else None).astype(float)
+    out["start_ms_from_step"] = ((out["start_us"].astype(float) - steps) / 1e3).round(4)
+    return out
 
 
 def _nulls(values) -> int:

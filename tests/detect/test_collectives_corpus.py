@@ -140,10 +140,14 @@ def test_collectives_cli_formats(corpus, capsys, tmp_path):
     path = corpus / "param_dlrm_kineto"
     assert main(["collectives", str(path), "--cache-dir", str(tmp_path), "--format", "json"]) == 0
     records = json.loads(capsys.readouterr().out)
-    assert len(records) == 64 and set(records[0]) == set(COLUMNS)
+    assert len(records) == 64 and set(records[0]) == {*COLUMNS, "start_ms_from_step"}
+    # byte counts are integers where known, never 14336.0; times from the step start beside the absolute ones
+    assert all(isinstance(r["in_bytes"], int) for r in records if r["in_bytes"] is not None)
+    assert all(r["start_ms_from_step"] is not None and r["start_ms_from_step"] >= 0 for r in records)
     assert main(["collectives", str(path), "--cache-dir", str(tmp_path), "--format", "csv"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].split(",")[:3] == ["rank", "kind", "op"] and len(lines) == 65
+    assert lines[0].split(",")[-1] == "start_ms_from_step" and ".0," not in ",".join(lines[1].split(",")[8:13]) + ","
     assert main(["collectives", str(path), "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "all_to_all         5.0 per rank" in out and "(5.0 per rank of unknown size or group)" in out
