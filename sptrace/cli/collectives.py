@@ -82,7 +82,8 @@ def export_frame(frame, timing=()):
     for col in _INTEGERS:
         values = pd.to_numeric(out[col], errors="coerce")
         known = values.dropna()
-        if len(known) == len(out[col].dropna()) and (known == known.round()).all():
+        whole = (known == known.round()).all() and (known.abs() < 2**62).all()
+        if len(known) == len(out[col].dropna()) and whole:
             out[col] = values.round().astype("Int64")
     zero = {t.rank: t.step_start_us for t in timing if t.step_start_us is not None}
     steps = out["rank"].map(lambda r: zero.get(int(r)) if pd.notna(r) else None).astype(float)
