@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,7 @@ class Launches:
         self._wanted: set[str] = set()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self.seconds: dict[str, float] = {}  # each launch's wall time, for the summary
 
     def start(self, wanted: set[str]) -> None:
         with self._lock:
@@ -63,10 +65,12 @@ class Launches:
     def _run(self, name: str) -> None:
         if self._done[name].is_set():
             return
+        started = time.monotonic()
         try:
             self._results[name] = getattr(self, f"_{name}")()
         except BaseException as exc:  # reported to the test that waits for it
             self._results[name] = subprocess.CompletedProcess([name], 1, "", f"{type(exc).__name__}: {exc}")
+        self.seconds[name] = time.monotonic() - started
         self._done[name].set()
 
     def run(self, cmd: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
@@ -256,8 +260,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.distributed)
         if item.nodeid.startswith("tests/browser/"):
             item.add_marker(pytest.mark.browser)
-    # the tests that need no launch first, while the launches run (stable: file order otherwise)
-    items.sort(key=lambda item: item.get_closest_marker("distributed") is not None)
+
+    # the tests that need no launch first, while the launches run; the generator's tests last,
+    # so that the tests of earlier launches run while its launch and its checks do (stable: file
+    # order otherwise)
+    def key(item: pytest.Item) -> tuple[bool, bool]:
+        return (item.get_closest_marker("distributed") is not None,
+                "generated_runs" in getattr(item, "fixturenames", ()))  # fmt: skip
+
+    items.sort(key=key)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -275,3 +286,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             wanted.add("generated")
     if wanted and not session.config.option.collectonly:
         LAUNCHES.start(wanted)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """How long each launch took: the suite's critical path runs through them."""
+    if LAUNCHES.seconds:
+        terminalreporter.write_line(
+            "launches (background, in order): " + ", ".join(f"{n} {s:.0f} s" for n, s in LAUNCHES.seconds.items())
+        )
