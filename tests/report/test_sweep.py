@@ -81,7 +81,7 @@ def _conclusions(run) -> dict:
 
     def timeless(rows):
         return [{k: v for k, v in row.items() if not k.endswith(("_us", "_ms", "gbps", "_ptr")) and k not in
-                 ("straggler", "key", "tid")} for row in rows]  # fmt: skip
+                 ("straggler", "key", "tid", "start_ms_from_step")} for row in rows]  # fmt: skip
 
     a_code, a = run_json("analyze")
     c_code, c = run_json("check")
