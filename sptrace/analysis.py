@@ -28,7 +28,7 @@ from sptrace.costmodel.spec import needs as comm_needs
 from sptrace.detect.allocations import Retention
 from sptrace.detect.matching import Matching, match_collectives
 from sptrace.detect.p2p import P2PReport, analyse_point_to_point
-from sptrace.detect.timing import RankTiming
+from sptrace.detect.timing import RankTiming, step_sources
 from sptrace.errors import SptraceError, UsageError
 from sptrace.executors import Executor
 from sptrace.load.trace import RunTrace, files_of, read_run_info
@@ -80,15 +80,6 @@ class RunAnalysis:
     """Per rank, the largest allocated memory a [memory] event recorded (bytes)."""
     p2p: P2PReport | None = None
     """Sends paired with receives, ring steps, overlap and balance (None without point-to-point)."""
-
-    def step_start_us(self, rank: int) -> float:
-        """Where a rank's step starts: its first phase (ProfilerStep or sptrace.phase), else its
-        first collective: the zero of "ms from the step start"."""
-        p = self.phases[self.phases["rank"] == rank] if len(self.phases) else self.phases
-        if len(p):
-            return float(p["start_us"].min())
-        c = self.collectives[self.collectives["rank"] == rank] if len(self.collectives) else self.collectives
-        return float(c["start_us"].min()) if len(c) else 0.0
 
     @property
     def offsets_us(self) -> dict[int, float]:
@@ -157,7 +148,7 @@ class RunAnalysis:
             "exposed_ms": sum(exposed) / len(exposed) if exposed else None,
             "comm_share": (sum(comm) / len(comm)) / max(steps) if comm and steps and max(steps) > 0 else None,
             # what measured the step (sptrace.detect.timing.step_window), over the ranks
-            "step_source": " / ".join(sorted({t.step_source for t in self.timing if t.step_ms is not None})) or None,
+            "step_source": step_sources(self.timing),
         }
 
 
@@ -197,11 +188,13 @@ def analyse_run(
     parts: tuple[str, ...] = PARTS,
     load_options: Mapping[str, Any] | None = None,
     grad_dtype: str | None = None,
+    fail_fast: bool = False,
 ) -> RunAnalysis:
     """Analyse one run (a folder, a trace file, or a loaded RunTrace). ``flags``: ModelShape
     fields the user passed; ``parts``: which of collectives / sharding to compute;
     ``load_options``: cache, cache_dir, skip_bad, and executor (sptrace.executors.Executor) or
-    workers (local processes).
+    workers (local processes); ``fail_fast``: raise before any trace is parsed when the sharding
+    check's B, S or H is declared nowhere (``sptrace check``; views show the reason instead).
 
     A map over ranks (sptrace.rankmap: each rank summarized where it is parsed, on the
     executor's workers) and a reduce over the summaries, here: matching, timing, the cost-model
@@ -210,6 +203,8 @@ def analyse_run(
     if isinstance(source, RunTrace):
         run, path = source, source.root
         declared = declared_model(run.run_info, flags)
+        if fail_fast:
+            _require_sharding_shape(declared, path)
         spec = MapSpec(parts, declared.dtype_bytes, single_file=len(run) == 1, hidden=declared.hidden)
         results = {t.rank: summarize(t, spec) for t in run}
     else:
@@ -218,6 +213,8 @@ def analyse_run(
         root, _, _ = files_of(path)
         run_info = read_run_info(root, notes)
         declared = declared_model(run_info, flags)
+        if fail_fast:
+            _require_sharding_shape(declared, path)
         spec = MapSpec(
             parts, declared.dtype_bytes, options.get("cache", True),
             Path(options["cache_dir"]) if options.get("cache_dir") else None, hidden=declared.hidden,
@@ -231,6 +228,18 @@ def analyse_run(
     return reduce_run(
         run, path, results, flags=flags, allow=allow, strict=strict, k=k, parts=parts, grad_dtype=grad_dtype
     )
+
+
+def _require_sharding_shape(declared: ModelShape, path: Path | None) -> None:
+    """B, S and H come only from the user (run.json, --config, flags): every one missing, named
+    in one line. P may come from the trace's only process group, so it is named with that
+    condition."""
+    missing = declared.missing(("batch", "seq", "hidden"))
+    if missing:
+        flags = ", ".join(FIELDS[n][0] for n in missing)
+        also = " (and --sp, unless the trace holds a single process group)" if declared.sp_size is None else ""
+        raise UsageError(f"{path}: the sharding check needs {flags}{also}, which neither run.json, --config "
+                         "nor a flag declares")  # fmt: skip
 
 
 def _activation_dtype(model: ModelShape, retained: tuple[Retention, ...], notes: list[str]) -> ModelShape:

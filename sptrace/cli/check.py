@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
-    _require_declared(args)
-    analysis = analyse(args, allow=tuple(args.allow), strict=args.strict, parts=("sharding",))
+    # a bad --config, then any of B, S and H declared nowhere, are named before a trace is parsed
+    analysis = analyse(args, allow=tuple(args.allow), strict=args.strict, parts=("sharding",), fail_fast=True)
     report = analysis.sharding
     if report is None:
         raise UsageError(f"{args.path}: {analysis.sharding_unavailable}")
@@ -60,31 +60,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return report.verdict.exit_code
-
-
-def _require_declared(args: argparse.Namespace) -> None:
-    """B, S and H come only from the user (run.json, --config, flags): name every one missing
-    before the traces are parsed. P may come from the trace's only process group, so it is named
-    with that condition."""
-    from pathlib import Path
-
-    from sptrace.analysis import declared_model
-    from sptrace.cli.common import declarations
-    from sptrace.load.trace import files_of, read_run_info
-    from sptrace.shape import FIELDS
-
-    declared = declarations(args)  # a bad --config is named first, before any trace is looked at
-    path = Path(args.path)
-    if not path.exists():
-        return  # the loader's own message
-    root, _, _ = files_of(path)
-    model = declared_model(read_run_info(root, []), declared)
-    missing = model.missing(("batch", "seq", "hidden"))
-    if missing:
-        flags = ", ".join(FIELDS[n][0] for n in missing)
-        also = " (and --sp, unless the trace holds a single process group)" if model.sp_size is None else ""
-        raise UsageError(f"{args.path}: the sharding check needs {flags}{also}, which neither run.json, --config "
-                         "nor a flag declares")  # fmt: skip
 
 
 def render_text(analysis: RunAnalysis, report: ShardingReport) -> str:

@@ -57,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
         wire = "?" if not known else human_bytes(row.wire / ranks) + ("+?" if row.unknown else "")
         unknown = f"  ({row.unknown / ranks:.1f} per rank of unknown size or group)" if row.unknown else ""
         print(f"  {kind:<15}{row.n / ranks:>7.1f} per rank  {wire:>14} wire per rank{unknown}")
-    sources = " / ".join(sorted({t.step_source for t in timing if t.step_ms is not None})) or "nothing"
+    from sptrace.detect.timing import step_sources
+
+    sources = step_sources(timing) or "nothing"
     print(f"\nper rank: step (measured by {sources}), communication (transfer time) and exposed communication, ms")
     for t in timing:
         exposed = "n/a (no GPU streams)" if t.exposed_ms is None else f"{t.exposed_ms:.2f}"
@@ -78,6 +80,8 @@ def export_frame(frame, timing=()):
     keeps the column float), and ``start_ms_from_step``: ms from the rank's step start."""
     import pandas as pd
 
+    from sptrace.detect.timing import step_starts_us
+
     out = frame.copy()
     for col in _INTEGERS:
         values = pd.to_numeric(out[col], errors="coerce")
@@ -85,8 +89,7 @@ def export_frame(frame, timing=()):
         whole = (known == known.round()).all() and (known.abs() < 2**62).all()
         if len(known) == len(out[col].dropna()) and whole:
             out[col] = values.round().astype("Int64")
-    zero = {t.rank: t.step_start_us for t in timing if t.step_start_us is not None}
-    steps = out["rank"].map(lambda r: zero.get(int(r)) if pd.notna(r) else None).astype(float)
+    steps = out["rank"].map(step_starts_us(timing)).astype(float)
     out["start_ms_from_step"] = ((out["start_us"].astype(float) - steps) / 1e3).round(4)
     return out
 
@@ -98,7 +101,9 @@ def _nulls(values) -> int:
 def render_table(frame, timing=()) -> str:
     """One line per collective; times in ms from the rank's step start (``timing``: the ranks'
     RankTiming, whose step_start_us is that zero), else from the rank's first collective."""
-    zero = {t.rank: t.step_start_us for t in timing if t.step_start_us is not None}
+    from sptrace.detect.timing import step_sources, step_starts_us
+
+    zero = step_starts_us(timing)
     first = frame.groupby("rank")["start_us"].min().to_dict()
     header = ["rank", "kind", "group", "P", "peer", "dtype", "in", "out", "wire", "start ms", "xfer ms", "phase",
               "layer", "module"]  # fmt: skip
@@ -113,7 +118,7 @@ def render_table(frame, timing=()) -> str:
             f"{(r.start_us - t0) / 1e3:.2f}", "?" if missing(r.transfer_dur_us) else f"{r.transfer_dur_us / 1e3:.2f}",
             r.phase, "" if missing(r.layer) else str(int(r.layer)), r.module or "",
         ])  # fmt: skip
-    zeros = sorted({t.step_source for t in timing if t.step_start_us is not None})
-    origin = f"the rank's step start ({' / '.join(zeros)})" if zeros else "the rank's first collective"
+    sources = step_sources(timing)
+    origin = f"the rank's step start ({sources})" if sources else "the rank's first collective"
     lines = fixed_width(header, rows, left={1, 2, 5, 11, 13})
     return "\n".join([f"start ms: from {origin}; xfer ms: transfer time", *lines])

@@ -12,6 +12,7 @@ overlaps, on the same device. A CPU (gloo) trace has no GPU streams, so it has n
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,17 @@ class RankTiming:
             "compute_ms": self.compute_ms, "issue_only": self.issue_only, "step_source": self.step_source,
             "step_start_us": self.step_start_us,
         }  # fmt: skip
+
+
+def step_sources(timing: Iterable[RankTiming]) -> str | None:
+    """What measured the ranks' steps (step_window), once each: "ProfilerStep#", or several
+    joined by " / " when ranks differ; None when no rank has a step."""
+    return " / ".join(sorted({t.step_source for t in timing if t.step_ms is not None})) or None
+
+
+def step_starts_us(timing: Iterable[RankTiming]) -> dict[int, float]:
+    """Each rank's step start (the zero of "ms from the step start"), where it has one."""
+    return {t.rank: t.step_start_us for t in timing if t.step_start_us is not None}
 
 
 def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
