@@ -9,6 +9,7 @@ naming the flag to pass, instead of running on a guess.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -24,11 +25,12 @@ from sptrace.checks.p2p import check_point_to_point
 from sptrace.checks.sharding import NEEDS as SHARDING_NEEDS
 from sptrace.checks.sharding import ShardingReport, check_sharding
 from sptrace.costmodel import CommEstimate, activation_bytes_per_layer, estimate_comm
-from sptrace.costmodel.spec import needs as comm_needs
+from sptrace.costmodel.comm import undeclared_sizes
 from sptrace.detect.allocations import Retention
 from sptrace.detect.matching import Matching, match_collectives
 from sptrace.detect.p2p import P2PReport, analyse_point_to_point
 from sptrace.detect.timing import RankTiming, step_sources
+from sptrace.dtypes import ACTIVATION_DTYPES
 from sptrace.errors import SptraceError, UsageError
 from sptrace.executors import Executor
 from sptrace.load.trace import RunTrace, files_of, read_run_info
@@ -43,6 +45,7 @@ from sptrace.rankmap import (
     summarize,
 )
 from sptrace.shape import FIELDS, Declarations, ModelShape
+from sptrace.units import rank_ranges
 
 PARTS = ("collectives", "sharding")
 """What analyse_run can compute: collectives (with matching, timing and the cost-model check) and
@@ -175,6 +178,8 @@ def resolve_model(run: RunTrace, flags: Mapping[str, Any] | Declarations | None 
             ((_, size),) = groups
             if isinstance(size, int) and size > 0:
                 model = model.override(f"the run's only process group ({size} ranks)", sp_size=size)
+    if model.kv_heads is None and model.heads is not None:  # no GQA declared: as many kv heads as heads
+        model = model.override("equal to heads (no --kv-heads declared)", kv_heads=model.heads)
     return model
 
 
@@ -189,6 +194,8 @@ def analyse_run(
     load_options: Mapping[str, Any] | None = None,
     grad_dtype: str | None = None,
     fail_fast: bool = False,
+    attention_only: bool = False,
+    grad_sync: bool = True,
 ) -> RunAnalysis:
     """Analyse one run (a folder, a trace file, or a loaded RunTrace). ``flags``: ModelShape
     fields the user passed; ``parts``: which of collectives / sharding to compute;
@@ -226,8 +233,9 @@ def analyse_run(
         run, results = map_run(path, spec, run_info=run_info, skip_bad=skip_bad, executor=executor)
         run.warnings[:0] = notes
     return reduce_run(
-        run, path, results, flags=flags, allow=allow, strict=strict, k=k, parts=parts, grad_dtype=grad_dtype
-    )
+        run, path, results, flags=flags, allow=allow, strict=strict, k=k, parts=parts, grad_dtype=grad_dtype,
+        attention_only=attention_only, grad_sync=grad_sync,
+    )  # fmt: skip
 
 
 def _require_sharding_shape(declared: ModelShape, path: Path | None) -> None:
@@ -325,6 +333,8 @@ def reduce_run(
     k: int = 2,
     parts: tuple[str, ...] = PARTS,
     grad_dtype: str | None = None,
+    attention_only: bool = False,
+    grad_sync: bool = True,
 ) -> RunAnalysis:
     """The cross-rank reduce over the ranks' summaries (sptrace.rankmap.RankResult).
     ``grad_dtype``: the element type of the gradients replicated weights communicate, when the
@@ -340,19 +350,28 @@ def reduce_run(
             model = model.override(
                 f"the trace (layers {min(layers)}-{max(layers)} communicate)", layers=max(layers) + 1
             )
+    if model.dtype is None and len(collectives):
+        # the activations' element type: the one dtype of the collectives inside the layers
+        in_layers = {str(d) for d in collectives.loc[collectives["layer"].notna(), "dtype"].dropna()}
+        if len(in_layers) == 1 and next(iter(in_layers)) in ACTIVATION_DTYPES:
+            dtype = next(iter(in_layers))
+            model = model.override(f"the trace (the collectives inside its layers are {dtype})", dtype=dtype)
     matching = match_collectives(collectives, run.world_size) if "collectives" in parts else None
     estimate = comm = None
     comm_unavailable = None
     if "collectives" in parts:
-        comm_unavailable = model.why_missing(comm_needs(model.scheme), "checking collectives against the cost model")
+        scope = {"attention_only": attention_only, "grad_sync": grad_sync}
+        comm_unavailable, stand_in = _cost_model_needs(model, k=k, **scope)
         grad_bytes, grad_note = (
-            gradient_element_size(collectives, model, grad_dtype, k) if comm_unavailable is None else (None, None)
+            gradient_element_size(collectives, stand_in, grad_dtype, k) if stand_in is not None else (None, None)
         )
-        if comm_unavailable is None:
+        if stand_in is not None:
             try:
-                estimate = estimate_comm(model, k=k, grad_bytes=grad_bytes)
+                estimate = estimate_comm(stand_in, k=k, grad_bytes=grad_bytes, **scope)
             except (UsageError, ValueError) as exc:
                 comm_unavailable = str(exc)
+            else:  # what the user declared, not the stand-in values of sizes the estimate does not use
+                estimate = dataclasses.replace(estimate, cfg=model)
         if estimate is not None:
             comm = check_collectives(collectives, estimate, sorted(run.ranks), matching)
             if grad_note:
@@ -364,14 +383,16 @@ def reduce_run(
                 )
             if run.missing_ranks:
                 comm.notes.append(
-                    f"ranks without a trace: {len(run.missing_ranks)} of {run.world_size}; analysed the rest"
+                    f"ranks without a trace: {rank_ranges(run.missing_ranks)} ({len(run.missing_ranks)} of "
+                    f"{run.world_size}); analysed the rest"
                 )
     crossrank = None
     p2p = None
     if "collectives" in parts:
         crossrank = check_cross_rank(collectives, matching, sorted(run.ranks), comm_unavailable)
         if run.missing_ranks:
-            crossrank.notes.append(f"ranks without a trace: {len(run.missing_ranks)} of {run.world_size}")
+            crossrank.notes.append(f"ranks without a trace: {rank_ranges(run.missing_ranks)} "
+                                   f"({len(run.missing_ranks)} of {run.world_size})")  # fmt: skip
         if len(collectives) and collectives["kind"].isin(["send", "recv"]).any():
             p2p = analyse_point_to_point(collectives, _concat(compute, COMPUTE_COLUMNS))
             found = check_point_to_point(p2p, sorted(run.ranks))
@@ -402,7 +423,8 @@ def reduce_run(
             )
             sharding.notes += dtype_notes
             if run.missing_ranks:
-                sharding.notes.append(f"ranks without a trace, not checked: {run.missing_ranks}")
+                sharding.notes.append(f"ranks without a trace, not checked: {rank_ranges(run.missing_ranks)} "
+                                      f"({len(run.missing_ranks)} of {run.world_size})")  # fmt: skip
     return RunAnalysis(
         path=path, run=run, model=model, warnings=tuple(run.warnings), collectives=collectives, matching=matching,
         timing=tuple(timing), estimate=estimate, comm=comm, comm_unavailable=comm_unavailable, retained=retained,
@@ -412,6 +434,19 @@ def reduce_run(
         compute=_concat(compute, COMPUTE_COLUMNS), crossrank=crossrank, p2p=p2p,
         peak_allocated={r.trace.rank: r.peak_allocated for r in ranked if r.peak_allocated is not None},
     )  # fmt: skip
+
+
+def _cost_model_needs(model: ModelShape, **options: Any) -> tuple[str | None, ModelShape | None]:
+    """(why the cost model cannot run, naming every undeclared size it depends on; or the config
+    to estimate with). Sizes whose value changes none of the scheme's collectives (F for
+    Megatron-SP's) are not asked for (sptrace.costmodel.comm.undeclared_sizes)."""
+    needed, stand_in = undeclared_sizes(model, **options)
+    if stand_in is not None:
+        return None, stand_in
+    gqa = "kv_heads" in needed and "heads" in needed
+    flags = ", ".join(FIELDS[n][0] for n in needed if not (gqa and n == "kv_heads"))
+    also = " (--kv-heads defaults to --heads)" if gqa else ""
+    return f"the cost model of {model.scheme or 'the scheme'} needs {flags}{also}; pass them, or --config FILE", None
 
 
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:

@@ -260,7 +260,7 @@ def check_collectives(
         if len(m) and m["arrival_skew_us"].notna().any():
             worst = m.loc[m["arrival_skew_us"].idxmax()]
             report.notes.append(
-                f"largest arrival skew {worst['arrival_skew_us']:.0f} us ({worst['kind']} #{worst['key']}, "
+                f"largest arrival skew {worst['arrival_skew_us'] / 1e3:.2f} ms ({worst['kind']} #{worst['key']}, "
                 f"{worst['module'] or 'no module'}), rank {int(worst['straggler'])} arriving last"
             )
         report.notes += matching.notes

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from sptrace import __version__
-from sptrace.cli import analyze, cache, check, collectives, info, model, reference, views
+from sptrace.cli import analyze, cache, check, collectives, info, initconfig, model, reference, views
 from sptrace.cli.common import Parser
 from sptrace.errors import SptraceError
 
@@ -23,6 +23,7 @@ def build_parser() -> Parser:
     check.add_parser(sub)
     views.add_parsers(sub)  # dash, report
     info.add_parser(sub)
+    initconfig.add_parser(sub)
     cache.add_parser(sub)
     return parser
 

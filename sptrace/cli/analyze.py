@@ -12,13 +12,12 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from sptrace.cli.common import add_load_flags, add_shape_flags, analyse
+from sptrace.cli.common import add_load_flags, add_shape_flags, analyse, by_rank_set, fixed_width, spread
 from sptrace.errors import UsageError
-from sptrace.units import human_bytes
+from sptrace.units import count, human_bytes, rank_ranges
 
 if TYPE_CHECKING:  # the analysis (pandas) is imported when a command runs, not to parse flags
     from sptrace.analysis import RunAnalysis
-    from sptrace.detect.timing import RankTiming
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +29,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--grad-dtype", choices=("float32", "bfloat16", "float16"),
         help="the element type of the gradient all-reduces (default: the trace's, else unknown)",
     )  # fmt: skip
+    g = p.add_argument_group("what the profiled window covers (the model is scoped to it)")
+    g.add_argument("--attention-only", action="store_true",
+                   help="the attention block alone: no MLP, no norms (the first article's example)")  # fmt: skip
+    g.add_argument("--no-grad-sync", action="store_true",
+                   help="the window ends before the step-level gradient all-reduces (forward and backward "
+                   "only)")  # fmt: skip
     p.add_argument("--format", choices=("text", "json"), default="text", help="text, or JSON with every finding")
     p.add_argument("--max-findings", type=int, default=30, help="findings shown in text (default 30)")
     add_load_flags(p)
@@ -39,7 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.k not in (1, 2):
         raise UsageError("--k must be 1 or 2")
-    analysis = analyse(args, k=args.k, parts=("collectives",), grad_dtype=args.grad_dtype)
+    analysis = analyse(args, k=args.k, parts=("collectives",), grad_dtype=args.grad_dtype,
+                       attention_only=args.attention_only, grad_sync=not args.no_grad_sync)  # fmt: skip
     report = analysis.comm
     if report is None:  # no model of the job: what the ranks say of each other, and why no more
         cross = analysis.crossrank
@@ -72,18 +78,13 @@ def render_text(analysis: RunAnalysis, max_findings: int = 30) -> str:
     assert report is not None and est is not None
     run = analysis.run
     lines = [f"{est.scheme}: {m.describe()}; {len(run)} of {run.world_size} ranks"]
-    timing = {t.rank: t for t in analysis.timing}
-    lines.append(
-        f"\n{'rank':>4}{'collectives':>13}{'expected':>10}{'wire/step':>13}{'model':>13}{'missing':>9}{'extra':>7}"
-        f"{'step ms':>10}{'comm ms':>10}{'exposed':>9}"
-    )
-    for r in report.ranks.itertuples():
-        lines.append(
-            f"{r.rank:>4}{r.observed:>13}{r.expected:>10}{human_bytes(r.observed_wire_bytes):>13}"
-            f"{human_bytes(r.expected_wire_bytes):>13}{r.missing:>9}{r.extra:>7}{_time_cells(timing.get(r.rank))}"
-        )
-    lines.append("  (comm ms: transfer time, the union of NCCL kernels or gloo worker spans; exposed: not overlapped "
-                 "by compute kernels, GPU traces only)")  # fmt: skip
+    cells = {
+        int(r.rank): (str(r.observed), str(r.expected), human_bytes(r.observed_wire_bytes),
+                      human_bytes(r.expected_wire_bytes), str(r.missing), str(r.extra))
+        for r in report.ranks.itertuples()
+    }  # fmt: skip
+    header = ["ranks", "collectives", "expected", "wire/step", "model", "missing", "extra"]
+    lines += ["", *_rank_table(analysis, header, cells)]
     if not report.layers.empty:
         off = report.layers[report.layers["observed"] != report.layers["expected"]]
         if not off.empty:
@@ -122,26 +123,34 @@ def render_point_to_point(analysis: RunAnalysis, max_rows: int = 24) -> list[str
     return lines
 
 
-def _time_cells(t: RankTiming | None) -> str:
-    """A rank's step, transfer and exposed milliseconds, as the last columns of its row."""
-    step = "" if t is None or t.step_ms is None else f"{t.step_ms:.1f}"
-    comm = "" if t is None else f"{t.comm_ms:.1f}"
-    exposed = "n/a" if t is None or t.exposed_ms is None else f"{t.exposed_ms:.1f}"
-    return f"{step:>10}{comm:>10}{exposed:>9}"
+def _rank_table(analysis: RunAnalysis, header: list[str], cells: dict[int, tuple[str, ...]]) -> list[str]:
+    """The per-rank table: ranks whose counts and bytes are equal share one row (their rank set),
+    with the range of their step, transfer and exposed times."""
+    timing = {t.rank: t for t in analysis.timing}
+    rows = []
+    for ranks, row in by_rank_set(cells):
+        mine = [timing[r] for r in ranks if r in timing]
+        exposed = spread([t.exposed_ms for t in mine]) or ("n/a" if mine else "")
+        times = [spread([t.step_ms for t in mine]), spread([t.comm_ms for t in mine]), exposed]
+        rows.append([rank_ranges(ranks), *row, *times])
+    lines = fixed_width([*header, "step ms", "comm ms", "exposed ms"], rows, left={0})
+    lines.append("  (times: the range over the row's ranks; comm: transfer time, the union of NCCL kernels or gloo "
+                 "worker spans; exposed: not overlapped by compute kernels, GPU traces only)")  # fmt: skip
+    return lines
 
 
 def _findings_and_notes(analysis: RunAnalysis, findings: list, notes: list[str], max_findings: int) -> list[str]:
     lines = []
     if findings:
-        lines.append(f"\n{len(findings)} findings:")
+        lines.append(f"\n{count(len(findings), 'finding')}:")
         lines += [f"  {f.severity}: {f.text()}" for f in findings[:max_findings]]
         if len(findings) > max_findings:
             lines.append(f"  ... and {len(findings) - max_findings} more (--format json lists all)")
     lines += [f"note: {note}" for note in notes]
     matching = analysis.matching
     if matching is not None and matching.offsets_us:
-        spread = max(matching.offsets_us.values()) - min(matching.offsets_us.values())
-        lines.append(f"note: clock offsets across ranks span {spread:.0f} us (aligned on matched completions)")
+        span = max(matching.offsets_us.values()) - min(matching.offsets_us.values())
+        lines.append(f"note: clock offsets across ranks span {span / 1e3:.2f} ms (aligned on matched completions)")
     return lines
 
 
@@ -152,14 +161,15 @@ def render_cross_rank(analysis: RunAnalysis, max_findings: int = 30) -> str:
     assert cross is not None
     lines = [f"{len(run)} of {run.world_size} ranks, compared with each other; the cost-model comparison was skipped: "
              f"{cross.skipped}"]  # fmt: skip
-    timing = {t.rank: t for t in analysis.timing}
-    lines.append(f"\n{'rank':>4}{'collectives':>13}{'wire/step':>13}{'disagree':>10}{'step ms':>10}{'comm ms':>10}"
-                 f"{'exposed':>9}")  # fmt: skip
-    for r in cross.ranks.itertuples():
-        wire = human_bytes(r.wire_bytes) + ("+?" if r.unknown_wire else "")
-        lines.append(f"{r.rank:>4}{r.collectives:>13}{wire:>13}{r.disagree:>10}{_time_cells(timing.get(r.rank))}")
-    lines.append("  (wire +?: some collectives' size or group is not in the trace; disagree: collectives whose kind "
-                 "or size differs from the rest of their group's)")  # fmt: skip
+    cells = {
+        int(r.rank): (str(r.collectives), human_bytes(r.wire_bytes) + ("+?" if r.unknown_wire else ""),
+                      str(r.disagree))
+        for r in cross.ranks.itertuples()
+    }  # fmt: skip
+    lines += ["", *_rank_table(analysis, ["ranks", "collectives", "wire/step", "disagree"], cells)]
+    if any(r.unknown_wire for r in cross.ranks.itertuples()):
+        lines.append("  (wire +?: some collectives' size or group is not in the trace)")
+    lines.append("  (disagree: collectives whose kind or size differs from the rest of their group's)")
     lines += render_point_to_point(analysis)
     lines += _findings_and_notes(analysis, cross.findings, cross.notes, max_findings)
     lines.append("\n" + cross.verdict.line())

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sptrace.cli.common import add_load_flags, add_shape_flags, analyse, log
+from sptrace.cli.common import add_load_flags, add_shape_flags, analyse, by_rank_set, fixed_width, log
 from sptrace.errors import UsageError
-from sptrace.units import human_bytes
+from sptrace.units import count, human_bytes, rank_ranges
 
 if TYPE_CHECKING:  # the analysis (pandas) is imported when a command runs, not to parse flags
     from sptrace.analysis import RunAnalysis
@@ -66,19 +66,19 @@ def render_text(analysis: RunAnalysis, report: ShardingReport) -> str:
     m = report.model
     sources = sorted(set(m.provenance.values()))
     lines = [
-        f"{analysis.path}: {m.describe()} ({', '.join(sources) or 'flags'}); {len(analysis.run)} ranks",
+        f"{analysis.path}: {m.describe()} ({', '.join(sources) or 'flags'}); "
+        f"{len(analysis.run)} of {count(analysis.run.world_size, 'rank')}",
         "",
-        f"{'rank':>4}{'retained':>10}{'seq-sharded':>13}{'head-sharded':>14}{'full':>6}{'ambiguous':>11}"
-        f"{'other':>7}{'unknown':>9}{'kept':>12}",
     ]
-    for rank in sorted(analysis.run.ranks):
+    classes = ("seq-sharded", "head-sharded", "full", "ambiguous", "other", "unknown")
+    cells = {}
+    for rank in sorted(analysis.run.ranks):  # the ranks that have a trace; missing ones are a note
         mine = report.saved[report.saved["rank"] == rank]
-        count = mine["class"].value_counts()
-        lines.append(
-            f"{rank:>4}{len(mine):>10}{count.get('seq-sharded', 0):>13}{count.get('head-sharded', 0):>14}"
-            f"{count.get('full', 0):>6}{count.get('ambiguous', 0):>11}{count.get('other', 0):>7}"
-            f"{count.get('unknown', 0):>9}{human_bytes(float(mine['storage_bytes'].sum())):>12}"
-        )
+        tally = mine["class"].value_counts()
+        cells[rank] = (str(len(mine)), *(str(tally.get(c, 0)) for c in classes),
+                       human_bytes(float(mine["storage_bytes"].sum())))  # fmt: skip
+    rows = [[rank_ranges(ranks), *row] for ranks, row in by_rank_set(cells)]
+    lines += fixed_width(["ranks", "retained", *classes, "kept"], rows, left={0})
     if not report.layers.empty:
         layer = report.layers.groupby("layer").agg(
             most=("measured_bytes", "max"), least=("measured_bytes", "min"), expected=("expected_bytes", "first"),
@@ -88,7 +88,7 @@ def render_text(analysis: RunAnalysis, report: ShardingReport) -> str:
         for i, row in layer.iterrows():
             expected = row.expected
             exp = "" if expected is None or expected != expected else f" (Korthikanti: {human_bytes(expected)})"
-            spread = f" (rank {row['rank']}; the least, {human_bytes(row.least)})" if row.least != row.most else ""
+            spread = f" (rank {int(row['rank'])}; the least, {human_bytes(row.least)})" if row.least != row.most else ""
             lines.append(f"layer {i}: at most {human_bytes(row.most)} kept per rank{spread}{exp}")
     lines.append("")
     for f in report.findings:

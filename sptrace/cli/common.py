@@ -158,3 +158,21 @@ def fixed_width(header: list[str], rows: list[list[str]], left: set[int] = froze
         return "  ".join(padded).rstrip()
 
     return [line(header), *map(line, rows)]
+
+
+def by_rank_set(rows: dict[int, tuple[str, ...]]) -> list[tuple[tuple[int, ...], tuple[str, ...]]]:
+    """Ranks whose cells are all equal, as one row with its rank set, in the order of each set's
+    first rank: 128 identical ranks are one line, a rank that differs stands out on its own."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for rank in sorted(rows):
+        groups.setdefault(rows[rank], []).append(rank)
+    return [(tuple(ranks), cells) for cells, ranks in groups.items()]
+
+
+def spread(values: list[float | None], digits: int = 1) -> str:
+    """'612.7' for one value (or equal ones), '612.7-698.9' for a range; '' when none is known."""
+    known = [v for v in values if v is not None and v == v]
+    if not known:
+        return ""
+    lo, hi = f"{min(known):.{digits}f}", f"{max(known):.{digits}f}"
+    return lo if lo == hi else f"{lo}-{hi}"
