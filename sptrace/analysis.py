@@ -45,7 +45,7 @@ from sptrace.rankmap import (
     summarize,
 )
 from sptrace.shape import FIELDS, Declarations, ModelShape
-from sptrace.units import rank_ranges
+from sptrace.units import count, rank_ranges
 
 PARTS = ("collectives", "sharding")
 """What analyse_run can compute: collectives (with matching, timing and the cost-model check) and
@@ -177,7 +177,7 @@ def resolve_model(run: RunTrace, flags: Mapping[str, Any] | Declarations | None 
         if len(groups) == 1:
             ((_, size),) = groups
             if isinstance(size, int) and size > 0:
-                model = model.override(f"the run's only process group ({size} ranks)", sp_size=size)
+                model = model.override(f"the run's only process group ({count(size, 'rank')})", sp_size=size)
     if model.kv_heads is None and model.heads is not None:  # no GQA declared: as many kv heads as heads
         model = model.override("equal to heads (no --kv-heads declared)", kv_heads=model.heads)
     return model
@@ -378,8 +378,8 @@ def reduce_run(
                 comm.notes.append(grad_note)
             if str(model.provenance.get("layers", "")).startswith("the trace"):
                 comm.scope = (
-                    f"for the {model.layers} layers the trace shows (L not declared: pass --layers, or a window that "
-                    "misses a layer compares fewer)"
+                    f"for the {count(model.layers, 'layer')} the trace shows (L not declared: pass --layers, or a "
+                    "window that misses a layer compares fewer)"
                 )
             if run.missing_ranks:
                 comm.notes.append(
@@ -446,7 +446,8 @@ def _cost_model_needs(model: ModelShape, **options: Any) -> tuple[str | None, Mo
     gqa = "kv_heads" in needed and "heads" in needed
     flags = ", ".join(FIELDS[n][0] for n in needed if not (gqa and n == "kv_heads"))
     also = " (--kv-heads defaults to --heads)" if gqa else ""
-    return f"the cost model of {model.scheme or 'the scheme'} needs {flags}{also}; pass them, or --config FILE", None
+    of = f" of {model.scheme}" if model.scheme else ""
+    return f"the cost model{of} needs {flags}{also}; pass them, or --config FILE", None
 
 
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:

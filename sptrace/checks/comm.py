@@ -54,15 +54,15 @@ class CommReport:
                     what.append(f"{label} of {n}")
             return Verdict(
                 "undecided", "CANNOT DECIDE",
-                f"{per_rank} collectives per rank, as the {self.scheme} model counts them, but the trace does not "
-                f"record {' nor '.join(what)}",
+                f"{count(per_rank, 'collective')} per rank, as the {self.scheme} model counts them, but the trace "
+                f"does not record {' nor '.join(what)}",
                 tuple(f.text() for f in unknown),
             )  # fmt: skip
         return Verdict(
             "pass",
             "MATCH",
-            f"{per_rank} collectives and {human_bytes(wire)} on the wire per rank, as the {self.scheme} model predicts"
-            + (f" {self.scope}" if self.scope else ""),
+            f"{count(per_rank, 'collective')} and {human_bytes(wire)} on the wire per rank, as the {self.scheme} "
+            "model predicts" + (f" {self.scope}" if self.scope else ""),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -252,8 +252,8 @@ def check_collectives(
     unknown_wire = int(ranks_frame["unknown_wire"].max()) if len(ranks_frame) else 0
     if unknown_wire:
         report.notes.append(
-            f"wire bytes leave out up to {unknown_wire} collectives per rank whose size or group the trace does "
-            "not record"
+            f"wire bytes leave out up to {count(unknown_wire, 'collective')} per rank whose size or group the "
+            "trace does not record"
         )
     if matching is not None and not matching.matched.empty:
         m = matching.matched[matching.matched["n_ranks"] > 1]

@@ -54,20 +54,21 @@ class CrossRankReport:
         if not self.matched:
             return Verdict(
                 "undecided", "CANNOT DECIDE",
-                f"{per_rank} collectives per rank, but none was matched on two or more ranks: one rank's trace, or "
-                "ranks from different groups, cannot show that ranks agree", reasons,
+                f"{count(per_rank, 'collective')} per rank, but none was matched on two or more ranks: one rank's "
+                "trace, or ranks from different groups, cannot show that ranks agree", reasons,
             )  # fmt: skip
         if unsure:
             n = int(self.ranks["disagree"].sum()) if "disagree" in self.ranks else len(unsure)
             return Verdict(
                 "undecided", "CANNOT DECIDE",
-                f"{self.matched} collectives matched across ranks agree, but {n} disagree where the trace names no "
-                "process group: a desync and two groups look the same there",
+                f"{count(self.matched, 'collective')} matched across ranks agree, but {n} disagree where the trace "
+                "names no process group: a desync and two groups look the same there",
                 (*reasons, *(f.text() for f in unsure)),
             )  # fmt: skip
         return Verdict(
             "pass", "CONSISTENT",
-            f"{per_rank} collectives per rank; {self.matched} matched across ranks agree in kind and size", reasons,
+            f"{count(per_rank, 'collective')} per rank; {self.matched} matched across ranks agree in kind and size",
+            reasons,
         )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,7 +120,8 @@ def check_cross_rank(
         common = int(g["n"].mode().iloc[0])
         for r in g[g["n"] != common].itertuples():
             findings.append(Finding("warning", "cross-rank", "collective-count",
-                                    f"group {group}: {int(r.n)} collectives where most of its ranks issued {common}",
+                                    f"group {group}: {count(int(r.n), 'collective')} where most of its ranks issued "
+                                    f"{common}",
                                     (int(r.rank),), page="collectives"))  # fmt: skip
     # (unpaired sends and receives: sptrace.checks.p2p names each)
     notes = [n for n in matching.notes if "found no partner" not in n and "disagree in kind or size" not in n]
@@ -130,8 +132,8 @@ def check_cross_rank(
         findings.append(straggler)
     elif len(m) and m["arrival_skew_us"].notna().any():
         notes.append(
-            f"no rank arrives last more often than chance ({len(m)} collectives matched across ranks; the largest "
-            f"arrival skew is {m['arrival_skew_us'].max() / 1e3:.2f} ms): no straggler"
+            f"no rank arrives last more often than chance ({count(len(m), 'collective')} matched across ranks; the "
+            f"largest arrival skew is {m['arrival_skew_us'].max() / 1e3:.2f} ms): no straggler"
         )
     return CrossRankReport(frame, merge_ranks(findings), len(m), skipped, notes)
 

@@ -531,9 +531,14 @@ def check_sharding(
     counts = {c: int((saved["class"] == c).sum()) for c in CLASSES}
     unseen_full = saved[full_unseen]
     if counts["ambiguous"]:
-        notes.append(f"{counts['ambiguous']} tensors are ambiguous: {_first_why(saved, 'ambiguous')}")
+        notes.append(
+            f"{count(counts['ambiguous'], 'tensor')} {'is' if counts['ambiguous'] == 1 else 'are'} ambiguous: "
+            f"{_first_why(saved, 'ambiguous')}"
+        )
     if counts["unknown"]:
-        notes.append(f"{counts['unknown']} tensors have no shape and a size that identifies nothing; not judged")
+        notes.append(
+            f"{count(counts['unknown'], 'tensor')} without a shape, of a size that identifies nothing: not judged"
+        )
     verdict = _conclude(retained, saved[~unseen_mask], findings, model, counts, strict, unseen_full)
     unseen_by_rank = {r.rank: r.unseen_frees for r in retained if r.unseen_frees}
     return ShardingReport(model, saved, findings, layers, verdict, notes, unseen_by_rank)
@@ -666,7 +671,7 @@ def _conclude(
         return Verdict("undecided", "CANNOT DECIDE", reasons[0], tuple(reasons))
     caveats = []
     if counts["unknown"] and not strict:
-        caveats.append(f"{counts['unknown']} tensors of unknown shape not judged")
+        caveats.append(f"{count(counts['unknown'], 'tensor')} of unknown shape not judged")
     text = f"every judged tensor is sharded; {summary}" + (f"; {', '.join(caveats)}" if caveats else "")
     return Verdict("pass", "PASS", text, tuple(caveats))
 

@@ -77,7 +77,7 @@ def render_text(analysis: RunAnalysis, max_findings: int = 30) -> str:
     report, est, m = analysis.comm, analysis.estimate, analysis.model
     assert report is not None and est is not None
     run = analysis.run
-    lines = [f"{est.scheme}: {m.describe()}; {len(run)} of {run.world_size} ranks"]
+    lines = [f"{est.scheme}: {m.describe()}; {len(run)} of {count(run.world_size, 'rank')}"]
     cells = {
         int(r.rank): (str(r.observed), str(r.expected), human_bytes(r.observed_wire_bytes),
                       human_bytes(r.expected_wire_bytes), str(r.missing), str(r.extra))
@@ -159,8 +159,8 @@ def render_cross_rank(analysis: RunAnalysis, max_findings: int = 30) -> str:
     ranks; and why the cost-model comparison was skipped."""
     cross, run = analysis.crossrank, analysis.run
     assert cross is not None
-    lines = [f"{len(run)} of {run.world_size} ranks, compared with each other; the cost-model comparison was skipped: "
-             f"{cross.skipped}"]  # fmt: skip
+    lines = [f"{len(run)} of {count(run.world_size, 'rank')}, compared with each other; the cost-model comparison "
+             f"was skipped: {cross.skipped}"]  # fmt: skip
     cells = {
         int(r.rank): (str(r.collectives), human_bytes(r.wire_bytes) + ("+?" if r.unknown_wire else ""),
                       str(r.disagree))

@@ -8,7 +8,7 @@ import math
 import sys
 
 from sptrace.cli.common import add_load_flags, fixed_width, map_quietly, missing, size_text
-from sptrace.units import human_bytes
+from sptrace.units import count, human_bytes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(render_table(frame, timing))
     ranks = frame["rank"].nunique()
-    print(f"\n{len(frame)} collectives on {ranks} ranks; per rank and kind:")
+    print(f"\n{count(len(frame), 'collective')} on {count(ranks, 'rank')}; per rank and kind:")
     counts = frame.groupby(["kind"]).agg(n=("rank", "size"), wire=("wire_bytes", "sum"), unknown=("wire_bytes", _nulls))
     for kind, row in counts.iterrows():
         # an unknown is never printed as a number: "?" when no size is known, "+?" when some are

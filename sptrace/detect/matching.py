@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from sptrace.units import count
+
 MAX_SHIFT = 16
 """How many collectives a rank's trace may miss at its start and still be aligned."""
 
@@ -150,7 +152,10 @@ def match_collectives(frame: pd.DataFrame, world_size: int | None = None) -> Mat
     )
     unmatched = int(bad.sum()) + p2p_unmatched
     if unmatched:
-        notes.append(f"{unmatched} collectives disagree in kind or size with their counterparts on other ranks")
+        notes.append(
+            f"{count(unmatched, 'collective')} {'disagrees' if unmatched == 1 else 'disagree'} in kind or size with "
+            "their counterparts on other ranks"
+        )
     disagreements = f.loc[bad, [c for c in DISAGREEMENT_COLUMNS if c in f.columns]].reset_index(drop=True)
     counts = f.groupby(["group", "rank"]).size().rename("n").reset_index()
     f = f[~bad]

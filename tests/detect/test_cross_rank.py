@@ -47,7 +47,7 @@ def test_consistent_ranks_pass_and_say_the_model_was_skipped(tmp_path, capsys):
     assert code == 0 and report["verdict"]["label"] == "CONSISTENT" and report["matched"] == 4
     assert [r["collectives"] for r in report["ranks"]] == [4] * WORLD
     assert [r["wire_bytes"] for r in report["ranks"]] == [4 * 2 * 3 / 4 * 48 * 1024] * WORLD  # ring all-reduce
-    assert report["cost_model"]["skipped"].startswith("checking collectives against the cost model needs")
+    assert report["cost_model"]["skipped"].startswith("the cost model needs --scheme, ")
     assert len(report["matched_collectives"]) == 4
 
 
