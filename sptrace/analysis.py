@@ -34,6 +34,7 @@ from sptrace.dtypes import ACTIVATION_DTYPES
 from sptrace.errors import SptraceError, UsageError
 from sptrace.executors import Executor
 from sptrace.load.trace import RunTrace, files_of, read_run_info
+from sptrace.markers import SAVED
 from sptrace.rankmap import (
     COMPUTE_COLUMNS,
     MEMORY_COLUMNS,
@@ -217,11 +218,13 @@ def analyse_run(
     else:
         path = Path(source)
         notes: list[str] = []
-        root, _, _ = files_of(path)
+        root, files, _ = files_of(path)
         run_info = read_run_info(root, notes)
         declared = declared_model(run_info, flags)
         if fail_fast:
             _require_sharding_shape(declared, path)
+            if "sharding" in parts and files:
+                _require_memory_events(files[0], options)
         spec = MapSpec(
             parts, declared.dtype_bytes, options.get("cache", True),
             Path(options["cache_dir"]) if options.get("cache_dir") else None, hidden=declared.hidden,
@@ -248,6 +251,24 @@ def _require_sharding_shape(declared: ModelShape, path: Path | None) -> None:
         also = " (and --sp, unless the trace holds a single process group)" if declared.sp_size is None else ""
         raise UsageError(f"{path}: the sharding check needs {flags}{also}, which neither run.json, --config "
                          "nor a flag declares")  # fmt: skip
+
+
+def _require_memory_events(first: Path, options: Mapping[str, Any]) -> None:
+    """Before any parse: a first trace that holds neither [memory] events nor sptrace.saved
+    records leaves its rank unjudged, so the sharding check could only say CANNOT DECIDE; said
+    at once (a trace already in the cache is parsed in no time: not probed)."""
+    from sptrace.load.cache import cached_entry, default_cache_dir
+    from sptrace.load.trace import holds_any
+
+    if options.get("cache", True):
+        directory = Path(options["cache_dir"]) if options.get("cache_dir") else default_cache_dir()
+        if cached_entry(directory, first) is not None:
+            return
+    if not holds_any(first, (b'"[memory]"', SAVED.encode())):
+        raise UsageError(
+            f"{first}: the trace has neither [memory] events nor sptrace.saved records, so no retained tensor can be "
+            "judged: profile with profile_memory=True (sptrace.instrument adds exact shapes)"
+        )
 
 
 def _activation_dtype(model: ModelShape, retained: tuple[Retention, ...], notes: list[str]) -> ModelShape:

@@ -78,7 +78,8 @@ def render_text(analysis: RunAnalysis, report: ShardingReport) -> str:
         cells[rank] = (str(len(mine)), *(str(tally.get(c, 0)) for c in classes),
                        human_bytes(float(mine["storage_bytes"].sum())))  # fmt: skip
     rows = [[rank_ranges(ranks), *row] for ranks, row in by_rank_set(cells)]
-    lines += fixed_width(["ranks", "retained", *classes, "kept"], rows, left={0})
+    if len(report.saved):  # a table of zeros says nothing the verdict does not
+        lines += fixed_width(["ranks", "retained", *classes, "kept"], rows, left={0})
     if not report.layers.empty:
         layer = report.layers.groupby("layer").agg(
             most=("measured_bytes", "max"), least=("measured_bytes", "min"), expected=("expected_bytes", "first"),

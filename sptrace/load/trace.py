@@ -214,6 +214,33 @@ def _starts_like_a_trace(path: Path) -> bool:
     return any(key in head for key in _TRACE_KEYS)
 
 
+def holds_any(path: Path, needles: tuple[bytes, ...], chunk: int = 1 << 20) -> set[bytes]:
+    """Which of ``needles`` the file's text holds, read as a stream (inflated when gzip, by its
+    magic number) and stopped once all are found: a probe before the parse, for what a check
+    needs (``[memory]`` events), where no header says whether the profiler recorded them.
+    Unreadable files answer every needle: loading them says what is wrong."""
+    import gzip
+    import zlib
+
+    found: set[bytes] = set()
+    keep = max(len(n) for n in needles) - 1
+    try:
+        with open(path, "rb") as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+        with gzip.open(path, "rb") if gz else open(path, "rb") as f:
+            tail = b""
+            while len(found) < len(needles):
+                block = f.read(chunk)
+                if not block:
+                    break
+                data = tail + block
+                found.update(n for n in needles if n in data)
+                tail = data[-keep:] if keep else b""
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error):
+        return set(needles)
+    return found
+
+
 def find_traces(root: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     """Trace files in a run folder, and the files skipped (HTA's outputs)."""
     if not root.exists():
