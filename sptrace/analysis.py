@@ -468,7 +468,8 @@ def _cost_model_needs(model: ModelShape, **options: Any) -> tuple[str | None, Mo
     flags = ", ".join(FIELDS[n][0] for n in needed if not (gqa and n == "kv_heads"))
     also = " (--kv-heads defaults to --heads)" if gqa else ""
     of = f" of {model.scheme}" if model.scheme else ""
-    return f"the cost model{of} needs {flags}{also}; pass them, or --config FILE", None
+    them = "it" if len(needed) == 1 else "them"
+    return f"the cost model{of} needs {flags}{also}; pass {them}, or --config FILE", None
 
 
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:

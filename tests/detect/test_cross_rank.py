@@ -5,6 +5,7 @@ layers = 4 bf16 all-reduces of 24576 elements (48 KiB) per rank, on process grou
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -66,7 +67,15 @@ def test_a_rank_that_issues_another_size_is_inconsistent(tmp_path, capsys):
     assert "issued all_reduce of 48.00 KiB" in errors[0]["message"]
     assert [r["disagree"] for r in report["ranks"]] == [0, 0, 1, 0]
     assert main(["analyze", str(run), "--cache-dir", str(tmp_path / "cache")]) == 1
-    assert "error: rank 2: group 0: its collective #2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "error: rank 2: group 0: its collective #2" in out
+    # ranks that agree share one row; the rank that differs stands on its own
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("ranks "))
+    table = [re.split(r"\s{2,}", line.strip()) for line in lines[start + 1 : start + 3]]
+    assert table[0][:4] == ["0-1, 3", "4", "288.00 KiB", "0"] and table[1][:4] == ["2", "4", "360.00 KiB", "1"], out
+    assert lines[start + 3].startswith("  (times: the range over the row's ranks")
+    assert "+?" not in out  # every size is in the trace: no legend for unknown sizes
 
 
 def test_without_a_named_group_a_disagreement_cannot_decide(tmp_path, capsys):
@@ -130,3 +139,36 @@ def test_a_reference_run_without_its_run_json(profiled, tmp_path, capsys):
     assert code == 0
     # the same collectives are seen with or without a model of the job
     assert [r["collectives"] for r in bare_report["ranks"]] == [r["observed"] for r in declared["ranks"]]
+
+
+def test_analyze_asks_only_for_the_sizes_the_scheme_depends_on(profiled, tmp_path, capsys):
+    """Megatron-SP's collectives carry [B, S, H] whatever F is, and --kv-heads defaults to --heads:
+    B, S, H and a are enough. Ulysses all-reduces the MLP's gradients too, so it needs F, unless
+    the window ends before the gradient sync (--no-grad-sync)."""
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    for scheme in ("megatron", "ulysses"):
+        src = profiled(scheme)
+        cfg = json.loads((src / "run.json").read_text())["config"]
+        bare = tmp_path / scheme
+        shutil.copytree(src, bare, ignore=shutil.ignore_patterns("logs", "run.json"))
+        sizes = ["--scheme", scheme, "--batch", str(cfg["batch"]), "--seq", str(cfg["seq"]),
+                 "--hidden", str(cfg["hidden"]), "--heads", str(cfg["heads"])]  # fmt: skip
+        code = main(["analyze", str(bare), *sizes, *cache])
+        out = capsys.readouterr().out
+        if scheme == "megatron":  # the norms' gradient all-reduce is [L x 2H]: no F in it
+            assert code == 0 and "MATCH" in out.splitlines()[-1], out
+            # the dtype was read off the layers' collectives, L off the layers they name
+            assert out.splitlines()[0].startswith(f"megatron: P=8 L=2 B={cfg['batch']} S={cfg['seq']}"), out
+            continue
+        assert code == 0 and "the cost model of ulysses needs --ffn; pass it" in out, out
+        assert "--kv-heads" not in out.splitlines()[0]
+        code = main(["analyze", str(bare), *sizes, "--ffn", str(cfg["ffn"]), "--kv-heads", str(cfg["kv_heads"]),
+                     *cache])  # fmt: skip
+        assert code == 0 and "MATCH" in capsys.readouterr().out
+        # a window without the gradient sync: the model leaves it out, and F is not needed
+        assert main(["analyze", str(bare), *sizes, "--kv-heads", str(cfg["kv_heads"]), "--no-grad-sync", *cache,
+                     "--format", "json"]) == 1  # fmt: skip
+        report = json.loads(capsys.readouterr().out)
+        assert {f["code"] for f in report["findings"] if f["severity"] == "error"} == {"extra-collective"}
+        assert all("gradient" in f["message"] or "all_reduce" in f["message"]
+                   for f in report["findings"] if f["code"] == "extra-collective")  # fmt: skip
