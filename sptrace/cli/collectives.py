@@ -7,8 +7,8 @@ import json
 import math
 import sys
 
-from sptrace.cli.common import add_load_flags, fixed_width, map_quietly, missing, size_text
-from sptrace.units import count, human_bytes
+from sptrace.cli.common import add_load_flags, by_rank_set, fixed_width, map_quietly, missing, size_text, spread
+from sptrace.units import count, human_bytes, rank_ranges
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -60,12 +60,19 @@ def run(args: argparse.Namespace) -> int:
     from sptrace.detect.timing import step_sources
 
     sources = step_sources(timing) or "nothing"
-    print(f"\nper rank: step (measured by {sources}), communication (transfer time) and exposed communication, ms")
-    for t in timing:
-        exposed = "n/a (no GPU streams)" if t.exposed_ms is None else f"{t.exposed_ms:.2f}"
-        step = "?" if t.step_ms is None else f"{t.step_ms:.2f}"
-        issue = f"; {t.issue_only} without a transfer record (CPU span used)" if t.issue_only else ""
-        print(f"  rank {t.rank}: step {step}, comm {t.comm_ms:.2f}, exposed {exposed}{issue}")
+    print(f"\nstep (measured by {sources}), communication (transfer time) and exposed communication, ms; ranks "
+          "alike in what they issued share a row, with the range of their times")  # fmt: skip
+    cells = {t.rank: (str(t.issue_only),) for t in timing}
+    rows = []
+    for ranks, (issue_only,) in by_rank_set(cells):
+        mine = [t for t in timing if t.rank in ranks]
+        exposed = spread([t.exposed_ms for t in mine], 2) or "n/a"
+        rows.append([rank_ranges(ranks), spread([t.step_ms for t in mine], 2) or "?",
+                     spread([t.comm_ms for t in mine], 2), exposed, issue_only])  # fmt: skip
+    for line in fixed_width(["ranks", "step ms", "comm ms", "exposed ms", "no transfer record"], rows, left={0}):
+        print("  " + line)
+    if any(t.exposed_ms is None for t in timing):
+        print("  (exposed n/a: no GPU streams; no transfer record: collectives timed by their CPU span)")
     return 0
 
 
