@@ -161,6 +161,15 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(minutes=10))
+    try:
+        run(Path(args.out))
+    finally:
+        dist.destroy_process_group()
+
+
+def run(out: Path) -> None:
+    """Every rank's report into ``out``, in the process group already initialised (the test
+    suite runs this in its user-model launch, to import torch on eight ranks once for both)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     groups = {P: dist.new_subgroups(group_size=P)[0] for P in (1, 2, 4, 8) if P <= world and world % P == 0}
@@ -171,13 +180,11 @@ def main() -> None:
         for kv in (8, 2):
             cfg = BASE.replace(scheme=scheme, sp_size=world, kv_heads=kv, ulysses_degree=2 if scheme == "usp" else 1)
             report["collectives"][f"{scheme}-kv{kv}"] = count_collectives(cfg)  # type: ignore[index]
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".verify_rank{rank}.json.tmp"
     tmp.write_text(json.dumps(report, indent=1))
     os.replace(tmp, out / f"verify_rank{rank}.json")
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ class Launches:
     Each launch is a subprocess with its output kept, so nothing it prints reaches a test's
     captured output. Only the launches the selected tests need are started."""
 
-    ORDER = ("demo", "ranks8", "ranks4", "verify", "user_models", "generated")
+    ORDER = ("demo", "ranks8", "ranks4", "user_models", "generated")
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="launches-", dir=_SCRATCH))
@@ -123,13 +123,13 @@ class Launches:
     def _ranks4(self) -> subprocess.CompletedProcess[str]:
         return self._matrix(4)
 
-    def _verify(self) -> subprocess.CompletedProcess[str]:
-        self.out("verify").mkdir(parents=True, exist_ok=True)
-        return _torchrun("sptrace.reference_models.verify", self.out("verify"), self.run)
-
     def _user_models(self) -> subprocess.CompletedProcess[str]:
+        """The user models, after sptrace.reference_models.verify's equivalence and CommDebugMode
+        counts, in one 8-rank launch (the eight torch imports are most of a launch's time)."""
         self.out("user_models").mkdir(parents=True, exist_ok=True)
-        return _torchrun("tests.user_models.job", self.out("user_models"), self.run)
+        self.out("verify").mkdir(parents=True, exist_ok=True)
+        return _torchrun("tests.user_models.job", self.out("user_models"), self.run,
+                         args=("--verify-out", str(self.out("verify"))))  # fmt: skip
 
     def _generated(self) -> subprocess.CompletedProcess[str]:
         self.out("generated").mkdir(parents=True, exist_ok=True)
@@ -138,7 +138,7 @@ class Launches:
         proc = _torchrun("tests.user_models.generated.job", self.out("generated"), self.run, nproc=4, env=env)
         if proc.returncode != 0:
             return proc
-        # the checks of the 42 draws here too, in this thread: they overlap the tests running
+        # the checks of the draws here too, in this thread: they overlap the tests running
         # meanwhile instead of following them
         judged = self.run([sys.executable, "-m", "tests.user_models.generated.judge", str(self.out("generated"))],
                           cwd=REPO, text=True, timeout=900)  # fmt: skip
@@ -186,14 +186,19 @@ def profiled() -> RunFactory:
 @pytest.fixture(scope="session")
 def verify_reports() -> list[dict]:
     """One 8-rank run of sptrace.reference_models.verify: equivalence and CommDebugMode counts."""
-    proc = LAUNCHES.result("verify")
+    proc = LAUNCHES.result("user_models")  # verify runs first in the user-model launch
     out = LAUNCHES.out("verify")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return [json.loads((out / f"verify_rank{r}.json").read_text()) for r in range(WORLD)]
 
 
 def _torchrun(
-    module: str, out: Path, run=subprocess.run, nproc: int = WORLD, env: dict[str, str] | None = None
+    module: str,
+    out: Path,
+    run=subprocess.run,
+    nproc: int = WORLD,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     """An 8-rank gloo job, run again once if a rank died of SIGSEGV: the user-model job crashed so
     once, in one of several full runs on 2 cores, and the rerun and every other run passed (a
@@ -202,7 +207,7 @@ def _torchrun(
     in the output, and the first attempt's output is kept beside the run."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1", **(env or {}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", module, "--out", str(out)]  # fmt: skip
+           "-m", module, "--out", str(out), *args]  # fmt: skip
     proc = run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 and "Signal 11 (SIGSEGV)" in proc.stdout + proc.stderr:
         (out.parent / f"{out.name}.first-attempt.log").write_text(proc.stdout + proc.stderr)
@@ -224,7 +229,7 @@ def user_runs() -> Path:
 
 @pytest.fixture(scope="session")
 def generated_runs() -> Path:
-    """One 4-rank run of tests.user_models.generated.job: 42 drawn models, each with its truth
+    """One 4-rank run of tests.user_models.generated.job: the drawn models (draw.default_count), each with its truth
     and `sptrace check`'s verdict on it (tests.user_models.generated.judge)."""
     proc = LAUNCHES.result("generated")
     out = LAUNCHES.out("generated")
@@ -278,9 +283,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         used = set(getattr(item, "fixturenames", ()))
         if "profiled" in used:
             wanted |= {"demo", "ranks8", "ranks4"}
-        if "verify_reports" in used:
-            wanted.add("verify")
-        if "user_runs" in used:
+        if "user_runs" in used or "verify_reports" in used:
             wanted.add("user_models")
         if "generated_runs" in used:
             wanted.add("generated")

@@ -324,7 +324,7 @@ def run_draw(d: Draw, groups: dict[int, dist.ProcessGroup], root: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--count", type=int, default=42)
+    parser.add_argument("--count", type=int, help="default: SPTRACE_GENERATED_DRAWS, else 24 (draw.default_count)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", nargs="*")
     args = parser.parse_args()

@@ -5,7 +5,7 @@ each verdict written beside the traces for test_generated.py to compare with the
 
 DIR/checks/<gNN>.json   {"code": exit code, "report": check's JSON report}
 
-The suite runs this in its background thread right after the generator's launch, so the 42
+The suite runs this in its background thread right after the generator's launch, so its
 checks overlap the tests that run meanwhile (tests/conftest.py)."""
 
 from __future__ import annotations

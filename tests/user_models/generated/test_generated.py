@@ -1,4 +1,5 @@
-"""GIVEN 42 sequence-parallel models drawn by tests/user_models/generated/draw.py (B, S, H, F,
+"""GIVEN 24 sequence-parallel models (42 in CI: SPTRACE_GENERATED_DRAWS) drawn by
+tests/user_models/generated/draw.py (B, S, H, F,
 heads, head dim, P, dtype, layout, steps, micro-batch order; colliding dimensions in most draws)
 and written without sptrace (plain torch.distributed, torch.profiler), each clean or keeping one
 stray full-sequence tensor in one of six ways in one step, micro-batch and layer of its choosing
@@ -19,7 +20,7 @@ DRAWS = draws()
 
 
 def test_the_draws_cover_what_the_gate_must_survive():
-    assert len(DRAWS) >= 40
+    assert len(DRAWS) >= 24
     assert sum(bool(d.collisions) for d in DRAWS) * 2 >= len(DRAWS)
     assert {d.stray["way"] for d in DRAWS if d.stray} == set(WAYS)
     assert sum(d.stray is None for d in DRAWS) >= 8
