@@ -410,7 +410,8 @@ def assemble_run(
         run_info = read_run_info(root, notes)
     if missing:
         notes.append(
-            f"{len(missing)} of {world} ranks have no trace ({rank_ranges(missing)}): cross-rank matching, "
+            f"{len(missing)} of {world} ranks {'has' if len(missing) == 1 else 'have'} no trace "
+            f"({rank_ranges(missing)}): cross-rank matching, "
             f"skew and straggler analysis cover the {count(len(by_rank), 'rank')} present, and the per-rank "
             "checks say nothing about the missing ones"
         )

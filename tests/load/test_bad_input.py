@@ -97,7 +97,7 @@ def test_ranks_from_different_backends(tmp_path):
 def test_missing_rank_warns_and_says_what_is_incomplete(tmp_path, capsys):
     for r in (0, 1, 3):
         write(tmp_path, f"rank{r}.json", trace_json(rank=r, world=4))
-    with pytest.warns(sptrace.load.TraceWarning, match=r"1 of 4 ranks have no trace \(2\): cross-rank matching"):
+    with pytest.warns(sptrace.load.TraceWarning, match=r"1 of 4 ranks has no trace \(2\): cross-rank matching"):
         run = sptrace.load_run(tmp_path, cache=False)
     assert run.missing_ranks == [2] and sorted(run.ranks) == [0, 1, 3]
     assert main(["info", str(tmp_path), "--no-cache"]) == 0
