@@ -107,11 +107,11 @@ def check_cross_rank(
         module = first["module"] if isinstance(first["module"], str) and first["module"] else None
         known = group != UNKNOWN_GROUP
         message = (
-            f"group {group}: its collective #{int(first['key'])} ({where}{', ' + module if module else ''}) is "
+            f"{_group(group)}: its collective #{int(first['key'])} ({where}{', ' + module if module else ''}) is "
             f"{first['kind']} of {_size(first['in_bytes'])} where the group's other ranks issued "
             f"{first['kind_major']} of {_size(first['size_major'])}"
             + (f"; {len(g)} of its collectives disagree from there on" if len(g) > 1 else "")
-            + ("" if known else " (the trace names no process group: this may be two groups, not a desync)")
+            + ("" if known else " (this may be two groups, not a desync)")
         )
         findings.append(Finding("error" if known else "warning", "cross-rank", "mismatched-collective", message,
                                 (int(rank),), None if pd.isna(first["layer"]) else int(first["layer"]), module,
@@ -120,7 +120,7 @@ def check_cross_rank(
         common = int(g["n"].mode().iloc[0])
         for r in g[g["n"] != common].itertuples():
             findings.append(Finding("warning", "cross-rank", "collective-count",
-                                    f"group {group}: {count(int(r.n), 'collective')} where most of its ranks issued "
+                                    f"{_group(group)}: {count(int(r.n), 'collective')} where most of its ranks issued "
                                     f"{common}",
                                     (int(r.rank),), page="collectives"))  # fmt: skip
     # (unpaired sends and receives: sptrace.checks.p2p names each)
@@ -165,3 +165,8 @@ def _straggler(m: pd.DataFrame) -> Finding | None:
             f"was rank {int(worst['straggler'])}'s"
         )
     return Finding("info", "cross-rank", "straggler", text, (rank,), page="timeline")
+
+
+def _group(name: str) -> str:
+    """'group 0' as `sptrace info` names it, or what the trace left unsaid."""
+    return f"group {name}" if name != UNKNOWN_GROUP else "the process group the trace does not name"

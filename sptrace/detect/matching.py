@@ -135,7 +135,8 @@ def match_collectives(frame: pd.DataFrame, world_size: int | None = None) -> Mat
             shifts = {r: _best_shift(ref, g[g["rank"] == r]) if r != ref_rank else 0 for r in ranks}
             for r, s in shifts.items():
                 if s:
-                    notes.append(f"group {group}: rank {r}'s collectives realigned by {s:+d} (its trace is partial)")
+                    where = f"group {group}" if group != UNKNOWN_GROUP else "an unnamed group"
+                    notes.append(f"{where}: rank {r}'s collectives realigned by {s:+d} (its trace is partial)")
             g = g.assign(key=g["k"] + g["rank"].map(shifts))
         pieces.append(g)
     f = pd.concat(pieces)

@@ -92,6 +92,7 @@ def test_without_a_named_group_a_disagreement_cannot_decide(tmp_path, capsys):
     assert "disagree where the trace names no process group" in report["verdict"]["summary"]
     (finding,) = [f for f in report["findings"] if f["code"] == "mismatched-collective"]
     assert finding["severity"] == "warning" and finding["ranks"] == [1] and "may be two groups" in finding["message"]
+    assert finding["message"].startswith("the process group the trace does not name: its collective #0")
 
 
 def test_one_rank_alone_is_not_consistent(tmp_path, capsys):
