@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sptrace.cli.common import add_load_flags, add_shape_flags, declarations, load_options, log
 from sptrace.errors import UsageError
+from sptrace.units import count
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -44,7 +45,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not usable:
         raise UsageError(f"no run could be analysed among {', '.join(map(str, paths))}; {args.html} not written")
     write_atomic(Path(args.html), text.encode())
-    log(f"wrote {args.html} ({len(text) / 2**20:.1f} MiB, {usable} of {len(paths)} runs analysed)")
+    log(f"wrote {args.html} ({len(text) / 2**20:.1f} MiB, {usable} of {count(len(paths), 'run')} analysed)")
     return 0
 
 

@@ -42,6 +42,23 @@ CLASS_COLORS = {
 PHASE_COLORS = {"forward": "rgba(34,139,230,0.08)", "backward": "rgba(253,126,20,0.09)",
                 "optimizer": "rgba(134,142,150,0.10)", "step": "rgba(134,142,150,0.05)"}  # fmt: skip
 MiB = 2**20
+HEADERS = {
+    "in_bytes": "input", "out_bytes": "output", "wire_bytes": "on the wire", "storage_bytes": "storage",
+    "nbytes": "tensor bytes", "start_ms": "issued (ms)", "transfer_start_ms": "transfer starts (ms)",
+    "dur_ms": "CPU span (ms)", "transfer_ms": "transfer (ms)", "alloc_ms": "allocated (ms)", "free_ms": "freed (ms)",
+    "group_size": "group size", "arrival_skew_ms": "arrival skew (ms)", "max_wait_ms": "longest wait (ms)",
+    "algbw_gbps": "algbw (GB/s)", "busbw_gbps": "busbw (GB/s)", "n_ranks": "ranks", "expected": "model",
+    "observed": "measured", "expected_wire_bytes": "model wire", "observed_wire_bytes": "measured wire",
+    "start_ms_from_step": "start (ms from the step start)", "unknown_wire": "of unknown size",
+}  # fmt: skip
+"""Column headers of the dashboard's grids and the HTML report's tables; a column not named here
+shows its name with spaces (``header``)."""
+
+
+def header(column: str) -> str:
+    """A table column's header: ``wire_bytes`` -> "on the wire", ``group_ranks`` -> "group ranks"."""
+    return HEADERS.get(column, column.replace("_", " "))
+
 
 pio.templates["sptrace"] = go.layout.Template(
     layout=go.Layout(

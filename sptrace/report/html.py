@@ -1,105 +1,157 @@
-"""A self-contained HTML report over one or several runs: plotly.js inlined once, so the file
-works offline (a CI artifact). It renders sptrace.analysis's RunAnalysis, as the CLI and the
-dashboard do; figures come from sptrace.report.figures, shared with the dashboard."""
+"""A self-contained HTML report over one or several runs, readable offline (a CI artifact). It
+renders sptrace.analysis's RunAnalysis, as the CLI and the dashboard do; the figures come from
+sptrace.report.figures, shared with the dashboard, and the tables read like the dashboard's
+grids: its headers, bytes in KiB/MiB/GiB, times in ms from the step start.
+
+Size: plotly.js (4.6 MiB) is inlined once, LZMA-compressed and base85-encoded (1.3 MiB), and the
+figures' data likewise; a decoder in the page unpacks both when it opens, so that an 8-rank
+report stays under 1.5 MiB. Gzip would let the browser's own DecompressionStream unpack it, but
+plotly.js gzipped is 1.4 MiB, 1.9 MiB in base64; a page has no built-in LZMA, hence the decoder.
+"""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import functools
+import hashlib
 import html
+import json
+import lzma
+import re
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from sptrace import __version__
 from sptrace.analysis import RunAnalysis, try_analyse
 from sptrace.checks.findings import Finding, Verdict
-from sptrace.costmodel import PRESETS
+from sptrace.costmodel.comm import needs
 from sptrace.shape import ModelShape
-from sptrace.units import human_bytes
+from sptrace.units import human_bytes, rank_ranges
+
+MEMORY_POINTS = 1000
+"""Points per rank of the memory plot: min and max of 500 time bins keep every peak of a plot
+about 1000 px wide (the dashboard draws 4000, which made the figure 190 KiB of an 8-rank report)."""
 
 
 def render_html(paths: list[Path], **options: Any) -> tuple[str, int]:
     """(the page, how many runs could be analysed). ``options``: analyse_run's (the model
     flags, load options) for every run."""
-    import plotly.offline
-
     from sptrace.report import figures
 
-    sections, index = [], []
+    sections, index, plots = [], [], []
     usable = 0
     for i, path in enumerate(paths):
         a = try_analyse(path, **options)
+        name = html.escape(str(path))
         if not isinstance(a, RunAnalysis):
-            sections.append(
-                f'<section id="run{i}"><h2>{html.escape(str(path))}</h2>'
-                f'<p class="error">{html.escape(str(a))}</p></section>'
-            )
-            index.append(f'<li><a href="#run{i}">{html.escape(str(path))}</a>: unusable</li>')
+            sections.append(f'<section id="run{i}"><h2>{name}</h2><p class="error">{html.escape(str(a))}</p></section>')
+            index.append(f'<li><a href="#run{i}">{name}</a>: unusable</li>')
             continue
         usable += 1
-        run, model = a.run, a.model
         verdicts = (("collectives", a.collectives_verdict, a.comm_unavailable),
                     ("sharding", a.sharding.verdict if a.sharding else None, a.sharding_unavailable))  # fmt: skip
         badges = "; ".join(f"{check} {badge(check, verdict, why)}" for check, verdict, why in verdicts)
-        index.append(f'<li><a href="#run{i}">{html.escape(str(path))}</a>: {badges}</li>')
-        parts = [f'<section id="run{i}"><h2>{html.escape(str(path))}</h2>']
-        desc = f"{len(run)} of {run.world_size} ranks, backend {run.backend or 'unknown'}; "
-        desc += f"{model.label} {model.describe()}"
-        parts.append(f"<p>{html.escape(desc)}</p>")
-        for label, verdict, why in verdicts:
-            line = verdict.line() if verdict is not None else f"not checked: {why}"
-            if label == "collectives" and a.comm is None and verdict is not None:
-                line += f" (ranks compared with each other; the cost model was skipped: {why})"
-            parts.append(
-                f'<p class="verdict">{badge(label, verdict, why)} {html.escape(label)}: {html.escape(line)}</p>'
-            )
-        t = a.time_summary()
-        if t["step_ms"] is not None:
-            exposed = "n/a (no GPU streams)" if t["exposed_ms"] is None else f"{t['exposed_ms']:.1f} ms"
-            share = "" if t["comm_share"] is None else f" ({100 * t['comm_share']:.0f}% of the step)"
-            parts.append(html_p(
-                f"step {t['step_ms']:.1f} ms (slowest rank, measured by {t['step_source']}); communication "
-                f"{t['comm_ms'] or 0:.1f} ms of transfer time per rank{share}; exposed {exposed}"
-            ))  # fmt: skip
-        frame = a.collectives
-        parts.append(_figure(figures.timeline(a)))
-        parts.append(_figure(figures.wire_by_kind(frame, a.estimate)))
-        parts.append(_figure(figures.wire_by_layer(frame, a.estimate)))
-        if a.p2p is not None and not a.p2p.pairs.empty:
-            parts.append(_figure(figures.p2p_matrix(a)))
-            parts.append(_figure(figures.p2p_steps(a)))
-        if a.comm is not None:
-            parts.append(_findings_table("collective findings", a.comm.findings))
-            parts.append(_table(a.comm.ranks, "per rank: collectives and wire bytes against the model"))
-        elif a.crossrank is not None:
-            parts.append(_findings_table("cross-rank findings", a.crossrank.findings))
-            parts.append(_table(a.crossrank.ranks, "per rank: collectives and wire bytes"))
-        if a.sharding is not None:
-            parts.append(_figure(figures.retained_by_layer(a.sharding.saved, a.expected_activation_bytes)))
-            parts.append(_figure(figures.memory_over_step(a)))
-            parts.append(_findings_table("sharding findings", a.sharding.findings))
-            parts += [html_p(f"note: {n}") for n in a.sharding.notes]
-        if a.matching is not None and not a.matching.matched.empty:
-            m = a.matching.matched.drop(columns=["ranks"]).head(200)
-            parts.append(_table(m, "matched collectives (first 200): skew, straggler, bandwidth"))
-        for w in a.warnings:
-            parts.append(f'<p class="warning">{html.escape(w)}</p>')
-        parts.append("</section>")
-        sections.append("\n".join(parts))
-    article = {k: v for k, v in PRESETS["seed-3.6b"].items() if k != "attention_only"}
-    base = ModelShape.from_mapping({**article, "scheme": "megatron", "recompute": "none"}, "preset seed-3.6b")
-    sweep = _figure(figures.model_sweep(base, [8192 * 2**i for i in range(6)]))
+        index.append(f'<li><a href="#run{i}">{name}</a>: {badges}</li>')
+        sections.append(_run_section(f"run{i}", name, a, verdicts, plots))
+    banner, plotly_js = _plotly()
     page = _PAGE.format(
         font=figures.FONT,
-        version=__version__, created=time.strftime("%Y-%m-%d %H:%M"), plotly=plotly.offline.get_plotlyjs(),
-        index="\n".join(index), sections="\n".join(sections), sweep=sweep,
+        version=__version__, created=time.strftime("%Y-%m-%d %H:%M"), index="\n".join(index),
+        sections="\n".join(sections), plotly=plotly_js, banner=banner, loader=_LOADER,
+        figures=_packed("sptrace-figures", ("[" + ",".join(plots) + "]").encode()),
     )  # fmt: skip
     return page, usable
 
 
-def _figure(fig: Any) -> str:
-    return fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False})
+def _run_section(anchor: str, name: str, a: RunAnalysis, verdicts: tuple[Any, ...], plots: list[str]) -> str:
+    from sptrace.report import figures
+
+    def plot(fig: Any) -> str:
+        return _plot(fig, plots)
+
+    run, model = a.run, a.model
+    parts = [f'<section id="{anchor}"><h2>{name}</h2>']
+    desc = f"{len(run)} of {run.world_size} ranks, backend {run.backend or 'unknown'}; "
+    desc += f"{model.label} {model.describe()}"
+    parts.append(html_p(desc))
+    for label, verdict, why in verdicts:
+        line = verdict.line() if verdict is not None else f"not checked: {why}"
+        if label == "collectives" and a.comm is None and verdict is not None:
+            line += f" (ranks compared with each other; the cost model was skipped: {why})"
+        parts.append(f'<p class="verdict">{badge(label, verdict, why)} {html.escape(label)}: {html.escape(line)}</p>')
+    t = a.time_summary()
+    if t["step_ms"] is not None:
+        exposed = "n/a (no GPU streams)" if t["exposed_ms"] is None else f"{t['exposed_ms']:.1f} ms"
+        share = "" if t["comm_share"] is None else f" ({100 * t['comm_share']:.0f}% of the step)"
+        parts.append(html_p(
+            f"step {t['step_ms']:.1f} ms (slowest rank, measured by {t['step_source']}); communication "
+            f"{t['comm_ms'] or 0:.1f} ms of transfer time per rank{share}; exposed {exposed}"
+        ))  # fmt: skip
+    frame = a.collectives
+    parts.append(plot(figures.timeline(a)))
+    parts.append(plot(figures.wire_by_kind(frame, a.estimate)))
+    parts.append(plot(figures.wire_by_layer(frame, a.estimate)))
+    if a.p2p is not None and not a.p2p.pairs.empty:
+        parts.append(plot(figures.p2p_matrix(a)))
+        parts.append(plot(figures.p2p_steps(a)))
+    if a.comm is not None:
+        parts.append(_findings_table("collective findings", a.comm.findings))
+        parts.append(render_html_table(a.comm.ranks, "per rank: collectives and wire bytes against the model"))
+    elif a.crossrank is not None:
+        parts.append(_findings_table("cross-rank findings", a.crossrank.findings))
+        parts.append(render_html_table(a.crossrank.ranks, "per rank: collectives and wire bytes"))
+    if a.sharding is not None:
+        parts.append(plot(figures.retained_by_layer(a.sharding.saved, a.expected_activation_bytes)))
+        parts.append(plot(figures.memory_over_step(a, max_points=MEMORY_POINTS)))
+        parts.append(_findings_table("sharding findings", a.sharding.findings))
+        parts += [html_p(f"note: {n}") for n in a.sharding.notes]
+    matched = _matched_rows(a)
+    if len(matched):
+        total = len(a.matching.matched) if a.matching is not None else 0
+        first = f" (the first {len(matched)} of {total})" if total > len(matched) else ""
+        title = f"matched collectives{first}: skew, straggler, bandwidth; times in ms from the step start, on clocks "
+        parts.append(render_html_table(matched, title + "aligned across ranks"))
+    sweep = _sweep(model)
+    if sweep is not None:
+        parts.append(html_h3(f"the cost model across sequence lengths at the model of this run: {model.label} "
+                             f"{model.describe()}, S varied"))  # fmt: skip
+        parts.append(plot(sweep))
+    for w in a.warnings:
+        parts.append(f'<p class="warning">{html.escape(w)}</p>')
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _sweep(model: ModelShape) -> Any:
+    """The cost model across sequence lengths at the run's own model (the dashboard's Compare
+    page's lengths: S/4 to 32 S, those P divides), or None when a value it needs is unknown."""
+    from sptrace.report import figures
+
+    if model.missing(needs(model.scheme)):
+        return None
+    S, P = model.seq or 1, model.sp_size or 1
+    lengths = {S * 2**k // 4 for k in range(8)}
+    return figures.model_sweep(model, sorted(s for s in lengths if s >= P and s % P == 0))
+
+
+def _matched_rows(a: RunAnalysis, limit: int = 200) -> pd.DataFrame:
+    """The matched collectives as the dashboard's grid shows them: the ranks as a range, times
+    from the step start on aligned clocks (the rank's own clock's absolute times say nothing)."""
+    m = a.matching.matched.head(limit) if a.matching is not None else pd.DataFrame()
+    if m.empty:
+        return m
+    return pd.DataFrame({
+        "kind": m["kind"], "phase": m["phase"], "layer": m["layer"], "module": m["module"],
+        "ranks": m["ranks"].map(rank_ranges), "in_bytes": m["in_bytes"], "wire_bytes": m["wire_bytes"],
+        "start_ms": (m["start_us"] - a.step_zero_us) / 1e3, "arrival_skew_ms": m["arrival_skew_us"] / 1e3,
+        "straggler": m["straggler"], "transfer_ms": m["transfer_us"] / 1e3, "algbw_gbps": m["algbw_gbps"],
+        "busbw_gbps": m["busbw_gbps"],
+    })  # fmt: skip
 
 
 def badge(check: str, verdict: Verdict | None, why: str | None = None) -> str:
@@ -119,12 +171,71 @@ def html_p(text: str) -> str:
     return f"<p>{html.escape(text)}</p>"
 
 
-def _table(frame: pd.DataFrame, title: str) -> str:
+def html_h3(text: str) -> str:
+    return f"<h3>{html.escape(text)}</h3>"
+
+
+# ---- tables ------------------------------------------------------------------------------------
+
+
+def render_html_table(frame: pd.DataFrame, title: str) -> str:
+    """``frame`` as the dashboard's grids show it: its headers (figures.HEADERS), bytes in
+    KiB/MiB/GiB, ``_ms`` and ``_gbps`` with 3 decimals, counts as integers, never an exponent.
+    Durations in us show in ms; absolute times in us (a rank's own clock, ~5e12) are left out."""
+    from sptrace.report.figures import header
+
     shown = frame.copy()
-    for col in shown.columns:
-        if col.endswith("bytes"):
-            shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else human_bytes(float(v)))
-    return f"<h3>{html.escape(title)}</h3>" + shown.to_html(index=False, float_format=lambda v: f"{v:.3g}", border=0)
+    for col in [str(c) for c in shown.columns if str(c).endswith("_us")]:
+        at, values, ms = shown.columns.get_loc(col), shown.pop(col), col.removesuffix("_us") + "_ms"
+        absolute = col in ("ts_us", "end_us") or "start" in col
+        if not absolute and ms not in shown:  # a duration: in ms, in its place
+            shown.insert(at, ms, pd.to_numeric(values, errors="coerce") / 1e3)
+    cells = {col: _cells(shown[col], str(col)) for col in shown.columns}
+    numeric = {col: _is_number(shown[col]) for col in shown.columns}
+    head = "".join(f"<th{_num(numeric[c])}>{html.escape(header(str(c)))}</th>" for c in shown.columns)
+    rows = "".join(
+        "<tr>" + "".join(f"<td{_num(numeric[c])}>{html.escape(cells[c][i])}</td>" for c in shown.columns) + "</tr>"
+        for i in range(len(shown))
+    )
+    return f"<h3>{html.escape(title)}</h3><table><tr>{head}</tr>{rows}</table>"
+
+
+def _num(numeric: bool) -> str:
+    return ' class="num"' if numeric else ""
+
+
+def _is_number(values: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
+
+
+def _cells(values: pd.Series, col: str) -> list[str]:
+    """A column's cells as text: bytes in binary units, times and bandwidths to 3 decimals, whole
+    numbers (a count, a rank, a layer; pandas keeps them float around nulls) as integers."""
+    if col.endswith("bytes"):
+        return [_text(v, lambda x: human_bytes(float(x))) for v in values]
+    if col.endswith(("_ms", "_gbps")):
+        return [_text(v, lambda x: f"{float(x):.3f}") for v in values]
+    if _is_number(values):
+        known = pd.to_numeric(values, errors="coerce").dropna()
+        whole = bool(np.isfinite(known).all() and (known == known.round()).all())
+        return [_text(v, (lambda x: f"{int(x)}") if whole else (lambda x: f"{float(x):.3f}")) for v in values]
+    return [_text(v, _value_text) for v in values]
+
+
+def _text(v: Any, fmt: Any) -> str:
+    if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
+        return ""
+    return fmt(v)
+
+
+def _value_text(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        if v and all(isinstance(x, (int, np.integer)) for x in v):
+            return rank_ranges(v)
+        return ", ".join(map(str, v))
+    if isinstance(v, (float, np.floating)):
+        return f"{float(v):.3f}"
+    return str(v)
 
 
 def _findings_table(title: str, findings: list[Finding]) -> str:
@@ -140,19 +251,250 @@ def _findings_table(title: str, findings: list[Finding]) -> str:
     return f"<h3>{html.escape(title)} ({len(findings)})</h3><table>{head}{rows}</table>"
 
 
+# ---- plotly.js and the figures, packed ---------------------------------------------------------
+
+
+def _plot(fig: Any, plots: list[str]) -> str:
+    """A figure's place in the page; its data joins ``plots``, which the loader draws there."""
+    plots.append(_lightened(fig).to_json())
+    height = fig.layout.height or 450
+    return f'<div id="plot{len(plots) - 1}" class="plotly-graph-div" style="height:{height}px;width:100%"></div>'
+
+
+def _lightened(fig: Any) -> Any:
+    """What the page needs of a figure: coordinates in float32 (7 digits, plenty for a plot, and
+    half the bytes) and no customdata that the hover text does not show (the dashboard's clicks
+    read the rest)."""
+    for trace in fig.data:
+        for attr in ("x", "y", "base"):
+            values = getattr(trace, attr, None)
+            if isinstance(values, np.ndarray) and values.dtype == np.float64:
+                trace[attr] = values.astype(np.float32)
+        custom, template = getattr(trace, "customdata", None), getattr(trace, "hovertemplate", None)
+        if custom is None or not isinstance(template, (str, type(None))):
+            continue
+        shown = [int(i) for i in re.findall(r"customdata\[(\d+)\]", template or "")]
+        if re.search(r"customdata(?!\[)", template or ""):
+            continue  # the whole of it is shown
+        if not shown:
+            trace.customdata = None
+        elif np.ndim(custom) == 2:
+            trace.customdata = np.asarray(custom)[:, : max(shown) + 1]
+    return fig
+
+
+_RFC1924 = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
+B85_ALPHABET = bytes(c for c in range(0x21, 0x7F) if chr(c) not in "\"&'-/<>\\`")
+"""base64.b85encode's 85 digits without the nine that HTML or a JS string could take for markup
+or a quote: no "<" means no "</script" or "<!--" inside a blob."""
+_TO_PAGE = bytes.maketrans(_RFC1924, B85_ALPHABET)
+LZMA_FILTERS = [{"id": lzma.FILTER_LZMA1, "preset": 6, "pb": 0}]
+"""LZMA1 (the .lzma format the page's decoder reads); pb=0 as for text (0.3% smaller)."""
+
+
+def _packed(element_id: str, data: bytes) -> str:
+    """``data`` LZMA-compressed and base85-encoded in an inert <script> element that the page's
+    loader unpacks; ``data-bytes`` is the unpacked size."""
+    text = base64.b85encode(lzma.compress(data, format=lzma.FORMAT_ALONE, filters=LZMA_FILTERS), pad=False)
+    return (f'<script type="application/x-sptrace-lzma" id="{element_id}" data-bytes="{len(data)}">'
+            f"{text.translate(_TO_PAGE).decode('ascii')}</script>")  # fmt: skip
+
+
+@functools.cache
+def _plotly() -> tuple[str, str]:
+    """(plotly.js's licence banner, plotly.js packed). Compressing takes about 3 s, so the packed
+    element is kept in sptrace's cache folder, one file per plotly version, written atomically;
+    an unreadable or unwritable cache only costs the 3 s."""
+    import plotly
+    import plotly.offline
+
+    from sptrace.fileio import write_atomic
+    from sptrace.load.cache import default_cache_dir
+
+    source = plotly.offline.get_plotlyjs()
+    found = re.match(r"\s*/\*.*?\*/", source, flags=re.S)
+    banner = found.group(0).strip() if found else "/* plotly.js */"
+    digest = hashlib.sha256(repr(LZMA_FILTERS).encode() + bytes(_TO_PAGE)).hexdigest()[:12]
+    kept = default_cache_dir() / f"report-plotly-{plotly.__version__}-{len(source)}-{digest}.html"
+    try:
+        return banner, kept.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError):
+        pass
+    packed = _packed("sptrace-plotly", source.encode())
+    with contextlib.suppress(OSError):
+        write_atomic(kept, packed.encode("ascii"))
+    return banner, packed
+
+
+# The page's loader: base85 and LZMA decoders (the LZMA SDK's LzmaSpec.cpp, a reference decoder
+# of the .lzma format), then plotly.js run as a script and each figure drawn in its place.
+_LOADER = """(function () {
+"use strict";
+const ALPHABET = __ALPHABET__;
+function base85(text) {
+  const digit = new Uint8Array(128);
+  for (let i = 0; i < ALPHABET.length; i++) digit[ALPHABET.charCodeAt(i)] = i;
+  const out = new Uint8Array(Math.floor(text.length / 5) * 4 + Math.max((text.length % 5) - 1, 0));
+  for (let i = 0, j = 0; i < text.length; i += 5, j += 4) {
+    let v = 0;  // a short last group is padded with the highest digit, as Python's b85decode does
+    for (let k = 0; k < 5; k++) v = v * 85 + (i + k < text.length ? digit[text.charCodeAt(i + k)] : 84);
+    for (let k = 0; k < 4 && j + k < out.length; k++) out[j + k] = (v >>> (24 - 8 * k)) & 255;
+  }
+  return out;
+}
+function lzma(src, size) {
+  const props = src[0], lc = props % 9, lp = Math.floor(props / 9) % 5, pb = Math.floor(props / 45);
+  const out = new Uint8Array(size);  // the whole output is the dictionary
+  let at = 13, range = 0xffffffff, code = 0;  // after the header: properties, dictionary size, size
+  for (let i = 0; i < 5; i++) code = code * 256 + src[at++];
+  const probs = (n) => new Uint16Array(n).fill(1024);
+  function bit(p, i) {
+    const bound = (range >>> 11) * p[i];
+    let b;
+    if (code < bound) { p[i] += (2048 - p[i]) >>> 5; range = bound; b = 0; }
+    else { p[i] -= p[i] >>> 5; code -= bound; range -= bound; b = 1; }
+    if (range < 16777216) { range *= 256; code = code * 256 + src[at++]; }
+    return b;
+  }
+  function tree(p, base, bits) {
+    let m = 1;
+    for (let i = 0; i < bits; i++) m = (m << 1) + bit(p, base + m);
+    return m - (1 << bits);
+  }
+  function reverse(p, base, bits) {
+    let m = 1, sym = 0;
+    for (let i = 0; i < bits; i++) { const b = bit(p, base + m); m = (m << 1) + b; sym |= b << i; }
+    return sym;
+  }
+  function direct(bits) {
+    let res = 0;
+    for (let i = 0; i < bits; i++) {
+      range = Math.floor(range / 2);
+      if (code >= range) { code -= range; res = res * 2 + 1; } else res *= 2;
+      if (range < 16777216) { range *= 256; code = code * 256 + src[at++]; }
+    }
+    return res;
+  }
+  const lengths = () => ({ choice: probs(2), low: probs(16 << 3), mid: probs(16 << 3), high: probs(256) });
+  function length(L, posState) {
+    if (bit(L.choice, 0) === 0) return tree(L.low, posState << 3, 3);
+    if (bit(L.choice, 1) === 0) return 8 + tree(L.mid, posState << 3, 3);
+    return 16 + tree(L.high, 0, 8);
+  }
+  const literal = probs(0x300 << (lc + lp)), isMatch = probs(192), isRep = probs(12), isRepG0 = probs(12),
+    isRepG1 = probs(12), isRepG2 = probs(12), isRep0Long = probs(192), posSlot = probs(256), posProbs = probs(115),
+    align = probs(16), matchLen = lengths(), repLen = lengths();
+  let state = 0, rep0 = 0, rep1 = 0, rep2 = 0, rep3 = 0, pos = 0;
+  while (pos < size) {
+    const posState = pos & ((1 << pb) - 1);
+    if (bit(isMatch, (state << 4) + posState) === 0) {
+      const prev = pos > 0 ? out[pos - 1] : 0;
+      const base = 0x300 * (((pos & ((1 << lp) - 1)) << lc) + (prev >>> (8 - lc)));
+      let sym = 1;
+      if (state >= 7) {
+        let match = out[pos - rep0 - 1];
+        while (sym < 0x100) {
+          const m = (match >>> 7) & 1;
+          match <<= 1;
+          const b = bit(literal, base + ((1 + m) << 8) + sym);
+          sym = (sym << 1) | b;
+          if (m !== b) break;
+        }
+      }
+      while (sym < 0x100) sym = (sym << 1) | bit(literal, base + sym);
+      out[pos++] = sym - 0x100;
+      state = state < 4 ? 0 : state < 10 ? state - 3 : state - 6;
+      continue;
+    }
+    let len;
+    if (bit(isRep, state) !== 0) {
+      if (bit(isRepG0, state) === 0) {
+        if (bit(isRep0Long, (state << 4) + posState) === 0) {
+          state = state < 7 ? 9 : 11;
+          out[pos] = out[pos - rep0 - 1];
+          pos++;
+          continue;
+        }
+      } else {
+        let dist;
+        if (bit(isRepG1, state) === 0) dist = rep1;
+        else {
+          if (bit(isRepG2, state) === 0) dist = rep2;
+          else { dist = rep3; rep3 = rep2; }
+          rep2 = rep1;
+        }
+        rep1 = rep0;
+        rep0 = dist;
+      }
+      len = length(repLen, posState);
+      state = state < 7 ? 8 : 11;
+    } else {
+      rep3 = rep2; rep2 = rep1; rep1 = rep0;
+      len = length(matchLen, posState);
+      state = state < 7 ? 7 : 10;
+      const slot = tree(posSlot, Math.min(len, 3) << 6, 6);
+      if (slot < 4) rep0 = slot;
+      else {
+        const bits = (slot >>> 1) - 1;
+        rep0 = (2 | (slot & 1)) * 2 ** bits;
+        if (slot < 14) rep0 += reverse(posProbs, rep0 - slot, bits);
+        else rep0 += direct(bits - 4) * 16 + reverse(align, 0, 4);
+      }
+      if (rep0 === 0xffffffff) break;  // the end marker
+      if (rep0 >= pos) throw new Error("corrupt LZMA data: a distance before the start");
+    }
+    for (let end = Math.min(pos + len + 2, size); pos < end; pos++) out[pos] = out[pos - rep0 - 1];
+  }
+  if (pos !== size) throw new Error("corrupt LZMA data: " + pos + " bytes of " + size);
+  return out;
+}
+function unpack(id) {
+  const element = document.getElementById(id);
+  return new TextDecoder().decode(lzma(base85(element.textContent.trim()), Number(element.dataset.bytes)));
+}
+function draw() {
+  const places = document.querySelectorAll("div.plotly-graph-div");
+  const fail = (place, error) => {
+    place.textContent = "this plot could not be drawn: " + error;
+    place.className += " error";
+  };
+  try {
+    const script = document.createElement("script");
+    script.text = unpack("sptrace-plotly");
+    document.head.appendChild(script);  // runs now, and defines window.Plotly
+    const figures = JSON.parse(unpack("sptrace-figures"));
+    const config = { displaylogo: false, responsive: true };
+    figures.forEach((f, i) => {
+      const place = document.getElementById("plot" + i);
+      window.Plotly.newPlot(place, f.data, f.layout, config).catch((error) => fail(place, error));
+    });
+  } catch (error) {
+    places.forEach((place) => fail(place, error));
+  }
+}
+document.addEventListener("DOMContentLoaded", () => setTimeout(draw, 0));  // the text shows first
+})();""".replace("__ALPHABET__", json.dumps(B85_ALPHABET.decode("ascii")))
+
+
 _PAGE = """<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>sptrace report</title>
-<script type="text/javascript">{plotly}</script>
 <style>body{{font-family:{font};margin:2em;color:#212529}} h1,h2,h3{{font-weight:700}}
 table{{border-collapse:collapse;font-size:13px}}
-td,th{{padding:3px 10px;border-bottom:1px solid #dee2e6;text-align:left}}
-th{{background:#f8f9fa}} .error{{color:#e03131}} .warning{{color:#e8590c}} .verdict{{font-weight:600}}
+td,th{{padding:3px 10px;border-bottom:1px solid #dee2e6;text-align:left;vertical-align:top}}
+th{{background:#f8f9fa}} td.num,th.num{{text-align:right;font-variant-numeric:tabular-nums}}
+td.num{{white-space:nowrap}}
+.error{{color:#e03131}} .warning{{color:#e8590c}} .verdict{{font-weight:600}}
 a{{color:#1971c2;text-decoration:none}} a:hover{{text-decoration:underline}}
 .badge{{display:inline-block;color:#fff;font-size:11px;font-weight:700;padding:2px 8px;border-radius:4px;
 letter-spacing:.03em;vertical-align:middle}}</style></head>
 <body><h1>sptrace report</h1><p>sptrace {version}, {created}</p>
 <ul>{index}</ul>
 {sections}
-<section><h2>the cost model across sequence lengths (the first article's 3.6B model, P=8, bf16)</h2>{sweep}</section>
+{plotly}
+{figures}
+<script>
+{banner}
+{loader}
+</script>
 </body></html>
 """
