@@ -15,6 +15,7 @@ from dash import dcc, html
 
 from sptrace.checks.findings import Finding, Verdict
 from sptrace.report.figures import SEVERITY_COLORS, VERDICT_COLORS
+from sptrace.report.figures import header as column_header
 from sptrace.units import rank_ranges
 
 
@@ -105,15 +106,6 @@ def findings_list(findings: list[Finding], run: int, limit: int = 8) -> Any:
 
 # ---- grids -------------------------------------------------------------------------------------
 
-HEADERS = {
-    "in_bytes": "input", "out_bytes": "output", "wire_bytes": "on the wire", "storage_bytes": "storage",
-    "nbytes": "tensor bytes", "start_ms": "issued (ms)", "transfer_start_ms": "transfer starts (ms)",
-    "dur_ms": "CPU span (ms)", "transfer_ms": "transfer (ms)", "alloc_ms": "allocated (ms)", "free_ms": "freed (ms)",
-    "group_size": "group size", "arrival_skew_ms": "arrival skew (ms)", "max_wait_ms": "longest wait (ms)",
-    "algbw_gbps": "algbw (GB/s)", "busbw_gbps": "busbw (GB/s)", "n_ranks": "ranks", "expected": "model",
-    "observed": "measured", "expected_wire_bytes": "model wire", "observed_wire_bytes": "measured wire",
-}  # fmt: skip
-"""Header text for column names; others show their name with spaces."""
 LONG_TEXT = ("module", "why", "holder", "message", "source", "op", "producer", "group_ranks")
 """Columns whose values can be long: capped width, full text on hover."""
 
@@ -150,7 +142,7 @@ def column_width(frame: pd.DataFrame, col: str, header: str) -> int:
 def column_defs(frame: pd.DataFrame) -> list[dict[str, Any]]:
     defs = []
     for col in frame.columns:
-        header = HEADERS.get(col, col.replace("_", " "))
+        header = column_header(col)
         d: dict[str, Any] = {"field": col, "headerName": header, "width": column_width(frame, col, header)}
         numeric = pd.api.types.is_numeric_dtype(frame[col]) and not pd.api.types.is_bool_dtype(frame[col])
         if col.endswith("bytes"):
