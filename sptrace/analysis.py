@@ -10,7 +10,7 @@ naming the flag to pass, instead of running on a guess.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -222,7 +222,7 @@ def analyse_run(
         run_info = read_run_info(root, notes)
         declared = declared_model(run_info, flags)
         if fail_fast:
-            _require_sharding_shape(declared, path)
+            _require_sharding_shape(declared, path, notes)
             if "sharding" in parts and files:
                 _require_memory_events(files[0], options)
         spec = MapSpec(
@@ -241,7 +241,7 @@ def analyse_run(
     )  # fmt: skip
 
 
-def _require_sharding_shape(declared: ModelShape, path: Path | None) -> None:
+def _require_sharding_shape(declared: ModelShape, path: Path | None, notes: Iterable[str] = ()) -> None:
     """B, S and H come only from the user (run.json, --config, flags): every one missing, named
     in one line. P may come from the trace's only process group, so it is named with that
     condition."""
@@ -249,8 +249,9 @@ def _require_sharding_shape(declared: ModelShape, path: Path | None) -> None:
     if missing:
         flags = ", ".join(FIELDS[n][0] for n in missing)
         also = " (and --sp, unless the trace holds a single process group)" if declared.sp_size is None else ""
+        said = "".join(f"; {n}" for n in notes)  # run.json's keys that are no field, say (a misspelt size)
         raise UsageError(f"{path}: the sharding check needs {flags}{also}, which neither run.json, --config "
-                         "nor a flag declares")  # fmt: skip
+                         f"nor a flag declares{said}")  # fmt: skip
 
 
 def _require_memory_events(first: Path, options: Mapping[str, Any]) -> None:

@@ -123,9 +123,11 @@ class ModelShape:
         """From run.json's ``config`` (or any dict): known keys are taken, the rest ignored.
         A scheme spelled ``ulysses-zero3`` sets zero3."""
         values: dict[str, Any] = {}
-        for name in FIELDS:
-            if data and data.get(name) is not None:
-                values[name] = data[name]
+        for key, value in (data or {}).items():  # dashes or underscores, and the aliases (sp)
+            name = str(key).replace("-", "_")
+            name = ALIASES.get(name, name)
+            if name in FIELDS and value is not None:
+                values[name] = value
         if isinstance(values.get("scheme"), str) and values["scheme"].endswith("-zero3"):
             values["scheme"] = values["scheme"].removesuffix("-zero3")
             values["zero3"] = True

@@ -368,7 +368,35 @@ def read_run_info(root: Path | None, notes: list[str]) -> dict[str, Any] | None:
     except (OSError, ValueError) as exc:
         notes.append(f"ignored {root / RUN_FILE}: {exc}")
         return None
-    return info if isinstance(info, dict) else None
+    if not isinstance(info, dict):
+        notes.append(f"ignored {root / RUN_FILE}: not a JSON object")
+        return None
+    unread = _unread_keys(info)
+    if unread:  # a misspelt size must not be silently unknown
+        notes.append(f"{root / RUN_FILE}: {', '.join(unread)} {'is' if len(unread) == 1 else 'are'} no model field "
+                     "sptrace reads (ignored); the fields are those of --config (README: run.json)")  # fmt: skip
+    return info
+
+
+# what sptrace.profile_step writes beside the model's fields, at the top and under config
+_RUN_KEYS = frozenset({"backend", "config", "created", "device", "host", "profiled_step", "profiler", "schema",
+                       "sptrace_version", "torch_version", "traces", "world_size"})  # fmt: skip
+_CONFIG_KEYS = frozenset({"fault", "fault_layer", "fault_modules", "instrumented", "layout", "reference_model", "seed"})
+
+
+def _unread_keys(info: dict[str, Any]) -> list[str]:
+    """The keys of a run.json that name no model field: under ``config`` (as profile_step writes
+    it), or at the top of a flat one."""
+    from sptrace.shape import ALIASES, FIELDS
+
+    def field(key: str) -> bool:
+        name = str(key).replace("-", "_")
+        return ALIASES.get(name, name) in FIELDS
+
+    config = info.get("config")
+    if isinstance(config, dict):
+        return sorted(str(k) for k in config if not field(k) and k not in _CONFIG_KEYS)
+    return sorted(str(k) for k in info if not field(k) and k not in _RUN_KEYS and k not in _CONFIG_KEYS)
 
 
 def assemble_run(

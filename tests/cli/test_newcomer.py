@@ -90,3 +90,19 @@ def test_check_names_what_it_lacks_before_parsing(tmp_path, capsys, monkeypatch)
     assert main(["check", str(run), "--batch", "2", "--seq", "64", "--hidden", "48", "--sp", "2", "--no-cache"]) == 2
     err = capsys.readouterr().err
     assert "rank0" in err and "neither [memory] events nor sptrace.saved records" in err and err.count("\n") == 1
+
+
+def test_run_json_keys_sptrace_does_not_read_are_named(tmp_path, capsys):
+    """A flat run.json with a misspelt size: the key is named, never silently unknown; the
+    aliases --config takes (sp for sp_size, dashes) are read there too."""
+    from tests.trace_helpers import write_gpu_run
+
+    run = write_gpu_run(tmp_path / "run")
+    (run / "run.json").write_text(json.dumps({"batch": 2, "seq": 64, "hiden": 48, "sp": 2, "kv-heads": 4}))
+    assert main(["check", str(run), "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert "needs --hidden, which neither" in err  # sp came from run.json's "sp"
+    assert "run.json: hiden is no model field sptrace reads (ignored)" in err
+    assert main(["analyze", str(run), "--no-cache"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: " in err and "hiden is no model field" in err and "kv-heads" not in err
