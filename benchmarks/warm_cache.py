@@ -12,7 +12,8 @@ of the real-trace corpus, 8 ranks, 26k events), the wall time of a fresh ``sptra
 - ``warm``: the same cache again: every rank's summary read back, nothing parsed or detected.
 
 Medians over ``--repeats`` rounds (each round a fresh cache directory), and the ratios to
-``warm``. The ``floor`` line is a fresh process that only imports what a warm ``collectives``
+``warm``. Every mode must print what ``--no-cache`` prints, and exit with its code (analyze's
+verdict), or the benchmark stops. The ``floor`` line is a fresh process that only imports what a warm ``collectives``
 or ``analyze`` must (sptrace's CLI, pandas): the part of ``warm`` no cache can remove.
 
 Default run: ``param_dlrm_kineto`` from the corpus (SPTRACE_CORPUS, or ../shared/corpus beside
@@ -38,31 +39,43 @@ COMMANDS = ("collectives", "analyze", "info")
 MODES = ("no-cache", "cold", "tables", "warm")
 
 
-def timed(argv: list[str]) -> float:
-    """Wall seconds of a fresh process running ``argv`` (its output discarded; a failure raises)."""
+# bytecode cached, as an installed package has it, in a folder of the benchmark's own (not the checkout)
+PYCACHE = tempfile.mkdtemp(prefix="sptrace-warm-pycache-")
+ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "PYTHONPYCACHEPREFIX": PYCACHE}
+
+
+def timed(argv: list[str]) -> tuple[float, int, str]:
+    """(wall seconds, exit code, output) of a fresh process running ``argv``."""
     start = time.perf_counter()
-    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
-    return seconds
+    done = subprocess.run(argv, capture_output=True, text=True, env=ENV)
+    return time.perf_counter() - start, done.returncode, done.stdout
 
 
 def sptrace(*args: str) -> list[str]:
     return [sys.executable, "-m", "sptrace", *args]
 
 
-def one_round(run: Path, command: str) -> dict[str, float]:
-    """One fresh cache directory: the four modes, in the order that builds each one's state."""
+def one_round(run: Path, command: str) -> tuple[dict[str, float], int]:
+    """One fresh cache directory: the four modes' seconds, in the order that builds each one's
+    state, and the command's exit code (analyze's verdict). Every mode must print the same."""
     store = Path(tempfile.mkdtemp(prefix="sptrace-warm-"))
+    cached = ("--cache-dir", str(store))
     try:
-        out = {"no-cache": timed(sptrace(command, str(run), "--no-cache"))}
-        out["cold"] = timed(sptrace(command, str(run), "--cache-dir", str(store)))
-        for entry in store.glob("*.summary"):  # the tables alone: the cache as it was
-            entry.unlink()
-        out["tables"] = timed(sptrace(command, str(run), "--cache-dir", str(store)))
-        out["warm"] = timed(sptrace(command, str(run), "--cache-dir", str(store)))
-        return out
+        seconds, outputs = {}, {}
+        for mode in MODES:
+            if mode == "tables":  # the tables alone: the cache as it was before it kept summaries
+                for entry in store.glob("*.summary"):
+                    entry.unlink()
+            seconds[mode], code, out = timed(
+                sptrace(command, str(run), *(("--no-cache",) if mode == "no-cache" else cached))
+            )
+            outputs[mode] = (code, out)
+        differ = [m for m in MODES if outputs[m] != outputs["no-cache"]]
+        if differ or not outputs["warm"][1]:
+            codes = {m: code for m, (code, _) in outputs.items()}
+            raise SystemExit(f"sptrace {command} {run}: {differ or 'none'} printed other than --no-cache, or "
+                             f"nothing (exit codes {codes})")  # fmt: skip
+        return seconds, outputs["warm"][0]
     finally:
         shutil.rmtree(store, ignore_errors=True)
 
@@ -77,19 +90,28 @@ def main() -> int:
     for run in runs:
         if not run.exists():
             raise SystemExit(f"{run}: not found (set SPTRACE_CORPUS, or name a run)")
-    timed(sptrace("--help"))  # bytecode compiled once, as an installed package has it
+    try:
+        return report(runs, args.command or COMMANDS, args.repeats)
+    finally:
+        shutil.rmtree(PYCACHE, ignore_errors=True)
+
+
+def report(runs: list[Path], commands: list[str], repeats: int) -> int:
+    timed(sptrace("info", "--no-cache", str(runs[0])))  # bytecode compiled once (into PYCACHE)
+    timed(sptrace("analyze", "--no-cache", str(runs[0])))
     floor = statistics.median(
-        timed([sys.executable, "-c", "import sptrace.cli, sptrace.rankmap, pandas"]) for _ in range(args.repeats)
+        timed([sys.executable, "-c", "import sptrace.cli, sptrace.rankmap, pandas"])[0] for _ in range(repeats)
     )
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; medians of {args.repeats} rounds, seconds")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; medians of {repeats} rounds, seconds")
     print(f"floor (a fresh process importing sptrace's CLI and pandas): {floor:.2f}")
     for run in runs:
-        for command in args.command or COMMANDS:
-            rounds = [one_round(run, command) for _ in range(args.repeats)]
-            median = {m: statistics.median(r[m] for r in rounds) for m in MODES}
+        for command in commands:
+            rounds = [one_round(run, command) for _ in range(repeats)]
+            median = {m: statistics.median(seconds[m] for seconds, _ in rounds) for m in MODES}
             cells = "  ".join(f"{m} {median[m]:.2f}" for m in MODES)
             ratios = "  ".join(f"{m}/warm {median[m] / median['warm']:.1f}x" for m in ("no-cache", "cold", "tables"))
-            print(f"{command:<12} {run.name}: {cells}   {ratios}")
+            code = f"  (exit {rounds[0][1]})" if rounds[0][1] else ""
+            print(f"{command:<12} {run.name}: {cells}   {ratios}{code}")
     return 0
 
 

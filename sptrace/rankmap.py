@@ -6,6 +6,10 @@ Dask worker that parsed it. What comes back to the driver is what the cross-rank
 phases, a thinned memory series, its retained tensors, and its trace's metadata and counts.
 The driver never holds two tables at once (none with workers), so its memory does not grow
 with the event count of the run, only with these summaries.
+
+With the cache on, each summary is kept beside the rank's parsed table (sptrace.summary_cache):
+a rank whose trace, MapSpec and code are unchanged is read back instead of parsed and
+detected again, and a run whose every rank is kept starts no worker.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sptrace.executors import Executor
+from sptrace.load.cache import default_cache_dir
 from sptrace.load.trace import RankTrace, RunTrace, files_of, load_trace, map_files
+from sptrace.summary_cache import Slot, read_summary, slot_of, write_summary
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -88,13 +94,49 @@ def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
 
 
 def map_one(path: Path, spec: MapSpec) -> RankResult:
-    """The map: parse one rank's file (through the cache), summarize it, let the table go."""
+    """The map: the rank's summary from the cache (sptrace.summary_cache) when its trace and
+    the code are unchanged; else parse its file (through the table cache), summarize it, keep
+    the summary, let the table go."""
+    slot = summary_slot(path, spec)
+    if slot is not None:
+        cached = read_result(slot)
+        if cached is not None:
+            return cached
     trace = load_trace(path, cache=spec.cache, cache_dir=spec.cache_dir)
     if trace.rank is None and spec.single_file:
         trace.rank, trace.world_size, trace.rank_source = 0, 1, "single file"
     result = summarize(trace, spec)
     trace.release()
+    if slot is not None:
+        write_summary(slot, result)
     return result
+
+
+_NOT_IN_RESULT = ("cache", "cache_dir")
+"""MapSpec fields that change where a result is kept, not what it is (every other field is in
+its summary's key)."""
+
+
+def summary_slot(path: Path, spec: MapSpec) -> Slot | None:
+    """Where ``path``'s summary for ``spec`` is kept; None with the cache off."""
+    if not spec.cache:
+        return None
+    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name not in _NOT_IN_RESULT}
+    about = "+".join(spec.parts) or "description"
+    return slot_of(path, fields, spec.cache_dir or default_cache_dir(), about)
+
+
+def read_result(slot: Slot) -> RankResult | None:
+    """A kept summary, its trace set to re-read its table from ``slot``'s cache (or the file)."""
+    result = read_summary(slot, RankResult)
+    if result is None:
+        return None
+    result.trace.path, result.trace.reload = slot.source, (True, slot.cache_dir)
+    return result
+
+
+def _reuse(path: Path, results: dict[Path, RankResult]) -> RankResult:
+    return results[path]
 
 
 def map_run(
@@ -112,11 +154,28 @@ def map_run(
     spec = spec or MapSpec()
     if len(found[1]) == 1 and not spec.single_file:
         spec = dataclasses.replace(spec, single_file=True)
+    fn, args = map_one, (spec,)
+    kept = kept_results(found[1], spec)
+    if kept is not None:  # every rank summarized already: no worker to start, nothing to parse
+        fn, args = _reuse, (kept,)
+        executor = Executor(workers=1, progress=executor.progress if executor else None)
     run, results = map_files(
-        found, map_one, (spec,), executor=executor, skip_bad=skip_bad,
-        trace_of=lambda r: r.trace, run_info=run_info,
+        found, fn, args, executor=executor, skip_bad=skip_bad, trace_of=lambda r: r.trace, run_info=run_info,
     )  # fmt: skip
     return run, {r.trace.rank: r for r in results}
+
+
+def kept_results(files: list[Path], spec: MapSpec) -> dict[Path, RankResult] | None:
+    """Every file's kept summary, read here; None at the first one missing (then the map runs,
+    on the executor, and reads the kept ones again where it runs)."""
+    kept = {}
+    for path in files:
+        slot = summary_slot(path, spec)
+        result = read_result(slot) if slot is not None else None
+        if result is None:
+            return None
+        kept[path] = result
+    return kept
 
 
 def merged_collectives(results: dict[int, RankResult]) -> pd.DataFrame:

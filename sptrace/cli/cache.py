@@ -1,16 +1,21 @@
-"""``sptrace cache info`` / ``sptrace cache clear``: the parsed-table cache (sptrace.load.cache)."""
+"""``sptrace cache info`` / ``sptrace cache clear``: the trace cache (sptrace.load.cache): parsed tables, and
+per-rank summaries (sptrace.summary_cache)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sptrace.units import human_bytes
 
+if TYPE_CHECKING:
+    from sptrace.load.cache import Entry
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("cache", help="the cache of parsed traces: what it holds, or clear it")
+    p = sub.add_parser("cache", help="the cache of parsed traces and their summaries: what it holds, or clear it")
     p.add_argument("action", choices=("info", "clear"))
     p.add_argument("--cache-dir", help="default: $XDG_CACHE_HOME/sptrace")
     p.add_argument("--format", choices=("text", "json"), default="text", help="text, or JSON")
@@ -18,6 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sptrace import summary_cache
     from sptrace.load import cache
 
     directory = Path(args.cache_dir) if args.cache_dir else cache.default_cache_dir()
@@ -29,19 +35,40 @@ def run(args: argparse.Namespace) -> int:
     entries = cache.entries(directory)
     total = sum(e.bytes for e in entries)
     gone = [e for e in entries if e.source_gone]
+    tables = [e for e in entries if e.kind == "table"]
+    summaries = [e for e in entries if e.kind == "summary"]
+    other_code = [e for e in summaries if not summary_cache.is_current(e)]
     if args.format == "json":
         print(json.dumps({
             "directory": str(directory), "entries": len(entries), "bytes": total, "max_bytes": cap,
             "source_gone": len(gone),
-            "traces": [{"source": e.source, "bytes": e.bytes, "used": e.used} for e in reversed(entries)],
+            "tables": {"entries": len(tables), "bytes": sum(e.bytes for e in tables)},
+            "summaries": {"entries": len(summaries), "bytes": sum(e.bytes for e in summaries),
+                          "other_code": len(other_code)},
+            "traces": [_record(e) for e in reversed(entries)],
         }, indent=1))  # fmt: skip
         return 0
     print(f"{directory}: {len(entries)} entries, {human_bytes(total)} of at most {human_bytes(cap)} "
           f"(SPTRACE_CACHE_MAX); least recently used go first")  # fmt: skip
+    print(f"  {len(tables)} parsed tables, {human_bytes(sum(e.bytes for e in tables))}: a rank's events, read "
+          "instead of its trace")  # fmt: skip
+    print(f"  {len(summaries)} summaries, {human_bytes(sum(e.bytes for e in summaries))}: a rank's collectives, "
+          "timing, retained tensors and counts, read instead of detecting them again")  # fmt: skip
+    if other_code:
+        print(f"{len(other_code)} summaries written by other sptrace code (never read by this one; dropped as the "
+              "cap needs room, or by clear)")  # fmt: skip
     if gone:
         print(f"{len(gone)} entries parsed from traces that are gone (dropped at the next write, or by clear)")
     for e in reversed(entries[-20:]):
-        print(f"  {human_bytes(e.bytes):>12}  {e.source or '?'}")
+        what = "table" if e.kind == "table" else f"summary ({e.header.get('about', '?')})"
+        print(f"  {human_bytes(e.bytes):>12}  {what:<34} {e.source or '?'}")
     if len(entries) > 20:
         print(f"  ... and {len(entries) - 20} older entries")
     return 0
+
+
+def _record(entry: Entry) -> dict[str, Any]:
+    out = {"source": entry.source, "kind": entry.kind, "bytes": entry.bytes, "used": entry.used}
+    if entry.kind == "summary":
+        out["about"] = entry.header.get("about")
+    return out
