@@ -142,9 +142,8 @@ def match_collectives(frame: pd.DataFrame, world_size: int | None = None) -> Mat
     f = pd.concat(pieces)
     # drop members whose kind, or known size, disagrees with the key's majority
     f = f.assign(size=_comparable_size(f))
-    kind_major = f.groupby(["group", "key"])["kind"].agg(lambda s: s.value_counts().index[0])
-    known = f[f["size"] != "?"]
-    size_major = known.groupby(["group", "key"])["size"].agg(lambda s: s.value_counts().index[0])
+    kind_major = _majority(f, "kind")
+    size_major = _majority(f[f["size"] != "?"], "size")
     f = f.join(kind_major.rename("kind_major"), on=["group", "key"]).join(
         size_major.rename("size_major"), on=["group", "key"]
     )
@@ -174,42 +173,7 @@ def match_collectives(frame: pd.DataFrame, world_size: int | None = None) -> Mat
         start_al=arrival - f["rank"].map(offsets),
         end_al=f["end_us"] - f["rank"].map(offsets),
     )
-    rows = []
-    for (group, key), m in f.groupby(["group", "key"], sort=False):
-        m = m[m["start_al"].notna() & m["end_al"].notna()]
-        if m.empty:
-            continue
-        n = int(m["rank"].nunique())
-        arrive = m.set_index("rank")["start_al"]
-        last = float(arrive.max())
-        end = float(m["end_al"].median())
-        transfer = max(end - last, 0.0)
-        kind = m["kind"].iloc[0]
-        size_bytes = (
-            float(np.nanmax([m["in_bytes"].max(), m["out_bytes"].max()])) if m["in_bytes"].notna().any() else np.nan
-        )
-        # the bus factor needs the group's size: unknown stays unknown (never the matched-rank
-        # count), unless every rank of the world took part
-        group_size = int(m["group_size"].max()) if m["group_size"].notna().any() else None
-        if group_size is None and world_size is not None and n == world_size:
-            group_size = world_size
-        algbw = size_bytes / (transfer * 1e-6) / 1e9 if transfer > 0 and not np.isnan(size_bytes) else np.nan
-        busbw = (
-            algbw * BUS_FACTOR.get(kind, lambda _: 1.0)(group_size)
-            if not np.isnan(algbw) and group_size is not None
-            else np.nan
-        )
-        first = m.iloc[0]
-        rows.append({
-            "key": key, "group": group, "kind": kind, "n_ranks": n, "ranks": sorted(int(r) for r in m["rank"]),
-            "in_bytes": first["in_bytes"], "wire_bytes": first["wire_bytes"], "phase": first["phase"],
-            # one rank alone has no skew and no straggler
-            "layer": first["layer"], "module": first["module"],
-            "arrival_skew_us": last - float(arrive.min()) if n > 1 else np.nan,
-            "straggler": int(arrive.idxmax()) if n > 1 else None,
-            "max_wait_us": last - float(arrive.min()) if n > 1 else np.nan, "transfer_us": transfer,
-            "algbw_gbps": algbw, "busbw_gbps": busbw, "start_us": float(arrive.min()),
-        })  # fmt: skip
+    rows = _matched_rows(f, world_size)
     rows += p2p_rows
     matched = pd.DataFrame(rows, columns=cols).sort_values("start_us", kind="stable").reset_index(drop=True)
     f = f.assign(skew_us=f["start_al"] - f.groupby(["group", "key"])["start_al"].transform("min"))
@@ -220,6 +184,68 @@ def match_collectives(frame: pd.DataFrame, world_size: int | None = None) -> Mat
         notes.append(f"{p2p_unmatched} sends or receives found no partner")
     return Matching(matched, offsets, unmatched=unmatched, notes=notes, members=members, disagreements=disagreements,
                     counts=counts)  # fmt: skip
+
+
+def _majority(frame: pd.DataFrame, col: str) -> pd.Series:
+    """Per (group, key), the value of ``col`` most of its members have. Where they all agree (the
+    common case) it is their value; only mixed keys count their values (a per-key value_counts
+    over thousands of collectives cost most of a second)."""
+    by = frame.groupby(["group", "key"])[col]
+    out = by.first()
+    distinct = by.nunique()
+    mixed = distinct.index[distinct > 1]
+    if len(mixed):
+        sub = frame[pd.MultiIndex.from_frame(frame[["group", "key"]]).isin(mixed)]
+        out.loc[mixed] = sub.groupby(["group", "key"])[col].agg(lambda s: s.value_counts().index[0])
+    return out
+
+
+def _matched_rows(f: pd.DataFrame, world_size: int | None) -> list[dict]:
+    """One row per (group, key) matched across its ranks, from the ranks' aligned arrival and
+    end times: skew, straggler, transfer time, algbw and busbw. Grouped aggregations, not a loop
+    over collectives (a run of thousands of collectives spent seconds in per-group pandas calls)."""
+    m = f[f["start_al"].notna() & f["end_al"].notna()]
+    if m.empty:
+        return []
+    # the aggregated columns as floats: an object column (None for unknown) takes pandas' Python path
+    numeric = {c: pd.to_numeric(m[c], errors="coerce").astype(float) for c in ("in_bytes", "out_bytes", "group_size")}
+    by = m.assign(**{f"{c}_num": v for c, v in numeric.items()}).groupby(["group", "key"], sort=False)
+    agg = by.agg(
+        n=("rank", "nunique"), last=("start_al", "max"), first_arrival=("start_al", "min"), end=("end_al", "median"),
+        in_max=("in_bytes_num", "max"), out_max=("out_bytes_num", "max"), in_known=("in_bytes_num", "count"),
+        group_size=("group_size_num", "max"),
+    )  # fmt: skip
+    straggler = m.loc[by["start_al"].idxmax().to_numpy(), "rank"].to_numpy()
+    ranks = by["rank"].agg(lambda r: sorted(int(x) for x in r)).tolist()
+    first = m.drop_duplicates(["group", "key"]).set_index(["group", "key"]).loc[agg.index]
+    rows = []
+    for (group, key), a, row, members, slowest in zip(
+        agg.index, agg.to_dict("records"), first.to_dict("records"), ranks, straggler
+    ):
+        n, last = int(a["n"]), float(a["last"])
+        transfer = max(float(a["end"]) - last, 0.0)
+        kind = row["kind"]
+        size_bytes = float(np.nanmax([a["in_max"], a["out_max"]])) if a["in_known"] else np.nan
+        # the bus factor needs the group's size: unknown stays unknown (never the matched-rank
+        # count), unless every rank of the world took part
+        group_size = int(a["group_size"]) if pd.notna(a["group_size"]) else None
+        if group_size is None and world_size is not None and n == world_size:
+            group_size = world_size
+        algbw = size_bytes / (transfer * 1e-6) / 1e9 if transfer > 0 and not np.isnan(size_bytes) else np.nan
+        busbw = (
+            algbw * BUS_FACTOR.get(kind, lambda _: 1.0)(group_size)
+            if not np.isnan(algbw) and group_size is not None
+            else np.nan
+        )
+        skew = last - float(a["first_arrival"]) if n > 1 else np.nan  # one rank alone has no skew
+        rows.append({
+            "key": key, "group": group, "kind": kind, "n_ranks": n, "ranks": members,
+            "in_bytes": row["in_bytes"], "wire_bytes": row["wire_bytes"], "phase": row["phase"],
+            "layer": row["layer"], "module": row["module"], "arrival_skew_us": skew,
+            "straggler": int(slowest) if n > 1 else None, "max_wait_us": skew, "transfer_us": transfer,
+            "algbw_gbps": algbw, "busbw_gbps": busbw, "start_us": float(a["first_arrival"]),
+        })  # fmt: skip
+    return rows
 
 
 def _match_point_to_point(frame: pd.DataFrame) -> tuple[list[dict], list[dict], int]:
