@@ -150,6 +150,7 @@ def test_report_plots_render_offline(megatron_report):
         if os.environ.get("SPTRACE_REQUIRE_BROWSER"):
             pytest.fail(reason)
         pytest.skip(reason)
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     flags = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -170,11 +171,20 @@ def test_report_plots_render_offline(megatron_report):
                                    timeout=30_000)  # fmt: skip
             assert n == 6 and page.locator(".plotly-graph-div.error").count() == 0
             bar = page.locator("#plot0 .trace.bars").nth(1).locator(".point").first
-            box = bar.bounding_box()
-            assert box is not None
-            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
             hover = page.locator("#plot0 .hoverlayer .hovertext").first
-            hover.wait_for(timeout=5_000)
+            # a move that lands while plotly still lays the figure out is lost (as clicks are,
+            # tests/browser): move off and onto the bar again, up to three times
+            for attempt in range(3):
+                box = bar.bounding_box()
+                assert box is not None
+                page.mouse.move(1, 1)
+                page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+                try:
+                    hover.wait_for(timeout=5_000)
+                    break
+                except PlaywrightTimeout:
+                    if attempt == 2:
+                        raise
             assert "wire" in hover.text_content() and "matched with ranks" in hover.text_content()
             assert errors == [] and [u for u in fetched if not u.startswith("file:")] == []
         finally:
