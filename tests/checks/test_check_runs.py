@@ -135,7 +135,17 @@ def test_allow_junit_and_output_file(profiled, capsys, tmp_path):
 
 
 def test_unusable_input(corpus, capsys, tmp_path, profiled):
-    # DLRM was profiled without profile_memory: nothing to judge, and the verdict says why
+    # DLRM was profiled without profile_memory: nothing to judge, said at once (before any parse),
+    # in one line naming the file
+    assert main(["check", str(corpus / "param_dlrm_kineto"), "--batch", "1", "--seq", "8", "--hidden", "8",
+                 "--sp", "8", "--cache-dir", str(tmp_path)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "param_dlrm_kineto/worker" in err, err
+    assert "neither [memory] events nor sptrace.saved records" in err and "profile_memory=True" in err
+    assert not any(tmp_path.rglob("*.arrow*"))  # nothing was parsed
+    # once parsed (cached by another command), the same is the verdict of the whole run
+    assert main(["info", str(corpus / "param_dlrm_kineto"), "--cache-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
     assert main(["check", str(corpus / "param_dlrm_kineto"), "--batch", "1", "--seq", "8", "--hidden", "8",
                  "--sp", "8", "--cache-dir", str(tmp_path)]) == 2  # fmt: skip
     out = capsys.readouterr().out
