@@ -47,6 +47,7 @@ def _arrow_memory_pool() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # what the user typed (sweep --config)
         if getattr(args, "command", None) not in ("model", "cache"):
             _arrow_memory_pool()
         return int(args.func(args))

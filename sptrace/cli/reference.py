@@ -61,6 +61,27 @@ def _config_from(args: argparse.Namespace, scheme: str, nproc: int) -> StepConfi
     return StepConfig(**_config_values(args, scheme, nproc))
 
 
+SWEPT_BY_CONFIG = ("layers", "batch", "hidden", "heads", "kv_heads", "ffn", "dtype", "recompute", "ulysses_degree")
+"""The sizes ``sweep --config`` takes from the file: S is swept, the schemes and P are flags."""
+
+
+def _apply_config(args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """The --config file's values for ``names``, where no flag on the command line set them (an
+    argparse default is not a choice the user made)."""
+    from sptrace.cli.common import read_config
+
+    values = read_config(Path(args.config))
+    typed = getattr(args, "argv", [])
+    given = {a.split("=", 1)[0].lstrip("-").replace("-", "_") for a in typed if a.startswith("--")}
+    for name in names:
+        if name in values and name not in given:
+            setattr(args, name, values[name])
+    ignored = sorted(set(values) - set(names))
+    if ignored:
+        log(f"--config {args.config}: {', '.join(ignored)} not taken (sweep varies S; the schemes and P are "
+            "--schemes and --nproc)")  # fmt: skip
+
+
 def _ulysses_degree(args: argparse.Namespace, scheme: str, nproc: int) -> int:
     if args.ulysses_degree is not None:
         return args.ulysses_degree
@@ -126,6 +147,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--force", action="store_true", help="profile again runs that already exist")
     _add_model_flags(p, with_seq=False)
+    p.add_argument("--config", metavar="FILE", help="the model's sizes from a YAML or JSON file of run_info keys, as "
+                   "the analysing commands take it (a flag wins over it; S, the scheme and P come from --seq, "
+                   "--schemes and --nproc)")  # fmt: skip
     p.set_defaults(func=cmd_sweep)
 
 
@@ -293,6 +317,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise UsageError(f"--schemes: unknown scheme {s!r}; choose from {', '.join(SCHEME_CHOICES)}")
     seqs = _int_list(args.seqs, "--seq")
     args.seq = seqs[0]
+    if args.config:
+        _apply_config(args, SWEPT_BY_CONFIG)
     base = _config_from(args, "megatron", args.nproc)
     base = base.replace(ulysses_degree=_ulysses_degree(args, "usp", args.nproc))  # (only usp reads it)
     for s in schemes:  # every combination is checked before anything is launched

@@ -87,3 +87,34 @@ def test_a_bad_config_file_is_one_line_before_any_trace_is_read(tmp_path, capsys
     assert main(["check", str(missing_run), "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(config) in err[0] and message in err[0], err
+
+
+def test_sweep_takes_the_model_from_a_config_file(tmp_path, monkeypatch, capsys):
+    """sweep --config: the file's sizes for the reference model, a flag winning over the file; S,
+    the schemes and P stay sweep's own (--seq, --schemes, --nproc), and the file's are named as
+    not taken. Nothing is launched: the sweep's first configuration is caught."""
+    import sptrace.sweep
+
+    seen = {}
+
+    class Caught(Exception):
+        pass
+
+    def caught(base, schemes, seqs, out, **kwargs):
+        seen.update(base=base, schemes=schemes, seqs=seqs)
+        raise Caught
+
+    monkeypatch.setattr(sptrace.sweep, "run_sweep", caught)
+    config = tmp_path / "model.yaml"
+    config.write_text("hidden: 48\nheads: 8\nkv-heads: 4\nffn: 96\nseq: 4096\nscheme: ulysses\n")
+    with pytest.raises(Caught):
+        main(["sweep", "--seq", "64,128", "--out", str(tmp_path / "sweep"), "--config", str(config),
+              "--ffn", "160", "--nproc", "8", "--schemes", "megatron"])  # fmt: skip
+    base = seen["base"]
+    assert (base.hidden, base.heads, base.kv_heads, base.ffn) == (48, 8, 4, 160)
+    assert seen["schemes"] == ["megatron"] and seen["seqs"] == [64, 128] and base.sp_size == 8
+    assert "scheme, seq not taken" in capsys.readouterr().err
+    # a key that is no field is an error naming it, before anything runs
+    config.write_text("hiden: 48\n")
+    assert main(["sweep", "--seq", "64", "--out", str(tmp_path / "sweep"), "--config", str(config)]) == 2
+    assert "unknown key hiden" in capsys.readouterr().err
