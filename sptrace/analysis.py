@@ -27,10 +27,10 @@ from sptrace.checks.sharding import ShardingReport, check_sharding
 from sptrace.costmodel import CommEstimate, activation_bytes_per_layer, estimate_comm
 from sptrace.costmodel.comm import undeclared_sizes
 from sptrace.detect.allocations import Retention
+from sptrace.detect.infer import layers_dtype
 from sptrace.detect.matching import Matching, match_collectives
 from sptrace.detect.p2p import P2PReport, analyse_point_to_point
 from sptrace.detect.timing import RankTiming, step_sources
-from sptrace.dtypes import ACTIVATION_DTYPES
 from sptrace.errors import SptraceError, UsageError
 from sptrace.executors import Executor
 from sptrace.load.trace import RunTrace, files_of, read_run_info
@@ -372,11 +372,9 @@ def reduce_run(
             model = model.override(
                 f"the trace (layers {min(layers)}-{max(layers)} communicate)", layers=max(layers) + 1
             )
-    if model.dtype is None and len(collectives):
-        # the activations' element type: the one dtype of the collectives inside the layers
-        in_layers = {str(d) for d in collectives.loc[collectives["layer"].notna(), "dtype"].dropna()}
-        if len(in_layers) == 1 and next(iter(in_layers)) in ACTIVATION_DTYPES:
-            dtype = next(iter(in_layers))
+    if model.dtype is None:  # the activations' element type: the one the layers' collectives carry
+        dtype = layers_dtype(collectives)
+        if dtype is not None:
             model = model.override(f"the trace (the collectives inside its layers are {dtype})", dtype=dtype)
     matching = match_collectives(collectives, run.world_size) if "collectives" in parts else None
     estimate = comm = None

@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from sptrace.detect.args import load_list
+from sptrace.dtypes import ACTIVATION_DTYPES
 
 NORM_OP = re.compile(r"(?:layer_?norm|rms_?norm|layernorm|rmsnorm)", re.IGNORECASE)
 NORM_SKIP = re.compile(r"backward|_bwd|grad", re.IGNORECASE)
@@ -58,6 +59,15 @@ def scheme_of(kinds: set[str]) -> str | None:
     if sp:
         return "megatron"
     return None
+
+
+def layers_dtype(collectives: pd.DataFrame) -> str | None:
+    """The activation dtype the collectives inside the layers carry, when they carry one, and it
+    is one an activation can have (an index all-to-all's int64 is not)."""
+    if not len(collectives):
+        return None
+    seen = {str(d) for d in collectives.loc[collectives["layer"].notna(), "dtype"].dropna()}
+    return next(iter(seen)) if len(seen) == 1 and next(iter(seen)) in ACTIVATION_DTYPES else None
 
 
 def shapes_of(table: pd.DataFrame, pattern: re.Pattern, skip: re.Pattern | None = None) -> Counter:
@@ -97,9 +107,9 @@ def infer_model(collectives: pd.DataFrame, groups: list[dict[str, Any]], table: 
             out.open["sp_size"] = f"P: the layers' collectives run on groups of {', '.join(map(str, sorted(sizes)))}"
         layers = sorted({int(v) for v in inside["layer"]})
         out.put("layers", layers[-1] + 1, f"the trace names layers {layers[0]}-{layers[-1]}")
-        dtypes = {str(d) for d in inside["dtype"].dropna()}
-        if len(dtypes) == 1:
-            out.put("dtype", next(iter(dtypes)), "the element type of the collectives inside the layers")
+        dtype = layers_dtype(c)
+        if dtype is not None:
+            out.put("dtype", dtype, "the element type of the collectives inside the layers")
     if "sp_size" not in out.values:
         sized = {g.get("pg_size") for g in groups if isinstance(g.get("pg_size"), int) and g["pg_size"] > 1}
         if len(sized) == 1:
@@ -133,7 +143,7 @@ def infer_model(collectives: pd.DataFrame, groups: list[dict[str, Any]], table: 
     if P and out.values.get("scheme") in ("megatron", "ulysses", "hybrid"):
         # these schemes' attention sees the whole sequence: S = P x the per-rank sequence dim
         fits = [(b, s) for b, s in readings if s * P in full]
-        if len({f for f in fits}) == 1 or (len(fits) == 2 and fits[0] == fits[1]):
+        if len(set(fits)) == 1:  # one reading fits (or both are the same: B == S/P)
             b, s = fits[0]
             why = f"the norm input {list(shape)} holds S/P = {s} (the attention ops see S = {s * P}), B = {b}"
             out.put("batch", b, why)
