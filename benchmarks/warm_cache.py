@@ -9,12 +9,17 @@ of the real-trace corpus, 8 ranks, 26k events), the wall time of a fresh ``sptra
 - ``cold``: a fresh ``--cache-dir``: parsed, summarized, both written to the cache;
 - ``tables``: warm with the parsed tables alone (the summary entries deleted first): what the
   cache did before it kept summaries;
-- ``warm``: the same cache again: every rank's summary read back, nothing parsed or detected.
+- ``warm``: the same cache again, its kept results deleted: every rank's summary read back,
+  nothing parsed or detected; the cross-rank reduce and the printing run again;
+- ``replay``: the same command once more: the result ``warm`` kept (sptrace.result_cache) is
+  printed again, with neither pandas nor pyarrow imported. What a command repeated on an
+  unchanged run costs; another flag or format is a ``warm``.
 
 Medians over ``--repeats`` rounds (each round a fresh cache directory), and the ratios to
-``warm``. Every mode must print what ``--no-cache`` prints, and exit with its code (analyze's
-verdict), or the benchmark stops. The ``floor`` line is a fresh process that only imports what a warm ``collectives``
-or ``analyze`` must (sptrace's CLI, pandas): the part of ``warm`` no cache can remove.
+``warm`` and ``replay``. Every mode must print what ``--no-cache`` prints (stdout and stderr),
+and exit with its code (analyze's verdict), or the benchmark stops. The ``floor`` line is a
+fresh process that only imports what a warm ``collectives`` or ``analyze`` must (sptrace's CLI,
+pandas): the part of ``warm`` that only a replay avoids.
 
 Default run: ``param_dlrm_kineto`` from the corpus (SPTRACE_CORPUS, or ../shared/corpus beside
 the checkout); traces are read in place, never copied.
@@ -36,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 CORPUS = Path(os.environ.get("SPTRACE_CORPUS") or HERE.parent.parent / "shared/corpus")
 DEFAULT_RUN = CORPUS / "param_dlrm_kineto"
 COMMANDS = ("collectives", "analyze", "info")
-MODES = ("no-cache", "cold", "tables", "warm")
+MODES = ("no-cache", "cold", "tables", "warm", "replay")
 
 
 # bytecode cached, as an installed package has it, in a folder of the benchmark's own (not the checkout)
@@ -45,10 +50,10 @@ ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def timed(argv: list[str]) -> tuple[float, int, str]:
-    """(wall seconds, exit code, output) of a fresh process running ``argv``."""
+    """(wall seconds, exit code, stdout and stderr) of a fresh process running ``argv``."""
     start = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, env=ENV)
-    return time.perf_counter() - start, done.returncode, done.stdout
+    return time.perf_counter() - start, done.returncode, done.stdout + "\n[stderr]\n" + done.stderr
 
 
 def sptrace(*args: str) -> list[str]:
@@ -66,6 +71,8 @@ def one_round(run: Path, command: str) -> tuple[dict[str, float], int]:
             if mode == "tables":  # the tables alone: the cache as it was before it kept summaries
                 for entry in store.glob("*.summary"):
                     entry.unlink()
+            if mode in ("tables", "warm"):  # computed, not replayed
+                shutil.rmtree(store / "results", ignore_errors=True)
             seconds[mode], code, out = timed(
                 sptrace(command, str(run), *(("--no-cache",) if mode == "no-cache" else cached))
             )
@@ -110,6 +117,7 @@ def report(runs: list[Path], commands: list[str], repeats: int) -> int:
             median = {m: statistics.median(seconds[m] for seconds, _ in rounds) for m in MODES}
             cells = "  ".join(f"{m} {median[m]:.2f}" for m in MODES)
             ratios = "  ".join(f"{m}/warm {median[m] / median['warm']:.1f}x" for m in ("no-cache", "cold", "tables"))
+            ratios += f"  warm/replay {median['warm'] / median['replay']:.1f}x"
             code = f"  (exit {rounds[0][1]})" if rounds[0][1] else ""
             print(f"{command:<12} {run.name}: {cells}   {ratios}{code}")
     return 0

@@ -11,7 +11,8 @@ everything that made it is unchanged:
 - what the map computed: every MapSpec field but ``cache`` and ``cache_dir`` (a new field
   counts unless it is listed there);
 - the code that computed it: SUMMARY_VERSION, a SHA-256 of the sptrace sources summarize can
-  run (every ``.py`` file of the package but those in ``NOT_SUMMARIZED``;
+  run (every ``.py`` file of the package, and the native decoder's C, but those in
+  ``NOT_SUMMARIZED``;
   ``tests/load/test_summary_cache.py`` checks that a summarize imports none of those), and the
   Python, numpy, pandas and pyarrow it ran on (the size and mtime of each one's
   ``__init__.py``). The digest is taken once per process: about 6 ms for the 42 files (340 KB)
@@ -26,17 +27,14 @@ it are.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import importlib.util
-import os
 import pickle
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sptrace.cachedir import sources_digest
 from sptrace.load import cache as trace_cache
 
 SUMMARY_VERSION = 1
@@ -44,36 +42,18 @@ SUMMARY_VERSION = 1
 how a dependency behaves, say); code changes in the digested sources invalidate by themselves."""
 
 NOT_SUMMARIZED = frozenset({"cli", "report", "checks", "analysis.py", "sweep.py", "launch.py", "profiling.py",
-                            "instrumentation.py", "fileio.py", "__main__.py"})  # fmt: skip
+                            "instrumentation.py", "fileio.py", "__main__.py", "result_cache.py"})  # fmt: skip
 """Top-level parts of the package a rank's summary never runs (the reduce, the renderers, the
 launchers): their edits keep the summaries."""
 
-_LIBRARIES = ("numpy", "pandas", "pyarrow")
 T = TypeVar("T")
 
 
-@functools.cache
 def code_digest() -> str | None:
-    """A digest of the code a summary depends on; None when the package's sources are not
+    """A digest of the code a summary depends on (sptrace.cachedir.sources_digest: the sources
+    but NOT_SUMMARIZED, and the libraries they run on); None when the package's sources are not
     there to read (then no summary is cached: there is nothing to tell stale ones by)."""
-    root = Path(__file__).resolve().parent
-    digest = hashlib.sha256(f"{SUMMARY_VERSION}|{sys.version}".encode())
-    sources = sorted(
-        p for p in root.rglob("*.py") if p.relative_to(root).parts[0] not in NOT_SUMMARIZED
-    )  # fmt: skip
-    if not sources:
-        return None
-    try:
-        for p in sources:
-            digest.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
-        for name in _LIBRARIES:  # located without importing: `sptrace info` never imports pandas
-            spec = importlib.util.find_spec(name)
-            origin = spec.origin if spec is not None else None
-            st = os.stat(origin) if origin else None
-            digest.update(f"{name}|{origin}|{st and st.st_size}|{st and st.st_mtime_ns}".encode())
-    except OSError:
-        return None
-    return digest.hexdigest()
+    return sources_digest(f"summary {SUMMARY_VERSION}", NOT_SUMMARIZED)
 
 
 @dataclass(frozen=True)

@@ -23,16 +23,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sptrace import summary_cache
+    from sptrace import result_cache, summary_cache
     from sptrace.load import cache
 
     directory = Path(args.cache_dir) if args.cache_dir else cache.default_cache_dir()
+    results_dir = result_cache.directory(directory)
     cap = cache.max_bytes()
     if args.action == "clear":
-        freed = cache.clear(directory)
+        freed = cache.clear(directory) + result_cache.clear(results_dir)
         print(f"{directory}: cleared, {human_bytes(freed)} freed")
         return 0
     entries = cache.entries(directory)
+    results = result_cache.entries(results_dir)
     total = sum(e.bytes for e in entries)
     gone = [e for e in entries if e.source_gone]
     tables = [e for e in entries if e.kind == "table"]
@@ -45,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
             "tables": {"entries": len(tables), "bytes": sum(e.bytes for e in tables)},
             "summaries": {"entries": len(summaries), "bytes": sum(e.bytes for e in summaries),
                           "other_code": len(other_code)},
+            "results": {"entries": len(results), "bytes": sum(e.bytes for e in results),
+                        "max_bytes": cap // 8, "commands": [r.command for r in reversed(results)]},
             "traces": [_record(e) for e in reversed(entries)],
         }, indent=1))  # fmt: skip
         return 0
@@ -54,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
           "instead of its trace")  # fmt: skip
     print(f"  {len(summaries)} summaries, {human_bytes(sum(e.bytes for e in summaries))}: a rank's collectives, "
           "timing, retained tensors and counts, read instead of detecting them again")  # fmt: skip
+    print(f"  {len(results)} results, {human_bytes(sum(e.bytes for e in results))} (at most "
+          f"{human_bytes(cap // 8)}): what a collectives, analyze or info printed, replayed when it is run again on "
+          "the unchanged run with the same flags and code")  # fmt: skip
     if other_code:
         print(f"{len(other_code)} summaries written by other sptrace code (never read by this one; dropped as the "
               "cap needs room, or by clear)")  # fmt: skip

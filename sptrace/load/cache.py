@@ -31,34 +31,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from sptrace.errors import UsageError
+from sptrace.cachedir import default_cache_dir, max_bytes
 from sptrace.load.schema import SCHEMA_VERSION
 
 _META_KEY = b"sptrace.metadata"
 _SOURCE_KEY = b"sptrace.source"
-DEFAULT_MAX_BYTES = 2 * 2**30
 _ENTRY = re.compile(r"^(?P<prefix>[0-9a-f]{20})-\d+-\d+-v\d+-(?P<crc>[0-9a-f]{8})\.arrow$")
 _SUMMARY = re.compile(r"^(?P<prefix>[0-9a-f]{20})-\d+-\d+-v\d+-(?P<key>[0-9a-f]{16})-(?P<crc>[0-9a-f]{8})\.summary$")
 _SUMMARY_MAGIC = b"sptrace-summary\n"
 """A summary entry: this, the length of a JSON header (4 bytes, little-endian), the header
 ({"source": the trace, and what the writer adds}), then the payload."""
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(base) / "sptrace"
-
-
-def max_bytes() -> int:
-    """The cap: SPTRACE_CACHE_MAX (bytes, or with a K/M/G/T suffix), else 2 GiB."""
-    text = os.environ.get("SPTRACE_CACHE_MAX", "").strip()
-    if not text:
-        return DEFAULT_MAX_BYTES
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", text, re.IGNORECASE)
-    if not match:
-        raise UsageError(f"SPTRACE_CACHE_MAX={text!r}: give bytes, or a size such as 500M or 4G")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
 def _key(path: Path) -> tuple[str, str]:
