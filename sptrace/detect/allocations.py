@@ -198,6 +198,7 @@ def detect_retained(
     slack = CUDA_SLACK if cuda else 0
     ledger = ledger.assign(_row=np.arange(len(ledger)))
     origins = Provenance(ledger, ops, collectives, hidden)
+    at_address = _AddressIndex(ledger)
     out = Retention(
         rank=int(trace.rank or 0), tensors=pd.DataFrame(columns=RETAINED_COLUMNS),
         boundary_ns=bounds[0].backward_ns if bounds else None, has_records=bool(len(records)),
@@ -235,7 +236,7 @@ def detect_retained(
             if (k, rec.storage_ptr) in seen_ptrs:
                 continue  # the same storage saved twice costs once
             seen_ptrs.add((k, rec.storage_ptr))
-        alloc = _allocation_at(ledger, rec.storage_ptr, ts) if rec.storage_ptr else None
+        alloc = at_address.allocation_at(rec.storage_ptr, ts) if rec.storage_ptr else None
         if alloc is not None:
             covered.add(int(alloc["_row"]))
         made_by = _op_name(ops, int(alloc["alloc_ns"]), alloc["tid"]) if alloc is not None else None
@@ -425,15 +426,30 @@ _OUT_FIRST = ("out_in", "out_in_lists")
 """c10d forms whose first recorded argument is an output the caller allocated."""
 
 
-def _allocation_at(ledger: pd.DataFrame, addr: int, ts: int) -> dict[str, Any] | None:
-    hit = ledger[
-        (ledger["addr"] == addr) & (ledger["alloc_ns"] <= ts) & (ledger["free_ns"].isna() | (ledger["free_ns"] > ts))
-    ]
-    if hit.empty:
-        return None
-    rec = hit.iloc[-1].to_dict()
-    rec["_row"] = int(hit.index[-1])
-    return rec
+class _AddressIndex:
+    """The ledger's rows by address, so that finding the allocation a saved tensor's storage
+    pointer names looks at that address's few rows, not the whole ledger (a mask over every row
+    per saved tensor cost most of a rank's retained-tensor detection)."""
+
+    def __init__(self, ledger: pd.DataFrame) -> None:
+        self.ledger = ledger
+        self.rows = ledger.groupby("addr", sort=False).indices if len(ledger) else {}
+        self.alloc = ledger["alloc_ns"].to_numpy(dtype=np.int64)
+        self.free = ledger["free_ns"].to_numpy(dtype=np.float64, na_value=np.nan)  # as the column compares
+
+    def allocation_at(self, addr: int, ts: int) -> dict[str, Any] | None:
+        """The latest allocation (in ledger order) at ``addr`` that is alive at ``ts``."""
+        rows = self.rows.get(addr)
+        if rows is None:
+            return None
+        free = self.free[rows]
+        hit = rows[(self.alloc[rows] <= ts) & (np.isnan(free) | (free > ts))]
+        if not len(hit):
+            return None
+        last = int(hit[-1])
+        rec = self.ledger.iloc[last].to_dict()
+        rec["_row"] = int(self.ledger.index[last])
+        return rec
 
 
 def _freed_in(nodes: Intervals, free_ns: Any) -> str | None:

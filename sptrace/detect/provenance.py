@@ -119,10 +119,9 @@ class Provenance:
         key = row
         if depth == 0 and key in self._cache:
             return self._cache[key]
-        rec = self.ledger.iloc[row]
-        tid = None if pd.isna(rec["tid"]) else int(rec["tid"])
-        i = self.maker(int(rec["alloc_ns"]), tid)
-        out = UNKNOWN if i is None else self._of_op(i, int(rec["bytes"]), tid, since_ns, depth)
+        tid = self._tid_of(row)
+        i = self.maker(int(self._alloc[row]), tid)
+        out = UNKNOWN if i is None else self._of_op(i, int(self._bytes[row]), tid, since_ns, depth)
         if depth == 0:
             self._cache[key] = out
         return out
@@ -173,10 +172,13 @@ class Provenance:
         nbytes = numel * elem
         return self._latest((self._bytes > nbytes) & (self._bytes <= 4 * nbytes), start, tid, since)
 
+    def _tid_of(self, row: int) -> int | None:
+        tid = self._tid[row]
+        return None if np.isnan(tid) else int(tid)
+
     def _producer_of(self, row: int) -> str | None:
-        rec = self.ledger.iloc[row]
-        tid = None if pd.isna(rec["tid"]) else int(rec["tid"])
-        i = self.collectives.innermost(int(rec["alloc_ns"]), int(rec["alloc_ns"]), tid)
+        tid = self._tid_of(row)
+        i = self.collectives.innermost(int(self._alloc[row]), int(self._alloc[row]), tid)
         return None if i is None else self.collectives.name(i)
 
     def _gathered_pieces(self, op: Any, start: int, tid: int | None) -> str | None:
