@@ -26,6 +26,7 @@ records, so its count cannot show an unrecorded free.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,11 +54,23 @@ CUDA_SLACK = 2**20
 _COLLECTIVE_PREFIXES = ("c10d::", "_c10d_functional", "record_param_comms", "nccl:", "gloo:", "symm_mem::")
 
 
+_MEMORY: dict[int, tuple[weakref.ref, pd.DataFrame]] = {}
+"""A rank's [memory] events by its event table's id, kept while that table lives: the ledger and
+the allocator's unrecorded activity both read them (a filter and a sort of the whole table each).
+(A DataFrame is unhashable, so no WeakKeyDictionary.)"""
+
+
 def _memory_events(trace: RankTrace) -> pd.DataFrame:
     """The [memory] events that carry Bytes, in the allocator's order (ts, then Ev Idx)."""
     ev = trace.events
+    kept = _MEMORY.get(id(ev))
+    if kept is not None and kept[0]() is ev:
+        return kept[1]
     mem = ev[matches(ev["name"], lambda v: v == "[memory]") & ev["mem_bytes"].notna().to_numpy()]
-    return mem.sort_values(["ts_ns", "ev_idx"], kind="stable", na_position="first")
+    mem = mem.sort_values(["ts_ns", "ev_idx"], kind="stable", na_position="first")
+    key = id(ev)
+    _MEMORY[key] = (weakref.ref(ev, lambda _, key=key: _MEMORY.pop(key, None)), mem)
+    return mem
 
 
 def detect_ledger(trace: RankTrace) -> pd.DataFrame:
