@@ -32,8 +32,7 @@ from sptrace.detect.matching import Matching, match_collectives
 from sptrace.detect.p2p import P2PReport, analyse_point_to_point
 from sptrace.detect.timing import RankTiming, step_sources
 from sptrace.errors import SptraceError, UsageError
-from sptrace.executors import Executor
-from sptrace.load.trace import RunTrace, files_of, read_run_info
+from sptrace.load.trace import RunFiles, RunTrace
 from sptrace.markers import SAVED
 from sptrace.rankmap import (
     COMPUTE_COLUMNS,
@@ -45,6 +44,7 @@ from sptrace.rankmap import (
     merged_collectives,
     summarize,
 )
+from sptrace.run import LoadOptions
 from sptrace.shape import FIELDS, Declarations, ModelShape
 from sptrace.units import count, rank_ranges
 
@@ -192,7 +192,7 @@ def analyse_run(
     strict: bool = False,
     k: int = 2,
     parts: tuple[str, ...] = PARTS,
-    load_options: Mapping[str, Any] | None = None,
+    load_options: LoadOptions | Mapping[str, Any] | None = None,
     grad_dtype: str | None = None,
     fail_fast: bool = False,
     attention_only: bool = False,
@@ -200,41 +200,31 @@ def analyse_run(
 ) -> RunAnalysis:
     """Analyse one run (a folder, a trace file, or a loaded RunTrace). ``flags``: ModelShape
     fields the user passed; ``parts``: which of collectives / sharding to compute;
-    ``load_options``: cache, cache_dir, skip_bad, and executor (sptrace.executors.Executor) or
-    workers (local processes); ``fail_fast``: raise before any trace is parsed when the sharding
+    ``load_options``: sptrace.run.LoadOptions (or the mapping LoadOptions.of takes);
+    ``fail_fast``: raise before any trace is parsed when the sharding
     check's B, S or H is declared nowhere (``sptrace check``; views show the reason instead).
 
     A map over ranks (sptrace.rankmap: each rank summarized where it is parsed, on the
     executor's workers) and a reduce over the summaries, here: matching, timing, the cost-model
     and cross-rank checks, the sharding check."""
-    options = dict(load_options or {})
+    options = LoadOptions.of(load_options)
     if isinstance(source, RunTrace):
         run, path = source, source.root
         declared = declared_model(run.run_info, flags)
         if fail_fast:
             _require_sharding_shape(declared, path)
-        spec = MapSpec(parts, declared.dtype_bytes, single_file=len(run) == 1, hidden=declared.hidden)
+        spec = MapSpec(parts, declared.dtype_bytes, hidden=declared.hidden)
         results = {t.rank: summarize(t, spec) for t in run}
     else:
         path = Path(source)
-        notes: list[str] = []
-        root, files, _ = files_of(path)
-        run_info = read_run_info(root, notes)
-        declared = declared_model(run_info, flags)
+        found = RunFiles.scan(path)
+        declared = declared_model(found.run_info, flags)
         if fail_fast:
-            _require_sharding_shape(declared, path, notes)
-            if "sharding" in parts and files:
-                _require_memory_events(files[0], options)
-        spec = MapSpec(
-            parts, declared.dtype_bytes, options.get("cache", True),
-            Path(options["cache_dir"]) if options.get("cache_dir") else None, hidden=declared.hidden,
-        )  # fmt: skip
-        executor = options.get("executor")
-        if executor is None and options.get("workers") is not None:
-            executor = Executor(workers=options["workers"])
-        skip_bad = options.get("skip_bad", False)
-        run, results = map_run(path, spec, run_info=run_info, skip_bad=skip_bad, executor=executor)
-        run.warnings[:0] = notes
+            _require_sharding_shape(declared, path, found.notes)
+            if "sharding" in parts:
+                _require_memory_events(found.files[0], options)
+        spec = MapSpec(parts, declared.dtype_bytes, options.cache, options.cache_dir, hidden=declared.hidden)
+        run, results = map_run(found, spec, skip_bad=options.skip_bad, executor=options.executor)
     return reduce_run(
         run, path, results, flags=flags, allow=allow, strict=strict, k=k, parts=parts, grad_dtype=grad_dtype,
         attention_only=attention_only, grad_sync=grad_sync,
@@ -254,17 +244,15 @@ def _require_sharding_shape(declared: ModelShape, path: Path | None, notes: Iter
                          f"nor a flag declares{said}")  # fmt: skip
 
 
-def _require_memory_events(first: Path, options: Mapping[str, Any]) -> None:
+def _require_memory_events(first: Path, options: LoadOptions) -> None:
     """Before any parse: a first trace that holds neither [memory] events nor sptrace.saved
     records leaves its rank unjudged, so the sharding check could only say CANNOT DECIDE; said
     at once (a trace already in the cache is parsed in no time: not probed)."""
-    from sptrace.load.cache import cached_entry, default_cache_dir
+    from sptrace.load.cache import cached_entry
     from sptrace.load.trace import holds_any
 
-    if options.get("cache", True):
-        directory = Path(options["cache_dir"]) if options.get("cache_dir") else default_cache_dir()
-        if cached_entry(directory, first) is not None:
-            return
+    if options.cache and cached_entry(options.cache_root, first) is not None:
+        return
     if not holds_any(first, (b'"[memory]"', SAVED.encode())):
         raise UsageError(
             f"{first}: the trace has neither [memory] events nor sptrace.saved records, so no retained tensor can be "

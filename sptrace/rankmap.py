@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sptrace.executors import Executor
 from sptrace.load.cache import default_cache_dir
-from sptrace.load.trace import RankTrace, RunTrace, files_of, load_trace, map_files
+from sptrace.load.trace import RankTrace, RunFiles, RunTrace, load_trace, map_files
 from sptrace.summary_cache import Slot, read_summary, slot_of, write_summary
 
 if TYPE_CHECKING:
@@ -102,9 +102,7 @@ def map_one(path: Path, spec: MapSpec) -> RankResult:
         cached = read_result(slot)
         if cached is not None:
             return cached
-    trace = load_trace(path, cache=spec.cache, cache_dir=spec.cache_dir)
-    if trace.rank is None and spec.single_file:
-        trace.rank, trace.world_size, trace.rank_source = 0, 1, "single file"
+    trace = load_trace(path, cache=spec.cache, cache_dir=spec.cache_dir, alone=spec.single_file)
     result = summarize(trace, spec)
     trace.release()
     if slot is not None:
@@ -140,28 +138,23 @@ def _reuse(path: Path, results: dict[Path, RankResult]) -> RankResult:
 
 
 def map_run(
-    path_or_files: Any,
+    source: RunFiles | Any,
     spec: MapSpec | None = None,
     *,
-    run_info: dict[str, Any] | bool | None = False,
     skip_bad: bool = False,
     executor: Executor | None = None,
 ) -> tuple[RunTrace, dict[int, RankResult]]:
-    """Every rank of a run through ``map_one`` on ``executor``: the run (its traces released)
-    and each rank's result. Errors as sptrace.load.load_run's; its warnings are in
-    ``run.warnings`` (not raised)."""
-    found = files_of(path_or_files)
-    spec = spec or MapSpec()
-    if len(found[1]) == 1 and not spec.single_file:
-        spec = dataclasses.replace(spec, single_file=True)
+    """Every rank of a run (its RunFiles, else a folder, a trace file or a list of them) through
+    ``map_one`` on ``executor``: the run (its traces released) and each rank's result. Errors as
+    sptrace.load.load_run's; its warnings are in ``run.warnings`` (not raised)."""
+    found = source if isinstance(source, RunFiles) else RunFiles.scan(source)
+    spec = dataclasses.replace(spec or MapSpec(), single_file=found.single_file)
     fn, args = map_one, (spec,)
-    kept = kept_results(found[1], spec)
+    kept = kept_results(list(found.files), spec)
     if kept is not None:  # every rank summarized already: no worker to start, nothing to parse
         fn, args = _reuse, (kept,)
         executor = Executor(workers=1, progress=executor.progress if executor else None)
-    run, results = map_files(
-        found, fn, args, executor=executor, skip_bad=skip_bad, trace_of=lambda r: r.trace, run_info=run_info,
-    )  # fmt: skip
+    run, results = map_files(found, fn, args, executor=executor, skip_bad=skip_bad, trace_of=lambda r: r.trace)
     return run, {r.trace.rank: r for r in results}
 
 

@@ -6,12 +6,15 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sptrace.dtypes import ACTIVATION_DTYPES
 from sptrace.errors import UsageError
 from sptrace.executors import EXECUTORS
 from sptrace.shape import RECOMPUTE, SCHEME_CHOICES, Declarations
+
+if TYPE_CHECKING:
+    from sptrace.run import LoadOptions
 
 
 class Parser(argparse.ArgumentParser):
@@ -106,11 +109,13 @@ def add_load_flags(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def load_options(args: argparse.Namespace) -> dict[str, Any]:
+def load_options(args: argparse.Namespace) -> LoadOptions:
+    """The loader's options from the flags, built once for the whole command."""
     from sptrace.executors import Executor
+    from sptrace.run import LoadOptions
 
     executor = Executor(args.executor, args.workers, args.scheduler)
-    return {"cache": not args.no_cache, "skip_bad": args.skip_bad, "cache_dir": args.cache_dir, "executor": executor}
+    return LoadOptions(cache=not args.no_cache, cache_dir=args.cache_dir, skip_bad=args.skip_bad, executor=executor)
 
 
 def map_quietly(args: argparse.Namespace, parts: tuple[str, ...], *, show_warnings: bool = True):
@@ -119,8 +124,8 @@ def map_quietly(args: argparse.Namespace, parts: tuple[str, ...], *, show_warnin
     from sptrace.rankmap import MapSpec, map_run
 
     options = load_options(args)
-    spec = MapSpec(parts, cache=options["cache"], cache_dir=options["cache_dir"] and Path(options["cache_dir"]))
-    run, results = map_run(args.path, spec, skip_bad=options["skip_bad"], executor=options["executor"])
+    spec = MapSpec(parts, cache=options.cache, cache_dir=options.cache_dir)
+    run, results = map_run(args.path, spec, skip_bad=options.skip_bad, executor=options.executor)
     for w in run.warnings if show_warnings else ():
         log(f"warning: {w}")
     return run, results

@@ -153,8 +153,11 @@ def load_trace(
     cache: bool = True,
     cache_dir: str | os.PathLike[str] | None = None,
     rank: int | None = None,
+    alone: bool = False,
 ) -> RankTrace:
-    """Parse one rank's trace (through the table cache unless ``cache=False``)."""
+    """Parse one rank's trace (through the table cache unless ``cache=False``). ``alone``: the
+    trace is the run's only file (RunFiles.single_file), so one that names no rank anywhere is
+    rank 0 of 1 (the single-file rule, here only)."""
     p = Path(path)
     if not p.exists():
         raise TraceError(p, "no such file")
@@ -169,6 +172,8 @@ def load_trace(
     else:
         metadata, table = loaded
     found_rank, world_size, source = _identify(p, metadata)
+    if found_rank is None and alone:
+        found_rank, world_size, source = 0, 1, "single file"
     if rank is not None:
         found_rank, source = rank, source if found_rank == rank else "caller"
     return RankTrace(p, found_rank, world_size, metadata, table, source, reload=(cache, directory))
@@ -263,10 +268,10 @@ def find_traces(root: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     return files, skipped
 
 
-def _load_in_worker(path: Path, cache: bool, cache_dir: Path | None) -> RankTrace:
+def _load_in_worker(path: Path, cache: bool, cache_dir: Path | None, alone: bool) -> RankTrace:
     """Runs in a worker process. With the cache on, the table stays there: only the metadata
     travels back, and the driver maps the cached table."""
-    trace = load_trace(path, cache=cache, cache_dir=cache_dir)
+    trace = load_trace(path, cache=cache, cache_dir=cache_dir, alone=alone)
     return trace.release() if cache else trace
 
 
@@ -290,10 +295,11 @@ def load_run(
     """
     directory = Path(cache_dir) if cache_dir is not None else None
     executor = executor or Executor(workers=workers, progress=progress)
+    found = RunFiles.scan(path_or_files)
     run, traces = map_files(
-        files_of(path_or_files),
+        found,
         _load_in_worker,
-        (cache, directory),
+        (cache, directory, found.single_file),
         executor=executor,
         skip_bad=skip_bad,
         desc="loading traces",
@@ -307,7 +313,7 @@ def load_run(
 
 
 def map_files(
-    found: tuple[Path | None, list[Path], list[tuple[Path, str]]],
+    found: RunFiles,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     *,
@@ -315,13 +321,11 @@ def map_files(
     skip_bad: bool,
     desc: str = "analysing ranks",
     trace_of: Callable[[Any], RankTrace] = lambda result: result,
-    run_info: dict[str, Any] | bool | None = False,
 ) -> tuple[RunTrace, list[Any]]:
-    """``fn(file, *args)`` for every trace file of a run (``found``: files_of's answer) on
-    ``executor``, and the run their traces (``trace_of(result)``) make: what load_run and
-    sptrace.rankmap.map_run share. A bad file raises, or with ``skip_bad`` is left out with a
-    note; no usable file raises."""
-    root, files, skipped = found
+    """``fn(file, *args)`` for every trace file of a run on ``executor``, and the run their
+    traces (``trace_of(result)``) make: what load_run and sptrace.rankmap.map_run share. A bad
+    file raises, or with ``skip_bad`` is left out with a note; no usable file raises."""
+    root, files, skipped = found.root, found.files, list(found.skipped)
     total = sum(p.stat().st_size for p in files)
     results: list[Any] = []
     bad: list[tuple[Path, str]] = []
@@ -332,12 +336,39 @@ def map_files(
             bad.append((p, got.problem))
             continue
         results.append(got)
-    notes = [f"skipped {p}: {why}" for p, why in skipped + bad]
+    notes = [*found.notes, *(f"skipped {p}: {why}" for p, why in skipped + bad)]
     if not results:
         raise TraceError(root or files[0], "no usable trace among " + ", ".join(str(p) for p, _ in bad))
-    run = assemble_run(root, [trace_of(r) for r in results], notes, run_info)
+    run = assemble_run(root, [trace_of(r) for r in results], notes, found.run_info)
     run.skipped = skipped + bad
     return run, results
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """A run's files, found once: the trace files of a folder (else the one file, else the list
+    given), those skipped and why, and the run.json beside them, read (its problems in
+    ``notes``)."""
+
+    root: Path | None
+    """The run's folder (a single file's own folder; None for a list of files)."""
+    files: tuple[Path, ...]
+    skipped: tuple[tuple[Path, str], ...]
+    run_info: dict[str, Any] | None
+    notes: tuple[str, ...]
+
+    @property
+    def single_file(self) -> bool:
+        """The run is one file: a trace that names no rank is rank 0 of 1 (load_trace's ``alone``)."""
+        return len(self.files) == 1
+
+    @classmethod
+    def scan(cls, path_or_files: Any) -> RunFiles:
+        """A folder, one trace file, or a list of trace files (TraceError when there is no trace)."""
+        root, files, skipped = files_of(path_or_files)
+        notes: list[str] = []
+        run_info = read_run_info(root, notes)
+        return cls(root, tuple(files), tuple(skipped), run_info, tuple(notes))
 
 
 def files_of(path_or_files: Any) -> tuple[Path | None, list[Path], list[tuple[Path, str]]]:
@@ -400,12 +431,9 @@ def _unread_keys(info: dict[str, Any]) -> list[str]:
 
 
 def assemble_run(
-    root: Path | None, traces: list[RankTrace], notes: list[str], run_info: dict[str, Any] | bool | None = False
+    root: Path | None, traces: list[RankTrace], notes: list[str], run_info: dict[str, Any] | None
 ) -> RunTrace:
-    """The run the traces make (``run_info``: run.json already read, else False to read it)."""
-    if len(traces) == 1 and traces[0].rank is None:
-        only = traces[0]
-        only.rank, only.world_size, only.rank_source = 0, 1, "single file"
+    """The run the traces make (``run_info``: its run.json, as RunFiles.scan read it)."""
     unknown = [t.path for t in traces if t.rank is None]
     if unknown:
         raise TraceError(
@@ -434,8 +462,6 @@ def assemble_run(
     if outside:
         raise TraceError(by_rank[outside[0]].path, f"rank {outside[0]} is outside the world of {world} ranks")
     missing = [r for r in range(world) if r not in by_rank]
-    if run_info is False:
-        run_info = read_run_info(root, notes)
     if missing:
         notes.append(
             f"{len(missing)} of {world} ranks {'has' if len(missing) == 1 else 'have'} no trace "

@@ -1,0 +1,6 @@
+"""How a run is read: the loader's options (LoadOptions, built once by the CLI or the caller) and
+the per-rank map over the run's files (sptrace.rankmap)."""
+
+from sptrace.run.options import LoadOptions
+
+__all__ = ["LoadOptions"]
