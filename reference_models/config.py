@@ -11,7 +11,7 @@ from typing import Any
 
 from sptrace.dtypes import ACTIVATION_DTYPES, element_size
 from sptrace.errors import ConfigError
-from sptrace.shape import RECOMPUTE, SCHEMES, ModelShape
+from sptrace.shape import RECOMPUTE, SCHEMES, ModelShape, seq_split_problem
 
 DTYPES = ACTIVATION_DTYPES
 REFERENCE_SCHEMES = SCHEMES
@@ -95,7 +95,9 @@ class StepConfig:
         need(self.hidden % self.heads == 0, f"hidden {self.hidden} is not divisible by heads {self.heads}")
         need(self.head_dim % 2 == 0, f"head dim {self.head_dim} (hidden/heads) must be even for RoPE")
         need(self.heads % self.kv_heads == 0, f"heads {self.heads} is not divisible by kv heads {self.kv_heads}")
-        need(self.seq % P == 0, f"seq {self.seq} is not divisible by the sequence-parallel size {P}")
+        split = seq_split_problem(self.seq, P)
+        if split:
+            raise ConfigError(split)
         if self.scheme in ("ring", "usp"):  # heads sharded over U only; the zigzag layout: 2P/U chunks
             U = self.ulysses_degree if self.scheme == "usp" else 1
             need(U >= 1 and P % U == 0, f"--ulysses-degree {U} does not divide the sequence-parallel size {P}")

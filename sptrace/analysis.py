@@ -23,13 +23,11 @@ from sptrace.checks.crossrank import CrossRankReport, check_cross_rank
 from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.checks.p2p import check_point_to_point
 from sptrace.checks.sharding import NEEDS as SHARDING_NEEDS
-from sptrace.checks.sharding import ShardingReport, check_sharding
+from sptrace.checks.sharding_verdict import ShardingReport, check_sharding
 from sptrace.costmodel import CommEstimate, activation_bytes_per_layer, estimate_comm
 from sptrace.costmodel.comm import undeclared_sizes
 from sptrace.detect.allocations import Retention
 from sptrace.detect.infer import layers_dtype
-from sptrace.detect.matching import Matching, match_collectives
-from sptrace.detect.p2p import P2PReport, analyse_point_to_point
 from sptrace.detect.timing import RankTiming, step_sources
 from sptrace.errors import SptraceError, UsageError
 from sptrace.load.trace import RunFiles, RunTrace
@@ -44,6 +42,8 @@ from sptrace.rankmap import (
     merged_collectives,
     summarize,
 )
+from sptrace.reduce.matching import Matching, match_collectives
+from sptrace.reduce.p2p import P2PReport, analyse_point_to_point
 from sptrace.run import LoadOptions
 from sptrace.shape import FIELDS, Declarations, ModelShape
 from sptrace.units import count, rank_ranges
@@ -264,8 +264,7 @@ def _activation_dtype(model: ModelShape, retained: tuple[Retention, ...], notes:
     """The activation dtype: declared, else the one element type the trace's ops took their
     [B, S/P, H] activations in (any layout). A declaration the trace contradicts is said in
     ``notes``, naming both."""
-    B, S, H, P = model.batch, model.seq, model.hidden, model.sp_size
-    s = S // P
+    B, H, s = model.batch, model.hidden, model.local_seq
     residual = {(B, s, H), (s, B, H), (B * s, H)} | ({(s, H)} if B == 1 else set())
     seen: set[str] = set()
     for r in retained:
@@ -402,7 +401,7 @@ def reduce_run(
             crossrank.notes.append(f"ranks without a trace: {rank_ranges(run.missing_ranks)} "
                                    f"({len(run.missing_ranks)} of {run.world_size})")  # fmt: skip
         if len(collectives) and collectives["kind"].isin(["send", "recv"]).any():
-            p2p = analyse_point_to_point(collectives, _concat(compute, COMPUTE_COLUMNS))
+            p2p = analyse_point_to_point(collectives, _concat(compute, COMPUTE_COLUMNS), matching.pairing)
             found = check_point_to_point(p2p, sorted(run.ranks))
             # they count in whichever verdict analyze gives: against the model, or across ranks
             for report in (comm, crossrank):
@@ -417,8 +416,8 @@ def reduce_run(
     sharding_unavailable = None
     if "sharding" in parts:
         sharding_unavailable = model.why_missing(SHARDING_NEEDS, "the sharding check")
-        if sharding_unavailable is None and model.seq % model.sp_size:
-            sharding_unavailable = f"seq {model.seq} is not divisible by the sequence-parallel size {model.sp_size}"
+        if sharding_unavailable is None:
+            sharding_unavailable = model.seq_split_problem()
         if sharding_unavailable is None:
             retained = tuple(r.retained for r in ranked if r.retained is not None)
             dtype_notes: list[str] = []

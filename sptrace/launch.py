@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sptrace.errors import LaunchError, UsageError
-from sptrace.profiling import RUN_FILE, trace_name
+from sptrace.load.trace import RUN_FILE
+from sptrace.profiling import trace_name
 from sptrace.reference_models.config import StepConfig
 
 

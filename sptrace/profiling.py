@@ -24,7 +24,6 @@ from torch.profiler import ProfilerActivity, profile
 import sptrace
 from sptrace.fileio import write_atomic
 
-RUN_FILE = "run.json"
 RUN_SCHEMA = 1
 
 
@@ -99,6 +98,9 @@ def profile_step(
     path = out / trace_name(rank)
     _export_trace(prof, path)
     if rank == 0:
+        # (imported here, on rank 0 alone: the loader brings pyarrow, which training has no other use for)
+        from sptrace.load.trace import RUN_FILE
+
         info = {
             "schema": RUN_SCHEMA,
             "sptrace_version": sptrace.__version__,

@@ -174,14 +174,9 @@ def kept_results(files: list[Path], spec: MapSpec) -> dict[Path, RankResult] | N
 def merged_collectives(results: dict[int, RankResult]) -> pd.DataFrame:
     """Every rank's collectives in one table, in rank order, with the element types a rank's
     trace left out filled from its peers (the first step of the reduce)."""
-    import pandas as pd
+    from sptrace.reduce.peers import merge_collectives
 
-    from sptrace.detect.collectives import COLUMNS, fill_from_peers, resolve_peers
-
-    frames = [results[r].collectives for r in sorted(results)]
-    frames = [f for f in frames if f is not None and not f.empty]
-    merged = fill_from_peers(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame(columns=COLUMNS)
-    return resolve_peers(merged)
+    return merge_collectives(results[r].collectives for r in sorted(results))
 
 
 def rank_phases(trace: RankTrace) -> pd.DataFrame:

@@ -5,6 +5,9 @@ unknown, and remembers where its value came from. Nothing is filled in from the 
 models' defaults: an analysis that needs a value the user did not declare names the flag to
 pass (``ModelShape.require``). The reference models' own run configuration, with its faults,
 seeds and buckets, is ``sptrace.reference_models.config.StepConfig``; it declares a full ModelShape.
+
+The rule every scheme shares lives here once: P divides S (``seq_split_problem``, the one sentence
+that says it does not), and each rank holds S/P tokens (``ModelShape.local_seq``).
 """
 
 from __future__ import annotations
@@ -43,6 +46,14 @@ FIELDS: dict[str, tuple[str, str]] = {
 INT_FIELDS = ("sp_size", "layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "ulysses_degree")
 # other spellings a config file may use for a field (run.json's keys are the field names)
 ALIASES = {"sp": "sp_size", "kv": "kv_heads", "grad_bucket_mb": "grad_bucket_mib"}
+
+
+def seq_split_problem(seq: int, sp_size: int) -> str | None:
+    """The S % P rule, which every scheme shares: each of the P ranks holds S/P tokens of the
+    sequence at block boundaries, so P must divide S. Its one sentence, or None when it holds."""
+    if seq % sp_size:
+        return f"seq {seq} is not divisible by the sequence-parallel size {sp_size}"
+    return None
 
 
 def config_values(data: Any, source: str) -> dict[str, Any]:
@@ -177,6 +188,20 @@ class ModelShape:
         if self.hidden is None or self.heads is None or self.hidden % self.heads:
             return None
         return self.hidden // self.heads
+
+    @property
+    def local_seq(self) -> int | None:
+        """S/P, the tokens each rank holds at block boundaries (None unless S and P are declared
+        and P divides S)."""
+        if self.seq is None or self.sp_size is None or self.seq_split_problem():
+            return None
+        return self.seq // self.sp_size
+
+    def seq_split_problem(self) -> str | None:
+        """The S % P rule's sentence when S and P are declared and P does not divide S, else None."""
+        if self.seq is None or self.sp_size is None:
+            return None
+        return seq_split_problem(self.seq, self.sp_size)
 
     @property
     def dtype_bytes(self) -> int | None:

@@ -138,7 +138,7 @@ def p2p_section(a: RunAnalysis) -> list[Any]:
 def skew_section(a: RunAnalysis, page: str, k: int = 10) -> list[Any]:
     """Who kept the others waiting: the collectives x ranks heatmap of arrival skew and the top-k
     stragglers (one figure and one short table at any rank count, never a lane per rank)."""
-    from sptrace.detect.matching import top_stragglers
+    from sptrace.reduce.matching import top_stragglers
 
     if a.matching is None or a.matching.matched.empty:
         return []

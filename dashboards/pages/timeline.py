@@ -42,7 +42,7 @@ def chosen_group(a: Any, view: View) -> tuple[list[list[int]], int | None]:
     wanted = view.params.get("ranks")
     first = int(wanted) if wanted and wanted.isdigit() else None
     if first is None and a.matching is not None:
-        from sptrace.detect.matching import top_stragglers
+        from sptrace.reduce.matching import top_stragglers
 
         top = top_stragglers(a.matching, 1)
         first = int(top["rank"].iloc[0]) if len(top) else None

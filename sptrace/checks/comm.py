@@ -14,7 +14,8 @@ import pandas as pd
 from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.costmodel.comm import CommEstimate
 from sptrace.detect.args import present
-from sptrace.detect.matching import Matching
+from sptrace.jsonable import records
+from sptrace.reduce.matching import Matching
 from sptrace.units import count, human_bytes
 
 Sig = tuple[str, str, int | None]  # (phase, kind, in_bytes); None: the trace did not say
@@ -66,24 +67,18 @@ class CommReport:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        def clean(frame: pd.DataFrame) -> list[dict[str, Any]]:
-            return [
-                {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in r.items()}
-                for r in frame.to_dict(orient="records")
-            ]
-
         out: dict[str, Any] = {
             "scheme": self.scheme,
             "match": self.ok,
             "verdict": self.verdict.to_dict(),
-            "ranks": clean(self.ranks),
-            "layers": clean(self.layers),
+            "ranks": records(self.ranks),
+            "layers": records(self.layers),
             "findings": [f.to_dict() for f in self.findings],
             "notes": self.notes,
         }
         if self.matching is not None:
             out["clock_offsets_us"] = self.matching.offsets_us
-            out["matched_collectives"] = clean(self.matching.matched.drop(columns=["ranks"]))
+            out["matched_collectives"] = records(self.matching.matched.drop(columns=["ranks"]))
         return out
 
 

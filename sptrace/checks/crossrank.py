@@ -21,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from sptrace.checks.findings import Finding, Verdict, merge_ranks
-from sptrace.detect.matching import UNKNOWN_GROUP, Matching
+from sptrace.jsonable import records
+from sptrace.reduce.matching import UNKNOWN_GROUP, Matching
 from sptrace.units import count, human_bytes
 
 
@@ -72,10 +72,8 @@ class CrossRankReport:
         )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
-        rows = [{k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in r.items()}
-                for r in self.ranks.to_dict(orient="records")]  # fmt: skip
         return {
-            "verdict": self.verdict.to_dict(), "ranks": rows, "matched": self.matched,
+            "verdict": self.verdict.to_dict(), "ranks": records(self.ranks), "matched": self.matched,
             "findings": [f.to_dict() for f in self.findings], "notes": self.notes,
             "cost_model": {"skipped": self.skipped},
         }  # fmt: skip

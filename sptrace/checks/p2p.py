@@ -1,4 +1,4 @@
-"""Findings about a run's point-to-point traffic (sptrace.detect.p2p), for any scheme and for
+"""Findings about a run's point-to-point traffic (sptrace.reduce.p2p), for any scheme and for
 runs with no model of the job alike.
 
 - ``unpaired-p2p``: a send no rank received, or a receive no rank sent. An error when the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from sptrace.checks.findings import Finding, merge_ranks
-from sptrace.detect.p2p import P2PReport
+from sptrace.reduce.p2p import P2PReport
 from sptrace.units import human_bytes
 
 

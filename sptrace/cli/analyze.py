@@ -54,8 +54,10 @@ def run(args: argparse.Namespace) -> int:
             out = {**cross.to_dict(), "model": analysis.model.to_dict(),
                    "timing": [t.to_dict() for t in analysis.timing]}  # fmt: skip
             if analysis.matching is not None:
+                from sptrace.jsonable import records
+
                 matched = analysis.matching.matched.drop(columns=["ranks"])
-                out["matched_collectives"] = matched.astype(object).where(matched.notna(), None).to_dict("records")
+                out["matched_collectives"] = records(matched)
                 out["clock_offsets_us"] = analysis.matching.offsets_us
             if analysis.p2p is not None:
                 out["point_to_point"] = analysis.p2p.to_dict()

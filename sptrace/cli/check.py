@@ -15,7 +15,7 @@ from sptrace.units import count, human_bytes, rank_ranges
 
 if TYPE_CHECKING:  # the analysis (pandas) is imported when a command runs, not to parse flags
     from sptrace.analysis import RunAnalysis
-    from sptrace.checks.sharding import ShardingReport
+    from sptrace.checks.sharding_verdict import ShardingReport
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         text = json.dumps(report.to_dict(), indent=1, default=str) + "\n"
     elif args.format == "junit":
-        from sptrace.checks.sharding import render_junit
+        from sptrace.report.junit import render_junit
 
         text = render_junit(report, run=str(args.path), seconds=time.perf_counter() - clock, started=started)
     else:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 from sptrace.cli.common import add_load_flags, by_rank_set, fixed_width, map_quietly, missing, size_text, spread
@@ -25,9 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     from sptrace.detect import COLUMNS
+    from sptrace.jsonable import records
     from sptrace.rankmap import merged_collectives
 
     _, results = map_quietly(args, ("collectives",))
@@ -38,11 +36,7 @@ def run(args: argparse.Namespace) -> int:
         if args.format == "csv":
             sys.stdout.write(out.to_csv(index=False))
             return 0
-        records = [
-            {k: (None if v is pd.NA or (isinstance(v, float) and math.isnan(v)) else v) for k, v in rec.items()}
-            for rec in out.astype(object).to_dict(orient="records")
-        ]
-        print(json.dumps(records, indent=1, default=str))
+        print(json.dumps(records(out), indent=1, default=str))
         return 0
     if frame.empty:
         print("no collectives in this run")

@@ -215,10 +215,11 @@ def validate(cfg: ModelShape) -> None:
     """The divisibility ``cfg.scheme`` needs (Megatron-Core's, DeepSpeed's, TransformerEngine's
     and long-context-attention's own checks); the first problem raises a UsageError."""
     P, S, a, g = cfg.sp_size, cfg.seq, cfg.heads, cfg.kv_heads
+    split = cfg.seq_split_problem()
     problems = [
         (cfg.hidden % a, f"hidden {cfg.hidden} is not divisible by heads {a}"),
         (a % g, f"heads {a} is not divisible by kv heads {g}"),
-        (S % P, f"seq {S} is not divisible by the sequence-parallel size {P}"),
+        (split is not None, split),
     ]
     if cfg.scheme in ("megatron", "ulysses", "hybrid"):  # heads are split over all P ranks
         problems += [

@@ -15,6 +15,7 @@ import plotly.io as pio
 
 from sptrace.costmodel import CommEstimate, estimate_comm
 from sptrace.costmodel.comm import as_shape
+from sptrace.reduce.timebase import aligned, transfer_span
 from sptrace.units import human_bytes
 
 FONT = "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
@@ -88,10 +89,6 @@ def _empty(title: str) -> go.Figure:
 # ---- timeline ----------------------------------------------------------------------------------
 
 
-def _offsets(a: Any) -> dict[int, float]:
-    return a.offsets_us
-
-
 def timeline(
     a: Any,
     *,
@@ -110,7 +107,7 @@ def timeline(
     frame = a.collectives
     if frame.empty and a.compute.empty:
         return _empty("timeline")
-    offsets = _offsets(a)
+    offsets = a.offsets_us
     present = sorted(set(frame["rank"].dropna().astype(int)) | set(a.compute["rank"].dropna().astype(int)))
     title = ""
     if ranks is not None:
@@ -128,19 +125,16 @@ def timeline(
         frame = frame[frame["rank"].isin(ranks)]
     lane = {r: i for i, r in enumerate(ranks)}
 
-    def aligned(values: pd.Series, rank: pd.Series) -> pd.Series:
-        return values.astype(float) - rank.map(lambda r: offsets.get(int(r), 0.0))
-
     t0 = a.step_zero_us
     f = frame.copy()
     if not f.empty:
-        has = f["transfer_start_us"].notna()
-        f["raw_start"] = f["transfer_start_us"].where(has, f["start_us"]).astype(float)  # the rank's own clock
-        f["bar_start"] = aligned(f["raw_start"], f["rank"])
-        f["bar_dur"] = f["transfer_dur_us"].astype(float).where(has, f["dur_us"].astype(float))
-        f["issue_ms"] = (aligned(f["start_us"], f["rank"]) - t0) / 1e3
+        # a bar spans when the data moved (sptrace.reduce.timebase): raw_start on the rank's own
+        # clock, bar_start on the aligned one
+        f["raw_start"], f["bar_dur"] = transfer_span(f)
+        f["bar_start"] = aligned(f["raw_start"], f["rank"], offsets)
+        f["issue_ms"] = (aligned(f["start_us"], f["rank"], offsets) - t0) / 1e3
     phases = a.phases[a.phases["rank"].isin(ranks)] if len(a.phases) else a.phases
-    phases = phases.assign(s=lambda p: aligned(p["start_us"], p["rank"])) if len(phases) else phases
+    phases = phases.assign(s=lambda p: aligned(p["start_us"], p["rank"], offsets)) if len(phases) else phases
     lo_parts = [t0]
     if len(f):
         lo_parts.append(f["bar_start"].min())
@@ -178,7 +172,7 @@ def timeline(
     # compute: a thin band at the bottom of each lane
     if len(a.compute):
         c = a.compute[a.compute["rank"].isin(ranks)]
-        c = c.assign(s=aligned(c["start_us"], c["rank"]))
+        c = c.assign(s=aligned(c["start_us"], c["rank"], offsets))
         fig.add_trace(go.Bar(
             y=[lane[int(r)] - 0.28 for r in c["rank"]], base=(c["s"] - t0) / 1e3,
             x=np.maximum(c["dur_us"].astype(float), span / 2000) / 1e3, orientation="h", width=0.12,
@@ -369,11 +363,11 @@ RETAINED_GROUPS = {"sharded": ("seq-sharded", "head-sharded"), "ambiguous": ("am
 
 
 def skew_heatmap(a: Any, max_rows: int = 400, max_columns: int = 256) -> go.Figure:
-    """Arrival skew as collectives x ranks (sptrace.detect.matching.skew_by_rank): how long after
+    """Arrival skew as collectives x ranks (sptrace.reduce.matching.skew_by_rank): how long after
     the first rank of its group each rank arrived at its i-th collective. Past ``max_columns``
     ranks, neighbouring ranks share a column (its largest skew), so that a thousand ranks stay
     one readable, light figure."""
-    from sptrace.detect.matching import skew_by_rank
+    from sptrace.reduce.matching import skew_by_rank
 
     m = a.matching
     grid = skew_by_rank(m, max_rows=max_rows) if m is not None else pd.DataFrame()
@@ -543,25 +537,25 @@ def memory_over_step(a: Any, max_points: int = 4000) -> go.Figure:
     series = a.memory
     if series.empty:
         return _empty("allocated memory over the step (no [memory] events)")
-    offsets = _offsets(a)
+    offsets = a.offsets_us
     ranks = sorted(series["rank"].unique())
     t0 = a.step_zero_us
     fig = _figure("allocated memory over the step", xaxis_title="ms from the step start", yaxis_title="MiB")
     if len(a.phases):
         first = a.phases[a.phases["rank"] == ranks[0]]
         for p in first.itertuples():
-            s = p.start_us - offsets.get(int(p.rank), 0.0)
+            s = aligned(p.start_us, p.rank, offsets)
             fig.add_vrect(x0=(s - t0) / 1e3, x1=(s + p.dur_us - t0) / 1e3, line_width=0, layer="below",
                           fillcolor=PHASE_COLORS.get(p.phase, PHASE_COLORS["step"]))  # fmt: skip
     for rank, g in series.groupby("rank"):
         g = _min_max_thin(g.sort_values("ts_us"), "ts_us", "allocated_bytes", max_points)
-        x = (g["ts_us"] - offsets.get(int(rank), 0.0) - t0) / 1e3
+        x = (aligned(g["ts_us"], rank, offsets) - t0) / 1e3
         # SVG lines, not Scattergl: a WebGL context per figure costs more than drawing a few
         # thousand points, and headless or remote browsers often have no GPU at all
         fig.add_trace(go.Scatter(x=x, y=g["allocated_bytes"] / MiB, mode="lines", line_shape="hv",
                                  name=f"rank {rank}", hovertemplate="%{x:.2f} ms: %{y:.1f} MiB<extra>rank "
                                  f"{rank}</extra>"))  # fmt: skip
-    boundaries = [r.boundary_ns / 1e3 - offsets.get(r.rank, 0.0) for r in a.retained if r.boundary_ns is not None]
+    boundaries = [aligned(r.boundary_ns / 1e3, r.rank, offsets) for r in a.retained if r.boundary_ns is not None]
     if boundaries:
         x = (float(np.median(boundaries)) - t0) / 1e3
         fig.add_vline(x=x, line_dash="dash", line_color=COLORS["dark"], annotation_text="forward → backward",

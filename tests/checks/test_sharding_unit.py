@@ -154,7 +154,7 @@ def test_an_attention_module_alone_is_judged_in_its_head_layout():
     """DeepSpeed's DistributedAttention takes q, k, v as [S/P, B, a, d] (sequence-first): the
     hidden state split into heads, never [B, S/P, H] itself. That is the declared shape, not a
     wrong declaration."""
-    from sptrace.checks.sharding import check_sharding
+    from sptrace.checks.sharding_verdict import check_sharding
 
     model = ModelShape(batch=1, seq=64, hidden=64, sp_size=8, dtype="float32")
     q = (8, 1, 8, 8)  # [S/P, B, a, d], a*d = H

@@ -12,8 +12,9 @@ import pytest
 
 import sptrace
 from sptrace.cli import main
-from sptrace.detect import COLUMNS, detect_collectives, detect_run_collectives
-from sptrace.detect.matching import match_collectives
+from sptrace.detect import COLUMNS, detect_collectives
+from sptrace.reduce.matching import match_collectives
+from sptrace.reduce.peers import detect_run_collectives
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pandas as pd
 
 from sptrace.checks.p2p import check_point_to_point
-from sptrace.detect.collectives import COLUMNS, resolve_peers
-from sptrace.detect.p2p import analyse_point_to_point, pair_point_to_point
+from sptrace.detect.collectives import COLUMNS
+from sptrace.reduce.p2p import analyse_point_to_point, pair_point_to_point
+from sptrace.reduce.peers import resolve_peers
 
 N = 4096
 

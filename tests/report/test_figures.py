@@ -13,8 +13,8 @@ from sptrace.reference_models.config import StepConfig
 from sptrace.analysis import RunAnalysis
 from sptrace.costmodel import estimate_comm
 from sptrace.detect.collectives import COLUMNS
-from sptrace.detect.matching import Matching
 from sptrace.detect.timing import RankTiming
+from sptrace.reduce.matching import Matching
 from sptrace.report import figures
 
 

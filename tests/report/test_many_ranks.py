@@ -15,9 +15,9 @@ from sptrace.dashboards.pages.common import View
 from sptrace.dashboards.store import RunStore
 
 from sptrace.analysis import reduce_run
-from sptrace.detect.matching import skew_by_rank, top_stragglers
 from sptrace.load.replicate import replicate_run
 from sptrace.rankmap import MapSpec, map_run
+from sptrace.reduce.matching import skew_by_rank, top_stragglers
 from sptrace.report import figures
 
 pytestmark = pytest.mark.distributed

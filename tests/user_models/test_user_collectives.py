@@ -15,8 +15,8 @@ import pytest
 
 import sptrace
 from sptrace.cli import main
-from sptrace.detect import detect_run_collectives
-from sptrace.detect.matching import match_collectives
+from sptrace.reduce.matching import match_collectives
+from sptrace.reduce.peers import detect_run_collectives
 
 pytestmark = pytest.mark.distributed
 WORLD = 8
@@ -186,7 +186,7 @@ def test_ring_attention_with_isend_irecv_in_a_subgroup(user_runs, frames):
     ranks (even and odd), whose traces name the peer by its rank in a group they do not name
     THEN each rank's sends and receives, per phase, have the global peers and the bytes the
     wrapped torch.distributed calls saw, and every send pairs with its receive."""
-    from sptrace.detect.p2p import analyse_point_to_point
+    from sptrace.reduce.p2p import analyse_point_to_point
 
     frame = fwd_bwd(frames["ring_isend"])
     for rank in range(WORLD):
@@ -217,7 +217,7 @@ def test_pipeline_stages_of_sequence_parallel_groups(user_runs, frames, capsys, 
     THEN every send and receive has the global peer, the bytes and the autograd work (forward
     activations, backward gradients) of the wrapped calls, every send pairs with its receive, the
     SP collectives stay in the stage's group, and analyze finds the ranks CONSISTENT."""
-    from sptrace.detect.p2p import analyse_point_to_point
+    from sptrace.reduce.p2p import analyse_point_to_point
 
     frame = fwd_bwd(frames["pp2_sp4"])
     for rank in range(WORLD):

@@ -9,10 +9,10 @@ pairs agree, and matches whose kind or size disagree are dropped and counted. Si
 only for the kinds whose input every rank sizes alike (``SAME_SIZE_KINDS``): an uneven all-to-all
 and a scatter's or gather's root differ by design.
 
-Clocks: each rank's offset is the median, over its matched collectives, of its completion time
-minus the reference rank's (collectives complete together, when the last rank has arrived).
-Bandwidth follows nccl-tests: algbw = S / t, busbw = algbw x 2(n-1)/n for all-reduce and
-(n-1)/n for all-gather, reduce-scatter and all-to-all (S: the larger of in and out bytes).
+Sends and receives are matched by the run's one pairing (sptrace.reduce.pairing), which the
+point-to-point report reads too: each pair is one matched collective of group ``p2p``.
+
+Arrival, end, transfer time, bandwidth and the ranks' clock offsets: sptrace.reduce.timebase.
 """
 
 from __future__ import annotations
@@ -22,14 +22,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from sptrace.reduce.pairing import Pairing, pair_sends
+from sptrace.reduce.timebase import algbw_gbps, aligned, arrival_us, busbw_gbps, clock_offsets, end_us, transfer_us
 from sptrace.units import count
 
 MAX_SHIFT = 16
 """How many collectives a rank's trace may miss at its start and still be aligned."""
-
-BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-              "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-              "broadcast": lambda n: 1.0, "send_recv": lambda n: 1.0}  # fmt: skip
 
 
 @dataclass
@@ -51,6 +49,9 @@ class Matching:
     most ranks of their group issued at that place: one row each, with the majority's kind and size."""
     counts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["group", "rank", "n"]))
     """How many collectives (not point-to-point) each rank issued in each group."""
+    pairing: Pairing | None = None
+    """The run's sends paired with their receives (sptrace.reduce.pairing), whose pairs are the
+    ``p2p`` rows above: the point-to-point report reads the same pairs."""
 
 
 MEMBER_COLUMNS = ["rank", "group", "key", "start_us", "skew_us"]
@@ -60,12 +61,6 @@ DISAGREEMENT_COLUMNS = ["rank", "group", "key", "kind", "in_bytes", "kind_major"
 
 UNKNOWN_GROUP = "?"
 """The group label of collectives whose process group the trace does not name."""
-
-
-def _end_us(frame: pd.DataFrame) -> pd.Series:
-    transfer_end = frame["transfer_start_us"].astype(float) + frame["transfer_dur_us"].astype(float)
-    cpu_end = frame["start_us"].astype(float) + frame["dur_us"].astype(float)
-    return transfer_end.fillna(cpu_end)
 
 
 SAME_SIZE_KINDS = frozenset({"all_gather", "reduce_scatter", "all_reduce", "broadcast"})
@@ -90,7 +85,7 @@ def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
     f["group"] = f["group"].map(lambda g: UNKNOWN_GROUP if g is None or pd.isna(g) else str(g))
     f = f.sort_values(["rank", "start_us"], kind="stable")
     f["k"] = f.groupby(["rank", "group"]).cumcount()
-    f["end_us"] = _end_us(f)
+    f["end_us"] = end_us(f)
     return f
 
 
@@ -117,11 +112,14 @@ def match_collectives(frame: pd.DataFrame, world_size: int | None = None) -> Mat
     if frame.empty:
         return Matching(pd.DataFrame(columns=cols), {}, unmatched=0, notes=["no collectives"])
     point_to_point = frame["kind"].isin(["send", "recv"])
-    p2p_rows, p2p_members, p2p_unmatched = _match_point_to_point(frame[point_to_point])
+    pairing = pair_sends(frame)
+    p2p_rows, p2p_members = _point_to_point_rows(pairing)
+    p2p_unmatched = len(pairing.unpaired)
     if point_to_point.all():
         matched = pd.DataFrame(p2p_rows, columns=cols).sort_values("start_us", kind="stable").reset_index(drop=True)
         notes = [f"{p2p_unmatched} sends or receives found no partner"] if p2p_unmatched else []
-        return Matching(matched, {}, unmatched=p2p_unmatched, notes=notes, members=pd.DataFrame(p2p_members))
+        return Matching(matched, {}, unmatched=p2p_unmatched, notes=notes, members=pd.DataFrame(p2p_members),
+                        pairing=pairing)  # fmt: skip
     f = _keyed(frame[~point_to_point])
     notes: list[str] = []
     pieces = []
@@ -159,20 +157,10 @@ def match_collectives(frame: pd.DataFrame, world_size: int | None = None) -> Mat
     disagreements = f.loc[bad, [c for c in DISAGREEMENT_COLUMNS if c in f.columns]].reset_index(drop=True)
     counts = f.groupby(["group", "rank"]).size().rename("n").reset_index()
     f = f[~bad]
-    # clock offsets from matched completions (against the lowest rank)
-    ref_rank = int(f["rank"].min())
-    ref_end = f[f["rank"] == ref_rank].set_index(["group", "key"])["end_us"]
-    offsets: dict[int, float] = {}
-    for r, rf in f.groupby("rank"):
-        joined = rf.set_index(["group", "key"])["end_us"].to_frame("end").join(ref_end.rename("ref"), how="inner")
-        offsets[int(r)] = float(np.median(joined["end"] - joined["ref"])) if len(joined) else 0.0
-    # arrival: when the transfer could start on this rank (GPU kernel or gloo worker start; the
-    # CPU issue time runs ahead of the GPU), else the CPU issue time
-    arrival = f["transfer_start_us"].astype(float).fillna(f["start_us"].astype(float))
-    f = f.assign(
-        start_al=arrival - f["rank"].map(offsets),
-        end_al=f["end_us"] - f["rank"].map(offsets),
-    )
+    # clock offsets from matched completions (against the lowest rank); each rank's arrival and
+    # end on that clock
+    offsets = clock_offsets(f)
+    f = f.assign(start_al=aligned(arrival_us(f), f["rank"], offsets), end_al=aligned(f["end_us"], f["rank"], offsets))
     rows = _matched_rows(f, world_size)
     rows += p2p_rows
     matched = pd.DataFrame(rows, columns=cols).sort_values("start_us", kind="stable").reset_index(drop=True)
@@ -183,7 +171,7 @@ def match_collectives(frame: pd.DataFrame, world_size: int | None = None) -> Mat
     if p2p_unmatched:
         notes.append(f"{p2p_unmatched} sends or receives found no partner")
     return Matching(matched, offsets, unmatched=unmatched, notes=notes, members=members, disagreements=disagreements,
-                    counts=counts)  # fmt: skip
+                    counts=counts, pairing=pairing)  # fmt: skip
 
 
 def _majority(frame: pd.DataFrame, col: str) -> pd.Series:
@@ -223,7 +211,7 @@ def _matched_rows(f: pd.DataFrame, world_size: int | None) -> list[dict]:
         agg.index, agg.to_dict("records"), first.to_dict("records"), ranks, straggler
     ):
         n, last = int(a["n"]), float(a["last"])
-        transfer = max(float(a["end"]) - last, 0.0)
+        transfer = transfer_us(last, a["end"])
         kind = row["kind"]
         size_bytes = float(np.nanmax([a["in_max"], a["out_max"]])) if a["in_known"] else np.nan
         # the bus factor needs the group's size: unknown stays unknown (never the matched-rank
@@ -231,12 +219,8 @@ def _matched_rows(f: pd.DataFrame, world_size: int | None) -> list[dict]:
         group_size = int(a["group_size"]) if pd.notna(a["group_size"]) else None
         if group_size is None and world_size is not None and n == world_size:
             group_size = world_size
-        algbw = size_bytes / (transfer * 1e-6) / 1e9 if transfer > 0 and not np.isnan(size_bytes) else np.nan
-        busbw = (
-            algbw * BUS_FACTOR.get(kind, lambda _: 1.0)(group_size)
-            if not np.isnan(algbw) and group_size is not None
-            else np.nan
-        )
+        algbw = algbw_gbps(size_bytes, transfer)
+        busbw = busbw_gbps(algbw, kind, group_size)
         skew = last - float(a["first_arrival"]) if n > 1 else np.nan  # one rank alone has no skew
         rows.append({
             "key": key, "group": group, "kind": kind, "n_ranks": n, "ranks": members,
@@ -248,44 +232,30 @@ def _matched_rows(f: pd.DataFrame, world_size: int | None) -> list[dict]:
     return rows
 
 
-def _match_point_to_point(frame: pd.DataFrame) -> tuple[list[dict], list[dict], int]:
-    """The k-th send from rank a to rank b pairs with the k-th receive on b from a (ranks as the
-    rows name them; a peer the trace does not name leaves its row unpaired)."""
+def _point_to_point_rows(pairing: Pairing) -> tuple[list[dict], list[dict]]:
+    """Each pair of the run's pairing as one matched collective, keyed by its send (the k-th send
+    from rank a to rank b), and its two members: the sender first, then the receiver."""
     rows: list[dict] = []
     members: list[dict] = []
-    if frame.empty:
-        return rows, members, 0
-    f = frame.sort_values(["rank", "start_us"], kind="stable")
-    f = f.assign(end_us=_end_us(f))
-    sends = f[(f["kind"] == "send") & f["peer"].notna()]
-    recvs = f[(f["kind"] == "recv") & f["peer"].notna()]
-    sends = sends.assign(k=sends.groupby(["rank", "peer"]).cumcount())
-    recvs = recvs.assign(k=recvs.groupby(["rank", "peer"]).cumcount())
-    pairs = sends.merge(recvs, left_on=["rank", "peer", "k"], right_on=["peer", "rank", "k"], suffixes=("_s", "_r"))
-    for p in pairs.itertuples(index=False):
-        key = f"p2p:{int(p.rank_s)}->{int(p.rank_r)}#{int(p.k)}"
-        arrive_s = p.transfer_start_us_s if pd.notna(p.transfer_start_us_s) else p.start_us_s
-        arrive_r = p.transfer_start_us_r if pd.notna(p.transfer_start_us_r) else p.start_us_r
-        last = max(float(arrive_s), float(arrive_r))
-        end = float(p.end_us_r)
-        transfer = max(end - last, 0.0)
-        size = p.in_bytes_s if pd.notna(p.in_bytes_s) else np.nan
-        algbw = float(size) / (transfer * 1e-6) / 1e9 if transfer > 0 and pd.notna(size) else np.nan
-        skew = abs(float(arrive_s) - float(arrive_r))
+    pairs, ops = pairing.pairs, pairing.ops
+    if pairs.empty:
+        return rows, members
+    sends = ops.iloc[pairs["send"].to_numpy(dtype=int)].itertuples(index=False)
+    recvs = ops.iloc[pairs["recv"].to_numpy(dtype=int)].itertuples(index=False)
+    for p, s, r in zip(pairs.itertuples(index=False), sends, recvs):
+        key = f"p2p:{p.src}->{p.dst}#{p.k}"
+        arrive_s, arrive_r = p.send_arrival_us, p.recv_arrival_us
+        first = min(arrive_s, arrive_r)
         rows.append({
-            "key": key, "group": "p2p", "kind": "send", "n_ranks": 2, "ranks": sorted([int(p.rank_s), int(p.rank_r)]),
-            "in_bytes": p.in_bytes_s, "wire_bytes": p.wire_bytes_s, "phase": p.phase_s, "layer": p.layer_s,
-            "module": p.module_s, "arrival_skew_us": skew, "max_wait_us": skew,
-            "straggler": int(p.rank_s) if arrive_s >= arrive_r else int(p.rank_r), "transfer_us": transfer,
-            "algbw_gbps": algbw, "busbw_gbps": algbw, "start_us": min(float(arrive_s), float(arrive_r)),
+            "key": key, "group": "p2p", "kind": "send", "n_ranks": 2, "ranks": sorted([p.src, p.dst]),
+            "in_bytes": s.in_bytes, "wire_bytes": s.wire_bytes, "phase": s.phase, "layer": s.layer,
+            "module": s.module, "arrival_skew_us": p.skew_us, "max_wait_us": p.skew_us,
+            "straggler": p.src if arrive_s >= arrive_r else p.dst, "transfer_us": p.transfer_us,
+            "algbw_gbps": p.algbw_gbps, "busbw_gbps": busbw_gbps(p.algbw_gbps, "send", 2), "start_us": first,
         })  # fmt: skip
-        first = min(float(arrive_s), float(arrive_r))
-        members.append({"rank": int(p.rank_s), "group": "p2p", "key": key, "start_us": p.start_us_s,
-                        "skew_us": float(arrive_s) - first})  # fmt: skip
-        members.append({"rank": int(p.rank_r), "group": "p2p", "key": key, "start_us": p.start_us_r,
-                        "skew_us": float(arrive_r) - first})  # fmt: skip
-    unmatched = len(f) - 2 * len(pairs)
-    return rows, members, unmatched
+        members.append({"rank": p.src, "group": "p2p", "key": key, "start_us": s.start_us, "skew_us": arrive_s - first})
+        members.append({"rank": p.dst, "group": "p2p", "key": key, "start_us": r.start_us, "skew_us": arrive_r - first})
+    return rows, members
 
 
 def skew_by_rank(m: Matching, max_rows: int = 400) -> pd.DataFrame:

@@ -2,11 +2,8 @@
 time, bandwidth and skew, how much of each step's transfer computation hid, and the balance of
 the work between the transfers.
 
-Pairing, from both ends: a send names its destination and a receive its source. First the k-th
-send from a to b pairs with the k-th receive on b from a. PyTorch traces can name the wrong
-source on a receive (pytorch#153819), so what is left is paired again by destination alone, in
-order and by size: those pairs are marked ``peer_disagrees`` and reported. What still has no
-partner is unpaired.
+Pairs: the run's one pairing (sptrace.reduce.pairing), which matching lists too; their times
+and bandwidth are the run's one time base (sptrace.reduce.timebase).
 
 Ring steps: a rank's sends within one (layer, phase) are steps 0, 1, 2 ... in issue order (ring
 attention sends one block per step); a pair takes its send's step.
@@ -26,6 +23,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from sptrace.jsonable import records
+from sptrace.reduce.pairing import Pairing, pair_sends
+from sptrace.reduce.timebase import arrival_us, end_us
 
 PAIR_COLUMNS = [
     "src", "dst", "k", "bytes", "recv_bytes", "phase", "layer", "module", "step", "send_start_us",
@@ -77,83 +78,39 @@ class P2PReport:
         return p.pivot_table(index="src", columns="dst", values="bytes", aggfunc="sum", fill_value=0)
 
     def to_dict(self) -> dict[str, object]:
-        def rows(frame: pd.DataFrame) -> list[dict[str, object]]:
-            return [
-                {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in r.items()}
-                for r in frame.to_dict(orient="records")
-            ]
-
         return {
-            "pairs": len(self.pairs), "unpaired": rows(self.unpaired), "steps": rows(self.steps),
+            "pairs": len(self.pairs), "unpaired": records(self.unpaired), "steps": records(self.steps),
             "overlap_share": self.overlap_share(), "imbalance": self.imbalance(),
             "peer_disagreements": int(self.pairs["peer_disagrees"].sum()) if len(self.pairs) else 0,
             "notes": self.notes,
         }  # fmt: skip
 
 
-def _end(frame: pd.DataFrame) -> pd.Series:
-    start = frame["transfer_start_us"].where(frame["transfer_start_us"].notna(), frame["start_us"])
-    dur = frame["transfer_dur_us"].where(frame["transfer_dur_us"].notna(), frame["dur_us"])
-    return start + dur.fillna(0.0)
-
-
-def _arrival(frame: pd.DataFrame) -> pd.Series:
-    return frame["transfer_start_us"].where(frame["transfer_start_us"].notna(), frame["start_us"])
-
-
-def pair_point_to_point(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(pairs, unpaired) of the sends and receives in a run's collectives table."""
-    p2p = frame[frame["kind"].isin(["send", "recv"])] if len(frame) else frame
-    if p2p.empty:
+def pair_point_to_point(frame: pd.DataFrame, pairing: Pairing | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(pairs, unpaired) of the sends and receives in a run's collectives table: one row per send
+    paired with its receive (PAIR_COLUMNS), with its ring step, and one per send or receive with
+    no partner (UNPAIRED_COLUMNS). ``pairing``: the run's, when matching has paired it already."""
+    pairing = pairing if pairing is not None else pair_sends(frame)
+    ops, found = pairing.ops, pairing.pairs
+    if ops.empty:
         return pd.DataFrame(columns=PAIR_COLUMNS), pd.DataFrame(columns=UNPAIRED_COLUMNS)
-    f = p2p.sort_values(["rank", "start_us"], kind="stable").reset_index(drop=True)
-    f = f.assign(arrive_us=_arrival(f), end_us=_end(f), row=np.arange(len(f)))
-    sends, recvs = f[f["kind"] == "send"], f[f["kind"] == "recv"]
-    named_s, named_r = sends[sends["peer"].notna()], recvs[recvs["peer"].notna()]
-    named_s = named_s.assign(src=named_s["rank"], dst=named_s["peer"].astype(int))
-    named_r = named_r.assign(dst=named_r["rank"], src=named_r["peer"].astype(int))
-    named_s = named_s.assign(k=named_s.groupby(["src", "dst"]).cumcount())
-    named_r = named_r.assign(k=named_r.groupby(["src", "dst"]).cumcount())
-    first = named_s.merge(named_r, on=["src", "dst", "k"], suffixes=("_s", "_r"))
-    first = first[
-        (first["in_bytes_s"] == first["in_bytes_r"]) | first["in_bytes_s"].isna() | first["in_bytes_r"].isna()
-    ]
-    first = first.assign(peer_disagrees=False)
-    used = set(first["row_s"]) | set(first["row_r"])
-    # second pass: by destination alone (the send's claim), in order and by size
-    left_s = sends[~sends["row"].isin(used) & sends["peer"].notna()]
-    left_r = recvs[~recvs["row"].isin(used)]
-    second = []
-    for dst, group in left_s.groupby(left_s["peer"].astype(int)):
-        pool = left_r[left_r["rank"] == dst]
-        taken: set[int] = set()
-        for s in group.itertuples(index=False):
-            hit = next(
-                (
-                    r
-                    for r in pool.itertuples(index=False)
-                    if r.row not in taken and (pd.isna(r.in_bytes) or pd.isna(s.in_bytes) or r.in_bytes == s.in_bytes)
-                ),
-                None,
-            )
-            if hit is not None:
-                taken.add(hit.row)
-                second.append((s, hit))
+    sends = ops.iloc[found["send"].to_numpy(dtype=int)].itertuples(index=False)
+    recvs = ops.iloc[found["recv"].to_numpy(dtype=int)].itertuples(index=False)
     rows = []
-    for p in first.itertuples(index=False):
-        rows.append(_pair_row(p.src, p.dst, p.k, p.in_bytes_s, p.in_bytes_r, p.phase_s, p.layer_s, p.module_s,
-                              p.arrive_us_s, p.arrive_us_r, p.end_us_s, p.end_us_r, False))  # fmt: skip
-    for s, r in second:
-        used.update((s.row, r.row))
-        rows.append(_pair_row(s.rank, r.rank, -1, s.in_bytes, r.in_bytes, s.phase, s.layer, s.module, s.arrive_us,
-                              r.arrive_us, s.end_us, r.end_us, True))  # fmt: skip
+    for p, s, r in zip(found.itertuples(index=False), sends, recvs):
+        rows.append({
+            "src": p.src, "dst": p.dst, "k": p.k, "bytes": s.in_bytes, "recv_bytes": r.in_bytes, "phase": s.phase,
+            "layer": s.layer, "module": s.module, "step": -1, "send_start_us": p.send_arrival_us,
+            "recv_start_us": p.recv_arrival_us, "transfer_us": p.transfer_us, "algbw_gbps": p.algbw_gbps,
+            "skew_us": p.skew_us, "peer_disagrees": p.peer_disagrees,
+        })  # fmt: skip
     pairs = pd.DataFrame(rows, columns=PAIR_COLUMNS)
     if len(pairs):
         order = pairs.sort_values(["src", "send_start_us"], kind="stable")
         step = order.groupby(["src", "layer", "phase"], dropna=False).cumcount()
         pairs["step"] = step.reindex(pairs.index)
         pairs = pairs.sort_values(["send_start_us", "src"], kind="stable").reset_index(drop=True)
-    left = f[~f["row"].isin(used)]
+    left = pairing.unpaired
     unpaired = pd.DataFrame({
         "rank": left["rank"], "kind": left["kind"], "peer": left["peer"], "bytes": left["in_bytes"],
         "phase": left["phase"], "layer": left["layer"], "module": left["module"], "start_us": left["start_us"],
@@ -161,22 +118,13 @@ def pair_point_to_point(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     return pairs, unpaired
 
 
-def _pair_row(src, dst, k, sent, received, phase, layer, module, arrive_s, arrive_r, end_s, end_r, disagrees):
-    last = max(float(arrive_s), float(arrive_r))
-    transfer = max(float(end_r) - last, 0.0)
-    algbw = float(sent) / (transfer * 1e-6) / 1e9 if transfer > 0 and pd.notna(sent) else np.nan
-    return {
-        "src": int(src), "dst": int(dst), "k": int(k), "bytes": sent, "recv_bytes": received, "phase": phase,
-        "layer": layer, "module": module, "step": -1, "send_start_us": float(arrive_s),
-        "recv_start_us": float(arrive_r), "transfer_us": transfer, "algbw_gbps": algbw,
-        "skew_us": abs(float(arrive_s) - float(arrive_r)), "peer_disagrees": disagrees,
-    }  # fmt: skip
-
-
-def analyse_point_to_point(frame: pd.DataFrame, compute: pd.DataFrame | None = None) -> P2PReport:
+def analyse_point_to_point(
+    frame: pd.DataFrame, compute: pd.DataFrame | None = None, pairing: Pairing | None = None
+) -> P2PReport:
     """Pairs, ring steps, overlap and balance of a run's sends and receives. ``compute``: the
-    ranks' compute intervals (rank, start_us, dur_us), as ``detect_compute`` gives them."""
-    pairs, unpaired = pair_point_to_point(frame)
+    ranks' compute intervals (rank, start_us, dur_us), as ``detect_compute`` gives them;
+    ``pairing``: the run's, when matching has paired it already."""
+    pairs, unpaired = pair_point_to_point(frame, pairing)
     notes = []
     if len(pairs) and pairs["peer_disagrees"].any():
         n = int(pairs["peer_disagrees"].sum())
@@ -209,7 +157,7 @@ def _ring_ops(frame: pd.DataFrame) -> pd.DataFrame:
     p2p = p2p.sort_values(["rank", "start_us"], kind="stable")
     # the i-th send and the i-th receive of a (layer, phase) are step i, whichever is issued first
     step = p2p.groupby([p2p["rank"], p2p["layer"].fillna(-1), p2p["phase"], p2p["kind"]]).cumcount()
-    return p2p.assign(step=step, arrive_us=_arrival(p2p), end_us=_end(p2p))
+    return p2p.assign(step=step, arrive_us=arrival_us(p2p), end_us=end_us(p2p))
 
 
 def _overlap(frame: pd.DataFrame, compute: pd.DataFrame | None) -> pd.DataFrame:

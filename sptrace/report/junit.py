@@ -1,0 +1,47 @@
+"""The sharding verdict as JUnit XML (``sptrace check --format junit``), for CI: a test case per
+module, and one for the verdict."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from xml.sax.saxutils import quoteattr
+
+if TYPE_CHECKING:
+    from sptrace.checks.sharding_verdict import ShardingReport
+
+
+def render_junit(report: ShardingReport, run: str | None = None, seconds: float | None = None,
+                 started: str | None = None) -> str:  # fmt: skip
+    """JUnit XML: one test case per module (all ranks together), failed when that module keeps a
+    full tensor, with the rank set in the message; one more case for the verdict itself. ``run``
+    names the suite (``sptrace check RUN``); ``seconds`` (the whole check, its analysis included)
+    is the suite's time and the verdict case's, ``started`` (ISO 8601) its timestamp."""
+    saved = report.saved
+    cases = []
+    failures = 0
+    modules = sorted({m or "<unknown module>" for m in saved["module"]}) if len(saved) else []
+    for module in modules:
+        bad = [f for f in report.findings if (f.module or "<unknown module>") == module]
+        name = quoteattr(module)
+        if bad:
+            failures += 1
+            text = quoteattr("; ".join(f.text() for f in bad))
+            cases.append(f'    <testcase classname="sptrace.sharding" name={name}><failure message={text}/></testcase>')
+        else:
+            cases.append(f'    <testcase classname="sptrace.sharding" name={name}/>')
+    verdict = report.verdict
+    name = quoteattr("verdict")
+    timed = "" if seconds is None else f' time="{seconds:.3f}"'
+    if verdict.status == "undecided":
+        error = f"<error message={quoteattr(verdict.line())}/>"
+        cases.append(f'    <testcase classname="sptrace.sharding" name={name}{timed}>{error}</testcase>')
+    else:
+        cases.append(f'    <testcase classname="sptrace.sharding" name={name}{timed}/>')
+    errors = int(verdict.status == "undecided")
+    suite = quoteattr("sptrace check" + (f" {run}" if run else ""))
+    stamp = "" if started is None else f" timestamp={quoteattr(started)}"
+    head = (f'  <testsuite name={suite} tests="{len(cases)}" failures="{failures}" errors="{errors}"'
+            f"{timed}{stamp}>")  # fmt: skip
+    return "\n".join(
+        ['<?xml version="1.0" encoding="UTF-8"?>', "<testsuites>", head, *cases, "  </testsuite>", "</testsuites>", ""]
+    )
