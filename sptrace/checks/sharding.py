@@ -181,10 +181,13 @@ class Judge:
             )
         return "unknown", "no shape, and a size that identifies nothing"
 
-    def _views(self, shape: tuple[int, ...]) -> list[tuple[bool, int, str, bool]]:
+    def _views(self, shape: tuple[int, ...], chunked: bool = True) -> list[tuple[bool, int, str, bool]]:
         """Every way ``shape`` reads as tokens x width: (full sequence?, width per token, layout,
         attention scores?). A shape can read several ways when dimensions coincide (S == H,
-        B == P, B*S == H): each reading is kept, and the class must agree across them."""
+        B == P, B*S == H): each reading is kept, and the class must agree across them.
+        ``chunked``: also read the sequence as P chunks of S/P on two axes (an all-to-all's or a
+        gather's buffer); never for a tensor a point-to-point receive filled, which holds one
+        peer's block, whatever a leading axis of P coincides with (K and V stacked at P = 2)."""
         m = self.model
         B, S, P = m.batch, m.seq, m.sp_size
         s_local = S // P
@@ -222,7 +225,7 @@ class Judge:
             and self._head_axis(shape[0] // B, shape[2])
         ):
             add(1, (shape[0] // B, shape[2]), "[B*h, S, d]")
-        if P > 1 and n >= 3 and not any(not v[0] and v[1] == m.hidden for v in out):
+        if chunked and P > 1 and n >= 3 and not any(not v[0] and v[1] == m.hidden for v in out):
             # (not where the shape already reads as an exact [S/P, B, H] shard, as the all-to-all
             # that brings the heads home leaves it when P == S/P)
             # the sequence as P chunks of S/P on two axes: an all-to-all's buffer (DeepSpeed-Ulysses
@@ -253,8 +256,10 @@ class Judge:
     ) -> tuple[str, str]:
         m = self.model
         S, H, P = m.seq, m.hidden, m.sp_size
-        views = self._views(shape)
+        views = self._views(shape, chunked=origin != "received")
         full_views = [v for v in views if v[0]]
+        if origin == "received" and not full_views and m.local_seq in shape:
+            return "seq-sharded", f"a block one peer sent ({text}): a sequence shard ({m.local_seq} of {S} tokens)"
         if origin == "gathered":
             wide = max((v[1] for v in full_views if not v[3]), default=0)
             if wide >= H or (self.full_bytes and nbytes >= self.full_bytes and (full_views or not views)):

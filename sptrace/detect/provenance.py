@@ -49,8 +49,9 @@ _DEPTH = 8
 
 @dataclass(frozen=True)
 class Origin:
-    """What made a tensor: ``kind`` is one of gathered, all-to-all, reduce-scattered, column,
-    row, attention (None when the trace does not tell); ``text`` says how it was read."""
+    """What made a tensor: ``kind`` is one of gathered, all-to-all, reduce-scattered, received
+    (a block one peer sent: a point-to-point receive filled it), column, row, attention (None
+    when the trace does not tell); ``text`` says how it was read."""
 
     kind: str | None
     text: str = ""
@@ -70,6 +71,8 @@ def collective_kind(name: str) -> str | None:
         return "all-to-all"
     if "reduce_scatter" in low or "reducescatter" in low:
         return "reduce-scattered"
+    if "recv" in low:
+        return "received"
     return None
 
 

@@ -35,9 +35,10 @@ RUNS_MATRIX = {
         "megatron": {"scheme": "megatron"},
         "ulysses": {"scheme": "ulysses"},
         "hybrid": {"scheme": "hybrid"},
-        # GQA: with P = 2 and g = a, a rank's stacked K and V shard holds exactly B*S*H elements,
-        # which `check` reads as a full-size tensor (FAIL on a clean run)
-        "ring": {"scheme": "ring", "kv_heads": 2},
+        "ring": {"scheme": "ring", "kv_heads": 2},  # GQA
+        # g = a at P = 2: the K/V block a rank keeps, [2, B, S/P, g, d], holds exactly B*S*H
+        # elements and its leading 2 reads as P chunks; once judged full (a false FAIL)
+        "ring-mha": {"scheme": "ring"},
         "usp": {"scheme": "usp"},
         "megatron-stray-full-save": {"scheme": "megatron", "fault": "stray-full-save"},
     },
