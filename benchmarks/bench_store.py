@@ -34,7 +34,7 @@ import pyarrow.dataset as ds
 
 from sptrace.load.replicate import replicate_run
 from sptrace.load.window import WINDOW_COLUMNS, event_window, window_filter
-from sptrace.rankmap import MapSpec, map_run
+from sptrace.run.map import MapSpec, map_run
 
 HERE = Path(__file__).resolve().parent
 CORPUS = Path(os.environ.get("SPTRACE_CORPUS") or HERE.parent.parent / "shared/corpus")

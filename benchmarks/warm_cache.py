@@ -107,7 +107,7 @@ def report(runs: list[Path], commands: list[str], repeats: int) -> int:
     timed(sptrace("info", "--no-cache", str(runs[0])))  # bytecode compiled once (into PYCACHE)
     timed(sptrace("analyze", "--no-cache", str(runs[0])))
     floor = statistics.median(
-        timed([sys.executable, "-c", "import sptrace.cli, sptrace.rankmap, pandas"])[0] for _ in range(repeats)
+        timed([sys.executable, "-c", "import sptrace.cli, sptrace.run.map, pandas"])[0] for _ in range(repeats)
     )
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; medians of {repeats} rounds, seconds")
     print(f"floor (a fresh process importing sptrace's CLI and pandas): {floor:.2f}")

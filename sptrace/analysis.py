@@ -32,19 +32,19 @@ from sptrace.detect.timing import RankTiming, step_sources
 from sptrace.errors import SptraceError, UsageError
 from sptrace.load.trace import RunFiles, RunTrace
 from sptrace.markers import SAVED
-from sptrace.rankmap import (
+from sptrace.reduce.matching import Matching, match_collectives
+from sptrace.reduce.p2p import P2PReport, analyse_point_to_point
+from sptrace.reduce.peers import merge_collectives
+from sptrace.run import LoadOptions
+from sptrace.run.map import (
     COMPUTE_COLUMNS,
     MEMORY_COLUMNS,
     PHASE_COLUMNS,
     MapSpec,
     RankResult,
     map_run,
-    merged_collectives,
     summarize,
 )
-from sptrace.reduce.matching import Matching, match_collectives
-from sptrace.reduce.p2p import P2PReport, analyse_point_to_point
-from sptrace.run import LoadOptions
 from sptrace.shape import FIELDS, Declarations, ModelShape
 from sptrace.units import count, rank_ranges
 
@@ -204,7 +204,7 @@ def analyse_run(
     ``fail_fast``: raise before any trace is parsed when the sharding
     check's B, S or H is declared nowhere (``sptrace check``; views show the reason instead).
 
-    A map over ranks (sptrace.rankmap: each rank summarized where it is parsed, on the
+    A map over ranks (sptrace.run.map: each rank summarized where it is parsed, on the
     executor's workers) and a reduce over the summaries, here: matching, timing, the cost-model
     and cross-rank checks, the sharding check."""
     options = LoadOptions.of(load_options)
@@ -345,14 +345,14 @@ def reduce_run(
     attention_only: bool = False,
     grad_sync: bool = True,
 ) -> RunAnalysis:
-    """The cross-rank reduce over the ranks' summaries (sptrace.rankmap.RankResult).
+    """The cross-rank reduce over the ranks' summaries (sptrace.run.map.RankResult).
     ``grad_dtype``: the element type of the gradients replicated weights communicate, when the
     user declares it (else read from the trace's step-level gradient all-reduces, else unknown)."""
     model = resolve_model(run, flags)
     ranked = [results[r] for r in sorted(results)]
     timing = [r.timing for r in ranked if r.timing is not None]
     compute = [r.compute for r in ranked if r.compute is not None]
-    collectives = merged_collectives(results)
+    collectives = merge_collectives(results[r].collectives for r in sorted(results))
     if model.layers is None:
         layers = set(collectives["layer"].dropna().astype(int)) if len(collectives) else set()
         if layers:

@@ -1,4 +1,4 @@
-"""Per-rank summaries in the trace cache: what the map (sptrace.rankmap) made of a rank, kept
+"""Per-rank summaries in the trace cache: what the map (sptrace.run.map) made of a rank, kept
 beside its parsed table (sptrace.load.cache), so that a warm run of an unchanged trace skips
 detection as well as parsing.
 

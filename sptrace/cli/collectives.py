@@ -26,11 +26,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from sptrace.detect import COLUMNS
     from sptrace.jsonable import records
-    from sptrace.rankmap import merged_collectives
+    from sptrace.reduce.peers import merge_collectives
 
     _, results = map_quietly(args, ("collectives",))
     timing = [results[r].timing for r in sorted(results)]
-    frame = merged_collectives(results)
+    frame = merge_collectives(results[r].collectives for r in sorted(results))
     if args.format in ("csv", "json"):
         out = export_frame(frame[COLUMNS], timing)
         if args.format == "csv":

@@ -119,9 +119,9 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
 
 
 def map_quietly(args: argparse.Namespace, parts: tuple[str, ...], *, show_warnings: bool = True):
-    """sptrace.rankmap.map_run with the CLI's flags: (run, per-rank results); its warnings go to
+    """sptrace.run.map.map_run with the CLI's flags: (run, per-rank results); its warnings go to
     stderr, one line each, unless the command shows them itself."""
-    from sptrace.rankmap import MapSpec, map_run
+    from sptrace.run.map import MapSpec, map_run
 
     options = load_options(args)
     spec = MapSpec(parts, cache=options.cache, cache_dir=options.cache_dir)

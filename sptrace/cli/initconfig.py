@@ -30,13 +30,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sptrace.detect.infer import infer_model
-    from sptrace.rankmap import merged_collectives
+    from sptrace.reduce.peers import merge_collectives
 
     _, results = map_quietly(args, ("collectives",))
     first = results[min(results)]
     # one rank's ops, for the norm and attention shapes (read again, from the cache)
     table = first.trace.table.select(["name", "cat", "input_dims"]).to_pandas()
-    inferred = infer_model(merged_collectives(results), first.trace.process_groups, table)
+    collectives = merge_collectives(results[r].collectives for r in sorted(results))
+    inferred = infer_model(collectives, first.trace.process_groups, table)
     text = render(str(args.path), inferred)
     if args.output:
         from sptrace.fileio import write_atomic

@@ -42,7 +42,7 @@ class TraceWarning(UserWarning):
 class RankTrace:
     """One rank's trace: its event table and the trace's top-level metadata.
 
-    A trace that went through the per-rank map (sptrace.rankmap) has been *released*: its
+    A trace that went through the per-rank map (sptrace.run.map) has been *released*: its
     table is gone and only its counts stay, so that a driver holding a thousand ranks holds no
     event table; ``table`` / ``events`` then read it again (from the cache) on demand."""
 
@@ -286,7 +286,7 @@ def load_run(
     executor: Executor | None = None,
 ) -> RunTrace:
     """Load every rank of a run, tables and all: a directory of per-rank traces, a single
-    trace, or a list. (sptrace.rankmap.map_run summarizes each rank where it is parsed instead,
+    trace, or a list. (sptrace.run.map.map_run summarizes each rank where it is parsed instead,
     for runs too large to hold.)
 
     Raises TraceError for an unusable run (no traces, two files claiming one rank, ranks from
@@ -323,7 +323,7 @@ def map_files(
     trace_of: Callable[[Any], RankTrace] = lambda result: result,
 ) -> tuple[RunTrace, list[Any]]:
     """``fn(file, *args)`` for every trace file of a run on ``executor``, and the run their
-    traces (``trace_of(result)``) make: what load_run and sptrace.rankmap.map_run share. A bad
+    traces (``trace_of(result)``) make: what load_run and sptrace.run.map.map_run share. A bad
     file raises, or with ``skip_bad`` is left out with a note; no usable file raises."""
     root, files, skipped = found.root, found.files, list(found.skipped)
     total = sum(p.stat().st_size for p in files)

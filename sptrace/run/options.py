@@ -1,5 +1,5 @@
 """The loader's options, typed and built once: by the CLI from its flags (sptrace.cli.common), or by
-a Python caller, then passed down unchanged to the map over ranks (sptrace.rankmap), the cache and
+a Python caller, then passed down unchanged to the map over ranks (sptrace.run.map), the cache and
 the executor."""
 
 from __future__ import annotations

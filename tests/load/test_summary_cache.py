@@ -1,4 +1,4 @@
-"""GIVEN a run mapped once through the cache (sptrace.rankmap: each rank's summary kept beside its
+"""GIVEN a run mapped once through the cache (sptrace.run.map: each rank's summary kept beside its
 parsed table, sptrace.summary_cache)
 WHEN it is mapped again: unchanged, after a trace is touched or edited, with another MapSpec,
 with an entry damaged, with the cache off, or with the code changed
@@ -19,11 +19,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sptrace import rankmap, summary_cache
+from sptrace import summary_cache
 from sptrace.cli import main
 from sptrace.executors import Executor
 from sptrace.load import cache, load_trace
-from sptrace.rankmap import MapSpec, map_run
+from sptrace.run import map as rankmap
+from sptrace.run.map import MapSpec, map_run
 from tests.trace_helpers import gpu_trace, write_gpu_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -253,7 +254,7 @@ def test_the_digest_covers_every_module_a_summary_runs(tmp_path):
     (run / "rank0.json").write_text(json.dumps(doc))
     script = textwrap.dedent(f"""
         import sys
-        from sptrace.rankmap import MapSpec, map_run
+        from sptrace.run.map import MapSpec, map_run
         for parts in [("collectives", "sharding"), ()]:
             _, results = map_run({str(run)!r}, MapSpec(parts, cache=False, element_size=2, hidden=96))
         assert results[0].description["memory_events"] == 4

@@ -11,7 +11,7 @@ import pytest
 
 from sptrace.load import load_trace
 from sptrace.load.window import WINDOW_COLUMNS, event_window
-from sptrace.rankmap import MapSpec, map_run
+from sptrace.run.map import MapSpec, map_run
 
 pytestmark = pytest.mark.distributed
 

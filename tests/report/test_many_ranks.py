@@ -16,9 +16,9 @@ from sptrace.dashboards.store import RunStore
 
 from sptrace.analysis import reduce_run
 from sptrace.load.replicate import replicate_run
-from sptrace.rankmap import MapSpec, map_run
 from sptrace.reduce.matching import skew_by_rank, top_stragglers
 from sptrace.report import figures
+from sptrace.run.map import MapSpec, map_run
 
 pytestmark = pytest.mark.distributed
 LATE_RANK, LATE_AT, DELAY_US = 45, 5, 500_000.0  # half a second, far beyond the run's own skew

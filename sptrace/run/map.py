@@ -171,14 +171,6 @@ def kept_results(files: list[Path], spec: MapSpec) -> dict[Path, RankResult] | N
     return kept
 
 
-def merged_collectives(results: dict[int, RankResult]) -> pd.DataFrame:
-    """Every rank's collectives in one table, in rank order, with the element types a rank's
-    trace left out filled from its peers (the first step of the reduce)."""
-    from sptrace.reduce.peers import merge_collectives
-
-    return merge_collectives(results[r].collectives for r in sorted(results))
-
-
 def rank_phases(trace: RankTrace) -> pd.DataFrame:
     """The rank's phase ranges (sptrace.phase markers, else its ProfilerStep), in us."""
     import pandas as pd
