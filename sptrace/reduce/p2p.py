@@ -156,7 +156,7 @@ def _ring_ops(frame: pd.DataFrame) -> pd.DataFrame:
         return p2p
     p2p = p2p.sort_values(["rank", "start_us"], kind="stable")
     # the i-th send and the i-th receive of a (layer, phase) are step i, whichever is issued first
-    step = p2p.groupby([p2p["rank"], p2p["layer"].fillna(-1), p2p["phase"], p2p["kind"]]).cumcount()
+    step = p2p.groupby([p2p["rank"], _layer_key(p2p["layer"]), p2p["phase"], p2p["kind"]]).cumcount()
     return p2p.assign(step=step, arrive_us=arrival_us(p2p), end_us=end_us(p2p))
 
 
@@ -166,7 +166,7 @@ def _overlap(frame: pd.DataFrame, compute: pd.DataFrame | None) -> pd.DataFrame:
     if ops.empty:
         return pd.DataFrame(columns=columns)
     rows = []
-    for (rank, layer, phase, step), g in ops.groupby(["rank", ops["layer"].fillna(-1), "phase", "step"]):
+    for (rank, layer, phase, step), g in ops.groupby(["rank", _layer_key(ops["layer"]), "phase", "step"]):
         lo, hi = float(g["arrive_us"].min()), float(g["end_us"].max())
         starts, ends = _intervals(compute, int(rank))
         rows.append({
@@ -179,7 +179,7 @@ def _overlap(frame: pd.DataFrame, compute: pd.DataFrame | None) -> pd.DataFrame:
 def _steps(pairs: pd.DataFrame, overlap: pd.DataFrame) -> pd.DataFrame:
     if pairs.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
-    keyed = pairs.assign(layer=pairs["layer"].fillna(-1))
+    keyed = pairs.assign(layer=_layer_key(pairs["layer"]))
     g = keyed.groupby(["layer", "phase", "step"])
     steps = pd.DataFrame({
         "hops": g.size(), "bytes": g["bytes"].sum(min_count=1), "transfer_us_max": g["transfer_us"].max(),
@@ -187,7 +187,7 @@ def _steps(pairs: pd.DataFrame, overlap: pd.DataFrame) -> pd.DataFrame:
         "skew_us_max": g["skew_us"].max(),
     }).reset_index()  # fmt: skip
     if len(overlap):
-        o = overlap.assign(layer=overlap["layer"].fillna(-1)).groupby(["layer", "phase", "step"])
+        o = overlap.assign(layer=_layer_key(overlap["layer"])).groupby(["layer", "phase", "step"])
         share = (o["hidden_us"].sum() / o["transfer_us"].sum().replace(0, np.nan)).rename("overlap").reset_index()
         steps = steps.merge(share, on=["layer", "phase", "step"], how="left")
     else:
@@ -205,7 +205,7 @@ def _balance(frame: pd.DataFrame, compute: pd.DataFrame | None) -> pd.DataFrame:
     if ops.empty or compute is None or compute.empty:
         return pd.DataFrame(columns=BALANCE_COLUMNS)
     rows = []
-    for (rank, layer, phase), g in ops.groupby(["rank", ops["layer"].fillna(-1), "phase"]):
+    for (rank, layer, phase), g in ops.groupby(["rank", _layer_key(ops["layer"]), "phase"]):
         starts, ends = _intervals(compute, int(rank))
         rows.append(
             {
@@ -216,3 +216,10 @@ def _balance(frame: pd.DataFrame, compute: pd.DataFrame | None) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows, columns=BALANCE_COLUMNS)
+
+
+def _layer_key(layers: pd.Series) -> pd.Series:
+    """The layer as a grouping key: -1 outside every layer, typed from what the column then holds
+    (the cast pandas did silently after fillna, which it deprecates, done explicitly)."""
+    with pd.option_context("future.no_silent_downcasting", True):
+        return layers.fillna(-1).infer_objects(copy=False)
