@@ -37,7 +37,7 @@ from sptrace import dtypes, markers
 from sptrace.detect import forms
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.boundaries import Boundary, find_boundaries
-from sptrace.detect.collectives import RankIndex, matches, within
+from sptrace.detect.index import RankIndex, matches, within
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.provenance import FACTORIES, Provenance
 from sptrace.detect.shapes import infer_shape

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sptrace import markers
-from sptrace.detect.collectives import RankIndex
+from sptrace.detect.index import RankIndex
 
 
 @dataclass(frozen=True, slots=True)

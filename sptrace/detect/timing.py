@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.collectives import RankIndex, matches
+from sptrace.detect.index import RankIndex, matches
 from sptrace.load.trace import RankTrace
 
 

@@ -75,7 +75,8 @@ def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
     result = RankResult(trace=trace, description=describe_rank(trace))
     if not spec.parts:  # sptrace info: the Arrow counts alone, no pandas table
         return result
-    from sptrace.detect.collectives import RankIndex, detect_collectives
+    from sptrace.detect.collectives import detect_collectives
+    from sptrace.detect.index import RankIndex
 
     result.phases = rank_phases(trace)
     result.memory, result.peak_allocated = rank_memory(trace)
@@ -176,7 +177,7 @@ def rank_phases(trace: RankTrace) -> pd.DataFrame:
     import pandas as pd
 
     from sptrace import markers
-    from sptrace.detect.collectives import matches
+    from sptrace.detect.index import matches
 
     ev = trace.events
     marked = ev[matches(ev["name"], lambda v: v.str.startswith(markers.PHASE)) & matches(ev["ph"], lambda v: v == "X")]
@@ -194,7 +195,7 @@ def rank_memory(trace: RankTrace, max_points: int = 1500) -> tuple[pd.DataFrame,
     ``max_points``: the page needs the shape, not every event), and the peak."""
     import pandas as pd
 
-    from sptrace.detect.collectives import matches
+    from sptrace.detect.index import matches
 
     ev = trace.events
     mem = ev[matches(ev["name"], lambda v: v == "[memory]") & ev["mem_total_allocated"].notna().to_numpy()]

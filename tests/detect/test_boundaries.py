@@ -12,7 +12,7 @@ import sptrace
 from sptrace import markers
 from sptrace.detect.allocations import detect_retained
 from sptrace.detect.boundaries import find_boundaries
-from sptrace.detect.collectives import RankIndex
+from sptrace.detect.index import RankIndex
 
 
 def _trace(tmp_path, events):

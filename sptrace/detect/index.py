@@ -1,0 +1,309 @@
+"""One rank's index: the ranges of its trace that collectives, allocations and timings are placed
+in (steps, phases, sptrace's markers, autograd's backward nodes, python frames, CPU ops, kernels,
+launches and flows), and the layer a module path or python frame is. Built once per rank and
+shared by every per-rank detection (collectives, timing, retained tensors)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sptrace import markers
+from sptrace.detect.args import present
+from sptrace.detect.intervals import EventRow, Intervals
+from sptrace.detect.kinds import GLOO_KINDS, KERNEL_PATTERNS, LAUNCH_CATEGORIES, NCCL_ANNOTATION_KINDS
+from sptrace.load.trace import RankTrace
+
+_LAYER_IN_PATH = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block|decoder\.layers|encoder\.layers)\.(\d+)(?:\.|$)")
+# python stacks name modules "nn.Module: <Class>_<k>" (k counts instances of the class): a class
+# whose name ENDS in Layer or Block is a transformer layer (LlamaDecoderLayer, GPT2Block,
+# TransformerBlock); LayerNorm_1 or BlockSparseAttention_0 are not
+_LAYER_CLASS = re.compile(r"^nn\.Module: (\w*(?:Layer|Block))_(\d+)$")
+_CONTAINERS = re.compile(r"^nn\.Module: (?:ModuleList|Sequential)_\d+$")
+
+
+def layer_of(module: str | None) -> int | None:
+    """The layer index of a module path, only inside a layer container (``layers.3.mlp``,
+    ``h.3``, ``blocks.3``, ``decoder.layers.3``); None elsewhere."""
+    if not module:
+        return None
+    match = _LAYER_IN_PATH.search(module)
+    return int(match.group(1)) if match else None
+
+
+def layers_of_paths(paths: Iterable[str]) -> dict[str, int]:
+    """Module paths -> layer index, read from the paths together: a named layer container first
+    (``layer_of``); else the outermost numbered child of a container (a path part that is a
+    number: a ModuleList or Sequential index) that holds modules of its own, as ``0`` does in
+    ``0.attn`` for ``nn.Sequential(*blocks)``. A Sequential MLP's ``mlp.0`` Linear holds none
+    and is no layer (the same rule ``RankIndex.layer_frames`` applies to python stacks)."""
+    paths = {p for p in paths if p}
+    composite = {p.rsplit(".", 1)[0] for p in paths if "." in p}
+    composite |= {c.rsplit(".", k)[0] for c in list(composite) for k in range(1, c.count(".") + 1)}
+    out: dict[str, int] = {}
+    for path in paths:
+        n = layer_of(path)
+        if n is None:
+            parts = path.split(".")
+            n = next((int(part) for i, part in enumerate(parts)
+                      if part.isdigit() and ".".join(parts[: i + 1]) in composite), None)  # fmt: skip
+        if n is not None:
+            out[path] = n
+    return out
+
+
+def within(ranges: Intervals, points: np.ndarray) -> np.ndarray:
+    """For each point: does a range (of any thread) contain it? Vectorised over the points:
+    the latest range starting at or before the point, or any open range, must still run."""
+    if not len(ranges) or not len(points):
+        return np.zeros(len(points), dtype=bool)
+    order = np.argsort(ranges.start, kind="stable")
+    starts = ranges.start[order]
+    running_end = np.maximum.accumulate(ranges.end[order])  # latest end among ranges begun so far
+    pos = np.searchsorted(starts, points, side="right") - 1
+    ok = pos >= 0
+    result = np.zeros(len(points), dtype=bool)
+    result[ok] = running_end[pos[ok]] >= points[ok]
+    return result
+
+
+def matches(column: pd.Series, test: Any) -> np.ndarray:
+    """``test`` (a function of a pandas Index of distinct str values -> booleans) for every row
+    of ``column``, as a numpy bool array; missing values are False. The test runs once per
+    distinct value (an event table has a few thousand distinct names among 200k events): far
+    cheaper than turning the column into 200k Python strings first."""
+    if isinstance(column.dtype, pd.CategoricalDtype):  # the table's own dictionary: no factorize
+        categories = column.cat.categories
+        codes = column.cat.codes.to_numpy()
+        uniques = categories if categories.dtype == object else categories.astype(str)
+    else:
+        codes, found = pd.factorize(column, use_na_sentinel=True)
+        uniques = pd.Index(found).astype(str)
+    if not len(uniques):
+        return np.zeros(len(column), dtype=bool)
+    ok = np.asarray(test(uniques), dtype=bool)
+    return np.where(codes >= 0, ok[np.maximum(codes, 0)], False)
+
+
+class RankIndex:
+    """The ranges of one rank's trace that collectives and allocations are placed in."""
+
+    def __init__(self, trace: RankTrace) -> None:
+        ev = trace.events
+        names, cat = ev["name"], ev["cat"]
+
+        def starts(prefix: str) -> np.ndarray:
+            return matches(names, lambda v: v.str.startswith(prefix))
+
+        def named(values: Any) -> np.ndarray:
+            return matches(names, lambda v: v.isin(list(values)))
+
+        def of_cat(values: Any) -> np.ndarray:
+            return matches(cat, lambda v: v.isin(list(values)))
+
+        is_x = matches(ev["ph"], lambda v: v == "X")
+        self.events = ev
+        self.phase_markers = Intervals(ev[is_x & starts(markers.PHASE)])
+        self.comm_markers = Intervals(ev[is_x & starts(markers.COMM)])
+        self.module_markers = Intervals(ev[is_x & starts(markers.MODULE)])
+        self.steps = Intervals(ev[is_x & starts("ProfilerStep#")])
+        self.backward_nodes = Intervals(ev[is_x & starts("autograd::engine::evaluate_function")])
+        self.optimizer = Intervals(ev[is_x & (starts("Optimizer.step") | starts("Optimizer.zero_grad"))])
+        self.python = Intervals(ev[is_x & of_cat(["python_function"])])
+        self.gloo = ev[is_x & named(GLOO_KINDS)]
+        is_cpu = is_x & of_cat(["cpu_op", "user_annotation"])
+        cpu = ev[is_cpu]
+        self.cpu_ops = cpu
+        self.rpc = Intervals(ev[is_cpu & named(["record_param_comms"])])
+        self.nccl_annotations = Intervals(ev[is_cpu & named(NCCL_ANNOTATION_KINDS)])
+        is_kernel = is_x & of_cat(["kernel"])
+        is_comm = matches(names, lambda v: v.map(lambda n: any(p.search(n) for p, _ in KERNEL_PATTERNS)))
+        self.comm_kernels = ev[is_kernel & is_comm]
+        self.compute_kernels = ev[is_kernel & ~is_comm]
+        self.launches = ev[is_x & of_cat(LAUNCH_CATEGORIES) & ev["correlation"].notna().to_numpy()]
+        # ac2g flows: the start ("s") sits on the launch, the end ("f") on the kernel
+        is_flow = of_cat(["ac2g"]) & ev["flow_id"].notna().to_numpy()
+        self.flow_starts = ev[is_flow & matches(ev["ph"], lambda v: v == "s")]
+        self.flow_ends = ev[is_flow & matches(ev["ph"], lambda v: v == "f")]
+        with_seq = ev[is_cpu & ev["seq_num"].notna().to_numpy() & ~starts("autograd::engine")]
+        # forward ops by autograd sequence number (for backward attribution)
+        in_backward = within(self.backward_nodes, with_seq["ts_ns"].to_numpy(dtype=np.int64, na_value=0))
+        self.backward_ops = Intervals(with_seq[in_backward])
+        fwd = with_seq[~in_backward]
+        # ops that create no autograd node (aten::to ...) record the current number too: the one
+        # that created the node is the last to carry it
+        self.forward_by_seq = fwd.drop_duplicates("seq_num", keep="last").reset_index(drop=True)
+        self._forward_at = {int(s): i for i, s in enumerate(self.forward_by_seq["seq_num"])}
+        first_bwd = {}
+        for i in range(len(self.steps) or 1):
+            lo, hi = (self.steps.start[i], self.steps.end[i]) if len(self.steps) else (-(2**62), 2**62)
+            inside = (self.backward_nodes.start >= lo) & (self.backward_nodes.start <= hi)
+            if inside.any():
+                first_bwd[i] = int(self.backward_nodes.start[inside].min())
+        self.first_backward = first_bwd
+        self._python_parents: dict[int, int] | None = None
+
+    def step_of(self, ts: int) -> int | None:
+        if not len(self.steps):
+            return None
+        idx = self.steps.enclosing(ts, ts)
+        if not len(idx):
+            return None
+        name = self.steps.name(int(idx[-1]))
+        number = name.split("#", 1)[1]
+        return int(number) if number.isdigit() else None
+
+    def phase_of(self, start: int, end: int, tid: int) -> str:
+        i = self.phase_markers.innermost(start, start)  # any thread: backward may run elsewhere
+        if i is not None:
+            return self.phase_markers.name(i)[len(markers.PHASE) :]
+        if self.optimizer.innermost(start, end) is not None:
+            return "optimizer"
+        if self.backward_nodes.innermost(start, end, tid) is not None:
+            return "backward"
+        step_idx = 0
+        if len(self.steps):
+            idx = self.steps.enclosing(start, start)
+            step_idx = int(idx[-1]) if len(idx) else -1
+        first = self.first_backward.get(step_idx)
+        if first is not None and start >= first:
+            return "backward"
+        return "forward"
+
+    def module_of(self, start: int, end: int, tid: int) -> tuple[str | None, str | None, str]:
+        """(module, role, how) for work done in [start, end] on thread tid."""
+        i = self.comm_markers.innermost(start, end, tid)
+        if i is not None:
+            parsed = markers.parse_comm(self.comm_markers.name(i))
+            if parsed:
+                return parsed[0], parsed[1], "sptrace.comm marker"
+        i = self.module_markers.innermost(start, end, tid)
+        if i is not None:
+            return self.module_markers.name(i)[len(markers.MODULE) :], None, "sptrace.module marker"
+        node = self.backward_nodes.innermost(start, end, tid)
+        if node is not None:
+            # the node's own op (XBackward0 inside "evaluate_function: XBackward0") carries the
+            # Sequence number of the forward op it differentiates
+            node_row = self.backward_nodes.row(node)
+            seq = node_row["seq_num"]
+            if not present(seq):
+                lo, hi = int(self.backward_nodes.start[node]), int(self.backward_nodes.end[node])
+                inner = self.backward_ops.inside(lo, hi, tid)
+                if len(inner):
+                    own = str(node_row["name"]).rpartition(": ")[2]
+                    ops = self.backward_ops.frame.iloc[inner].sort_values("ts_ns", kind="stable")
+                    named = ops[ops["name"].astype(str) == own]
+                    seq = (named if len(named) else ops).iloc[0]["seq_num"]
+            at = self._forward_at.get(int(seq)) if present(seq) else None
+            if at is not None:
+                op = EventRow(self.forward_by_seq, at)
+                fstart, fend = int(op["ts_ns"]), int(op["ts_ns"] + (op["dur_ns"] if present(op["dur_ns"]) else 0))
+                ftid = int(op["tid"]) if present(op["tid"]) else None
+                j = self.module_markers.innermost(fstart, fend, ftid)
+                if j is not None:
+                    name = self.module_markers.name(j)[len(markers.MODULE) :]
+                    return name, None, "Sequence number"
+                module = self.python_module(fstart, fend, ftid)
+                if module:
+                    return module, None, "Sequence number + python stack"
+        module = self.python_module(start, end, tid)
+        if module:
+            return module, None, "python stack"
+        return None, None, "none"
+
+    @cached_property
+    def marker_layers(self) -> dict[str, int]:
+        """The layer of each module path the instrumentation's markers name (layers_of_paths)."""
+        names = self.module_markers.frame.get("name", pd.Series(dtype=str)).astype(str)
+        return layers_of_paths(n[len(markers.MODULE) :] for n in names.unique())
+
+    def layer_of(self, module: str | None) -> int | None:
+        """A module's layer: its path's named container, else its place among the marked paths."""
+        n = layer_of(module)
+        return n if n is not None or not module else self.marker_layers.get(module)
+
+    @cached_property
+    def layer_frames(self) -> dict[str, int]:
+        """Module frames of the python stacks that are transformer layers -> layer index.
+
+        Python stacks name modules by class and a per-class counter (``nn.Module: Block_3``), not
+        by attribute path, so a layer is recognised by what it is:
+          * a class named *Layer or *Block (LlamaDecoderLayer, GPT2Block, TransformerLayer);
+          * a child of a Sequential / ModuleList that was called (the container's own frame) and
+            holds modules of its own (an MLP's Linear inside a block's Sequential is no layer);
+          * one of several instances of a composite module (one with modules inside) called from
+            the same parent: the stack of layers a ``for layer in self.layers`` loop runs.
+        Its index is the class counter: the k-th instance of the layer class."""
+        if not len(self.python):
+            return {}
+        frames = self.python.frame
+        names = dict(zip(frames["python_id"], frames["name"].astype(str)))
+        parents = dict(zip(frames["python_id"], frames["python_parent_id"]))
+
+        def module_parent(pid: Any) -> Any:
+            parent = parents.get(pid)
+            for _ in range(64):
+                if parent is None or not present(parent) or parent not in names:
+                    return None
+                if names[parent].startswith("nn.Module: "):
+                    return parent
+                parent = parents.get(parent)
+            return None
+
+        modules = [pid for pid, name in names.items() if name.startswith("nn.Module: ")]
+        parent_of = {pid: module_parent(pid) for pid in modules}
+        composite = {names[p] for p in parent_of.values() if p is not None}
+        siblings: dict[Any, dict[str, set[str]]] = {}
+        for pid in modules:
+            name = names[pid]
+            cls = name[len("nn.Module: ") :].rpartition("_")[0]
+            siblings.setdefault(parent_of[pid], {}).setdefault(cls, set()).add(name)
+        layers: set[str] = set()
+        for pid in modules:
+            name = names[pid]
+            parent = parent_of[pid]
+            if _CONTAINERS.match(name):
+                continue
+            # a container's child is a layer only if it holds modules of its own: the Linear and
+            # GELU of an nn.Sequential MLP inside a block are not layers
+            if _LAYER_CLASS.match(name) or (
+                parent is not None and _CONTAINERS.match(names[parent]) and name in composite
+            ):
+                layers.add(name)
+        for group in siblings.values():
+            for same in group.values():
+                if len(same) >= 2 and all(n in composite and not _CONTAINERS.match(n) for n in same):
+                    layers |= same
+        out = {}
+        for name in layers:
+            number = name.rsplit("_", 1)[1]
+            if number.isdigit():
+                out[name] = int(number)
+        return out
+
+    def python_layers(self) -> set[int]:
+        """Layer indices the python stacks show running."""
+        return set(self.layer_frames.values())
+
+    def python_module(self, start: int, end: int, tid: int | None) -> str | None:
+        """The module running at [start, end], from python stacks: ``layers.3.Linear_7`` inside a
+        layer (``layer_frames``), else the innermost module's class (``Linear_7``)."""
+        if not len(self.python):
+            return None
+        idx = self.python.enclosing(start, end, tid)
+        frames = [self.python.name(int(i)) for i in idx]
+        modules = [n for n in frames if n.startswith("nn.Module: ")]
+        if not modules:
+            return None
+        inner = modules[-1][len("nn.Module: ") :]
+        layer_frames = self.layer_frames
+        hits = [(depth, layer_frames[name]) for depth, name in enumerate(modules) if name in layer_frames]
+        if not hits:
+            return inner
+        depth, n = hits[0]  # the outermost: a layer's own sub-blocks are not layers of the model
+        return f"layers.{n}" + ("" if depth == len(modules) - 1 else f".{inner}")
