@@ -1,0 +1,132 @@
+"""The collective that produced an allocation, read from what the allocation's thread did around
+it: inside a collective, inside an op that gathered just before, the output buffer the next
+collective fills, or the buffer the next receive fills. Kineto records no tensor's address in an
+op, so each is told by thread, time and bytes (sptrace.detect.allocations asks; its origins,
+sptrace.detect.provenance, start from the answer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sptrace import dtypes
+from sptrace.detect import forms
+from sptrace.detect.args import load_list
+from sptrace.detect.intervals import Intervals
+from sptrace.detect.provenance import FACTORIES
+
+
+def producing_collective(
+    collectives: Intervals, ops: Intervals, alloc: dict[str, Any], slack: int, element_size: int | None = None
+) -> str | None:
+    """The collective that produced an allocation, when the trace shows one:
+    * it was allocated inside a collective (a functional all-gather's output);
+    * it was allocated inside an op that ran an all-gather just before (DTensor's
+      Redistribute: gather, then cat the chunks into the full tensor);
+    * it is the output the next collective on its thread fills (``out = torch.empty(...);
+      all_gather_into_tensor(out, x)``: that collective's recorded output has these bytes);
+    * it is the buffer the next receive on its thread fills (``_received_into``; its element
+      size: the receive's recorded dtype, else ``element_size``, the declared activation's)."""
+    tid = alloc.get("tid")
+    tid = int(tid) if tid is not None and not pd.isna(tid) else None
+    ts = int(alloc["alloc_ns"])
+    i = collectives.innermost(ts, ts, tid)
+    if i is not None:
+        return collectives.name(i)
+    chain = ops.enclosing(ts, ts, tid)
+    if len(chain) >= 2:  # the allocating op's caller
+        parent = int(chain[-2])
+        inner = collectives.inside(int(ops.start[parent]), ts, tid)
+        gathers = [collectives.name(int(j)) for j in inner]
+        gathers = [g for g in gathers if "gather" in g.lower()]
+        if gathers:
+            return f"{ops.name(parent)} ({gathers[-1]})"
+    if not len(collectives):
+        return None
+    mask = collectives.start > ts
+    if tid is not None:
+        mask &= collectives.tid == tid
+    after = np.flatnonzero(mask)
+    if not len(after):
+        return None
+    first = collectives.row(int(after[np.argmin(collectives.start[after])]))
+    name = str(first["name"])
+    outputs = (
+        forms.output_shapes(name, first) if forms.FORMS.get(name, forms.Form("", "")).layout in _OUT_FIRST else None
+    )
+    elem_types = [t for t in load_list(first.get("input_types")) if dtypes.element_size(t)]
+    elem = dtypes.element_size(elem_types[0]) if elem_types else None
+    nbytes = int(alloc["bytes"])
+    if outputs and elem is not None and any(0 <= nbytes - int(np.prod(s)) * elem <= slack for s in outputs):
+        return name
+    return _received_into(collectives, ops, after, ts, tid, nbytes, slack, element_size)
+
+
+def _received_into(
+    collectives: Intervals, ops: Intervals, after: np.ndarray, ts: int, tid: int | None, nbytes: int, slack: int,
+    element_size: int | None,
+) -> str | None:  # fmt: skip
+    """The receive that fills a buffer made for it (``buf = torch.empty(...); recv(buf, peer)``,
+    ring attention's next K/V block). A Kineto trace records no receive's address, so the
+    buffer is known by what its thread did: it was made by a bare allocator (a computed tensor is
+    no receive's buffer), nothing but other bare allocations and point-to-point ops ran on its
+    thread from then until a receive (a ring allocates its buffers, sends its own block, then
+    receives the next), and that first receive records exactly its bytes at a known element size
+    (the receive's dtype, else the declared activation's). A buffer that anything computed into
+    before the receive is not claimed, whatever its size."""
+    made = ops.innermost(ts, ts, tid)
+    if made is None or ops.name(made) not in FACTORIES:
+        return None
+    recv = None
+    for j in after[np.argsort(collectives.start[after], kind="stable")]:
+        kind = _p2p_kind(collectives.name(int(j)), collectives.row(int(j)))
+        if kind == "recv":
+            recv = int(j)
+            break
+        if kind != "send":
+            return None  # another collective first: not a receive's buffer
+    if recv is None:
+        return None
+    lo, hi = int(ops.end[made]), int(collectives.start[recv])
+    exchange = [int(j) for j in collectives.inside(lo, hi, tid)]
+    for k in ops.inside(lo, hi, tid):
+        k = int(k)
+        name = ops.name(k)
+        nested = any(collectives.start[j] <= ops.start[k] and ops.end[k] <= collectives.end[j] for j in exchange)
+        if name not in FACTORIES and not nested and _p2p_kind(name, ops.row(k)) is None:
+            return None  # computed on: the buffer may be that op's output, not the receive's
+    row = collectives.row(recv)
+    name = str(row["name"])
+    elems, size = _recorded_elements(name, row)
+    size = size or element_size  # c10d's recv_ records a TensorList, with no element type
+    fits = elems is not None and size is not None and 0 <= nbytes - elems * size <= slack
+    return name if fits else None
+
+
+def _p2p_kind(name: str, row: Any) -> str | None:
+    """'send' or 'recv' for a point-to-point op (c10d's, NCCL's and gloo's names, or
+    record_param_comms naming one), else None."""
+    form = forms.FORMS.get(name)
+    if form is not None:
+        return form.kind if form.kind in ("send", "recv") else None
+    what = str(row.get("coll_name") or "") if name == "record_param_comms" else name.rpartition(":")[2]
+    what = what.lower()
+    return what if what in ("send", "recv") else None
+
+
+def _recorded_elements(name: str, row: Any) -> tuple[int | None, int | None]:
+    """(elements, element size) of the tensor a point-to-point op moved, where the trace records
+    them (None where it does not)."""
+    if name in forms.FORMS:
+        sizes = forms.sizes_from_op(name, row)
+        elems, dtype = sizes.in_elems, sizes.dtype
+    else:
+        elems, dtype = row.get("in_nelems"), row.get("coll_dtype")
+    size = dtypes.element_size(str(dtype)) if dtype is not None and not pd.isna(dtype) else None
+    return (None if elems is None or pd.isna(elems) else int(elems)), size
+
+
+_OUT_FIRST = ("out_in", "out_in_lists")
+"""c10d forms whose first recorded argument is an output the caller allocated."""
