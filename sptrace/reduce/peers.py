@@ -26,23 +26,23 @@ from sptrace.load.trace import RunTrace
 
 def merge_collectives(tables: Iterable[pd.DataFrame | None]) -> pd.DataFrame:
     """The ranks' collectives tables (sptrace.detect.collectives.RANK_COLUMNS, in rank order) as
-    one table (COLUMNS), with element types and peers filled from the other ranks."""
+    one table (COLUMNS), with element types and peers filled from the other ranks and each receive
+    in its sender's phase: every command that reads a run's collectives merges them here."""
     frames = [f for f in tables if f is not None and not f.empty]
     if not frames:
-        return resolve_peers(pd.DataFrame(columns=COLUMNS))
+        return pd.DataFrame(columns=COLUMNS)
     with warnings.catch_warnings():
         # a column all NA on one rank (no peer recorded, no transfer linked) takes its type from the
         # ranks that have values: pandas' rule today, which it warns it will change; the golden
         # outputs (tests/golden) show it if it does
         warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation with empty or all-NA", FutureWarning)
         merged = pd.concat(frames, ignore_index=True)
-    return resolve_peers(fill_from_peers(merged))
+    return receives_follow_senders(resolve_peers(fill_from_peers(merged)))
 
 
 def detect_run_collectives(run: RunTrace) -> pd.DataFrame:
-    """Every rank's collectives, detected here and merged (``merge_collectives``), then each
-    receive in its sender's phase (``receives_follow_senders``)."""
-    return receives_follow_senders(merge_collectives(detect_collectives(t, for_reduce=True) for t in run))
+    """Every rank's collectives of a loaded run, detected here and merged (``merge_collectives``)."""
+    return merge_collectives(detect_collectives(t, for_reduce=True) for t in run)
 
 
 def resolve_peers(frame: pd.DataFrame) -> pd.DataFrame:

@@ -230,6 +230,15 @@ def test_pipeline_stages_of_sequence_parallel_groups(user_runs, frames, capsys, 
             assert got == want, (rank, kind, got, want)
         sp = mine[~mine["kind"].isin(["send", "recv"])]
         assert len(sp) and (sp["group_size"] == len(o["sp_group"])).all(), rank
+    # the commands merge the ranks the same way: `sptrace collectives` puts each receive in its
+    # autograd work too (the stage-0 gradient receive in backward)
+    assert main(["collectives", str(user_runs / "pp2_sp4"), "--format", "json", "--cache-dir", str(tmp_path)]) == 0
+    listed = fwd_bwd(pd.DataFrame(json.loads(capsys.readouterr().out)))
+    for rank in range(WORLD):
+        want = sorted((c["phase"], c["peer"], c["bytes"]) for c in oracle(user_runs, "pp2_sp4", rank)["p2p"]
+                      if c["op"] == "recv")  # fmt: skip
+        rows = listed[(listed["rank"] == rank) & (listed["kind"] == "recv")]
+        assert sorted(zip(rows["phase"], rows["peer"].astype(int), rows["in_bytes"].astype(int))) == want, rank
     report = analyse_point_to_point(frame)
     assert len(report.pairs) == sum(len([c for c in oracle(user_runs, "pp2_sp4", r)["p2p"] if c["op"] == "send"])
                                     for r in range(WORLD)) and report.unpaired.empty  # fmt: skip
