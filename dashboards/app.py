@@ -3,7 +3,7 @@
 Components come from dash-mantine-components rather than dash-bootstrap-components: Mantine 2
 bundles its CSS inside the component JS that Dash serves from the installed package, while
 Bootstrap's CSS is a separate stylesheet that dbc points at a CDN (an air-gapped cluster would
-have to vendor it). Every figure uses sptrace.report.figures' template, whose fonts and colours
+have to vendor it). Every figure uses sptrace.report.theme's template, whose fonts and colours
 match Mantine's theme. Nothing is fetched from outside the machine.
 
 Routing is this module's own (no ``dash.register_page``, whose registry is global to the
@@ -25,7 +25,7 @@ from sptrace.dashboards.pages import collectives, compare, gpu, memory, overview
 from sptrace.dashboards.pages.common import View, error_box, href
 from sptrace.dashboards.store import RunStore
 
-from sptrace.report.figures import FONT
+from sptrace.report.theme import FONT
 
 PAGES = {
     "/": ("overview", "Overview", overview),

@@ -14,6 +14,7 @@ from typing import Any
 
 from sptrace.analysis import RunAnalysis, analyse_run
 from sptrace.errors import SptraceError
+from sptrace.sweep import Sweep, load_sweep
 
 
 class RunStore:
@@ -52,6 +53,10 @@ class RunStore:
     def cached(self, index: int, key: str, compute: Callable[[], Any]) -> Any:
         """A further analysis of one run (HTA's), computed once."""
         return self._once((index, key), compute)
+
+    def sweep(self, index: int) -> Sweep | None:
+        """The ``index``-th sweep folder's table, fit and predictions, read once (None: not a sweep)."""
+        return self._once((index, "sweep"), lambda: load_sweep(self.sweeps[index]))
 
     def warm(self) -> threading.Thread:
         """Analyse every run in the background, in order, so that the first page is ready when

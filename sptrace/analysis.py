@@ -46,11 +46,33 @@ from sptrace.run.map import (
     summarize,
 )
 from sptrace.shape import FIELDS, Declarations, ModelShape
+from sptrace.sweep import ModelSweep, sweep_model
 from sptrace.units import count, rank_ranges
 
 PARTS = ("collectives", "sharding")
 """What analyse_run can compute: collectives (with matching, timing and the cost-model check) and
 the sharding check."""
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """A run's headline numbers, over its ranks (None where the run cannot tell): what the
+    dashboard's Overview and Compare pages, the HTML report and a sweep's table show. The slowest
+    rank's step (``step_source`` says what measured it: sptrace.detect.timing.step_window), then
+    the mean over ranks of transfer time and of communication no compute kernel overlaps (None
+    without GPU streams), in ms; bytes on the wire per rank, measured and the cost model's; bytes
+    kept across the forward/backward boundary per layer and rank (the sharding check's mean); the
+    largest allocated memory a [memory] event recorded (0 without any)."""
+
+    step_ms: float | None
+    comm_ms: float | None
+    exposed_ms: float | None
+    comm_share: float | None
+    step_source: str | None
+    wire_bytes: float
+    model_wire_bytes: float | None
+    retained_per_layer: float | None
+    peak_allocated: int
 
 
 @dataclass(frozen=True)
@@ -127,33 +149,32 @@ class RunAnalysis:
             return self.comm.verdict
         return self.crossrank.verdict if self.crossrank is not None else None
 
-    def wire_bytes_per_rank(self) -> float:
-        """Bytes on the wire in the step, mean over the ranks with collectives (those whose size
-        or group the trace does not record count nothing)."""
-        frame = self.collectives
-        if frame.empty:
-            return 0.0
-        return float(frame["wire_bytes"].dropna().sum()) / max(frame["rank"].nunique(), 1)
-
-    def retained_per_layer(self) -> float | None:
-        """Bytes kept across the forward/backward boundary per layer and rank (mean over the
-        sharding check's layers); None when the check did not run or judged no layer."""
-        layers = self.sharding.layers if self.sharding is not None else None
-        return float(layers["measured_bytes"].mean()) if layers is not None and len(layers) else None
-
-    def time_summary(self) -> dict[str, Any]:
-        """Over ranks: the slowest step, mean transfer time, mean exposed communication."""
+    @cached_property
+    def facts(self) -> RunFacts:
+        """The run's headline numbers (RunFacts), over its ranks."""
         steps = [float(t.step_ms) for t in self.timing if t.step_ms is not None]
         exposed = [float(t.exposed_ms) for t in self.timing if t.exposed_ms is not None]
         comm = [float(t.comm_ms) for t in self.timing]
-        return {
-            "step_ms": max(steps) if steps else None,
-            "comm_ms": sum(comm) / len(comm) if comm else None,
-            "exposed_ms": sum(exposed) / len(exposed) if exposed else None,
-            "comm_share": (sum(comm) / len(comm)) / max(steps) if comm and steps and max(steps) > 0 else None,
-            # what measured the step (sptrace.detect.timing.step_window), over the ranks
-            "step_source": step_sources(self.timing),
-        }
+        frame = self.collectives  # a collective whose size or group the trace does not record counts nothing
+        wire = 0.0 if frame.empty else float(frame["wire_bytes"].dropna().sum()) / max(frame["rank"].nunique(), 1)
+        layers = self.sharding.layers if self.sharding is not None else None
+        return RunFacts(
+            step_ms=max(steps) if steps else None,
+            comm_ms=sum(comm) / len(comm) if comm else None,
+            exposed_ms=sum(exposed) / len(exposed) if exposed else None,
+            comm_share=(sum(comm) / len(comm)) / max(steps) if comm and steps and max(steps) > 0 else None,
+            step_source=step_sources(self.timing),
+            wire_bytes=wire,
+            model_wire_bytes=self.estimate.wire_per_step() if self.estimate is not None else None,
+            retained_per_layer=float(layers["measured_bytes"].mean()) if layers is not None and len(layers) else None,
+            peak_allocated=max(self.peak_allocated.values(), default=0),
+        )
+
+    @cached_property
+    def model_sweep(self) -> ModelSweep | None:
+        """The cost model across sequence lengths at this run's declared model (None when it
+        leaves a size undeclared): what the report and the dashboard's Compare page draw."""
+        return sweep_model(self.model)
 
 
 def declared_model(

@@ -1,19 +1,39 @@
-"""``sptrace sweep``: profile every scheme x sequence length with the reference models, then
-tabulate step time, peak memory and communication per run and fit the first article's
-regression, time_ms = c0 + c1 * peak_GiB + c2 * comm_GiB + c3 * S_K + c4 * S_K^2 (S_K = S / 1024)."""
+"""Sweeps across sequence lengths, computed here once and only drawn by the HTML report and the
+dashboard (sptrace.report.compare):
+
+- ModelSweep: the cost model's wire bytes per rank and step against S for every scheme, at one
+  run's declared model (the first article's table). A run's analysis holds its own
+  (RunAnalysis.model_sweep), so the report's section and the Compare page show the same object.
+- Sweep: what ``sptrace sweep`` measured (sptrace.cli.reference profiles the runs with the
+  reference models and analyses them): a table of step time, peak memory and communication per
+  run, and the first article's regression fitted over it, time_ms = c0 + c1 * peak_GiB +
+  c2 * comm_GiB + c3 * S_K + c4 * S_K^2 (S_K = S / 1024), with its prediction per run.
+
+Nothing here launches or analyses a run: a sweep's rows are read off finished analyses.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
+from sptrace.costmodel import estimate_comm
+from sptrace.costmodel.comm import needs
+from sptrace.errors import UsageError
 from sptrace.fileio import write_atomic
-from sptrace.reference_models.config import StepConfig
+from sptrace.shape import ModelShape
 
+if TYPE_CHECKING:  # a sweep's rows are read off analyses; the analysis imports this module
+    from sptrace.analysis import RunAnalysis
+
+SWEPT_SCHEMES = ("megatron", "ulysses", "hybrid", "ring", "usp")
+"""The schemes a model sweep draws, each at the swept model's other settings."""
 TABLE = "comparison.csv"
 FIT = "regression.json"
 TERMS = ("intercept", "peak_GiB", "comm_GiB", "S_K", "S_K^2")
@@ -21,16 +41,78 @@ UNDERDETERMINED = f"fewer runs than the {len(TERMS)} coefficients; the fit is no
 """What the CLI, the Compare page and the sweep figure say of a fit over too few runs."""
 
 
+# ---- the cost model across sequence lengths ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSweep:
+    """The cost model's wire bytes per rank and step against sequence length, for each scheme
+    at ``model``'s other settings."""
+
+    model: ModelShape
+    """The model swept: its every value but the scheme and S holds for every curve."""
+    seqs: tuple[int, ...]
+    wire_bytes: dict[str, tuple[float | None, ...]]
+    """Per curve (USP's named with its Ulysses degree: "usp (U=2)"), per length in ``seqs``: the
+    bytes, or None where the scheme cannot split that length (ring's zigzag needs 2P chunks)."""
+
+    def describe(self) -> str:
+        """What was swept: "megatron P=8 L=2 B=2 S=128 ... float32, S varied"."""
+        return f"{self.model.label} {self.model.describe()}, S varied"
+
+
+def sweep_model(model: ModelShape, schemes: tuple[str, ...] = SWEPT_SCHEMES) -> ModelSweep | None:
+    """The cost model across sequence lengths at ``model``: S/4 to 32 S, those P divides; None
+    when the model leaves a value the cost model needs undeclared (a sweep of guessed sizes
+    would say nothing of the run). USP takes the model's Ulysses degree when it is a USP run,
+    else 2 (1 at an odd P)."""
+    if model.missing(needs(model.scheme)):
+        return None
+    S, P = model.seq or 1, model.sp_size or 1
+    seqs = tuple(sorted(s for s in {S * 2**k // 4 for k in range(8)} if s >= P and s % P == 0))
+    degree = model.ulysses_degree if model.scheme == "usp" and model.ulysses_degree else 2 if P % 2 == 0 else 1
+    curves: dict[str, tuple[float | None, ...]] = {}
+    for scheme in schemes:
+        zero = "-zero3" if model.zero3 and scheme != "megatron" else ""
+        extra = {"ulysses_degree": degree} if scheme == "usp" else {}
+        name = f"usp (U={degree})" if scheme == "usp" else scheme
+        curves[name] = tuple(_wire(model.override("sweep", scheme=scheme + zero, seq=s, **extra)) for s in seqs)
+    return ModelSweep(model, seqs, curves)
+
+
+def _wire(model: ModelShape) -> float | None:
+    try:
+        return estimate_comm(model).wire_per_step()
+    except UsageError:  # this length does not split evenly for the scheme
+        return None
+
+
+# ---- sptrace sweep: measured runs and the regression -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep folder: its table (a row per run, as ``summarize`` wrote it), the regression fitted
+    over it ({} without runs) and the fit's step time per row (None without a fit)."""
+
+    root: Path
+    table: pd.DataFrame
+    fit: dict[str, Any]
+    predicted_ms: pd.Series | None
+
+
 def run_name(scheme: str, seq: int) -> str:
     return f"{scheme}-S{seq}"
 
 
-def load_sweep(root: Path) -> tuple[pd.DataFrame, dict[str, Any]] | None:
-    """A sweep folder's table and fit, as ``summarize`` wrote them; None elsewhere."""
+def load_sweep(root: Path) -> Sweep | None:
+    """A sweep folder's table and fit, as ``summarize`` wrote them, with the fit's predictions;
+    None elsewhere."""
     if not (root / TABLE).is_file():
         return None
     fit = json.loads((root / FIT).read_text()) if (root / FIT).is_file() else {}
-    return pd.read_csv(root / TABLE), fit
+    table = pd.read_csv(root / TABLE)
+    return Sweep(root, table, fit, predict(table, fit) if fit else None)
 
 
 def sweep_runs(root: Path) -> list[Path]:
@@ -38,23 +120,19 @@ def sweep_runs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and (p / "run.json").is_file())
 
 
-def measure_run(path: Path) -> dict[str, Any]:
-    """One row of the comparison, from the run's analysis (sptrace.analysis): its scheme and S,
-    its slowest rank's step time, communication (transfer) time and exposed communication, the
-    largest peak of allocated memory over ranks, retained bytes per layer (the sharding check's
-    mean), and wire bytes per rank (measured and modelled)."""
-    from sptrace.analysis import analyse_run
-
-    a = analyse_run(path)
-    peak = max(a.peak_allocated.values(), default=0)
-    t = a.time_summary()
-    retained = a.retained_per_layer()
+def measure_run(a: RunAnalysis) -> dict[str, Any]:
+    """One row of the comparison, from the run's facts (RunAnalysis.facts, what every view
+    shows): its scheme and S, its slowest rank's step time, communication (transfer) time and
+    exposed communication, the largest peak of allocated memory over ranks, retained bytes per
+    layer (the sharding check's mean), and wire bytes per rank (measured and modelled)."""
+    f = a.facts
     return {
-        "run": path.name, "scheme": a.model.label, "seq": a.model.seq,
-        "step_ms": t["step_ms"] or 0.0, "comm_ms": t["comm_ms"] or 0.0, "exposed_ms": t["exposed_ms"],
-        "peak_GiB": peak / 2**30, "retained_KiB_per_layer": None if retained is None else retained / 2**10,
-        "comm_GiB": a.wire_bytes_per_rank() / 2**30,
-        "model_comm_GiB": a.estimate.wire_per_step() / 2**30 if a.estimate is not None else None,
+        "run": a.name, "scheme": a.model.label, "seq": a.model.seq,
+        "step_ms": f.step_ms or 0.0, "comm_ms": f.comm_ms or 0.0, "exposed_ms": f.exposed_ms,
+        "peak_GiB": f.peak_allocated / 2**30,
+        "retained_KiB_per_layer": None if f.retained_per_layer is None else f.retained_per_layer / 2**10,
+        "comm_GiB": f.wire_bytes / 2**30,
+        "model_comm_GiB": f.model_wire_bytes / 2**30 if f.model_wire_bytes is not None else None,
     }  # fmt: skip
 
 
@@ -78,42 +156,23 @@ def fit_regression(table: pd.DataFrame) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def summarize(root: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
-    table = pd.DataFrame([measure_run(p) for p in sweep_runs(root)])
+def predict(table: pd.DataFrame, fit: dict[str, Any]) -> pd.Series:
+    """The fitted step time (ms) of each row of ``table``: the regression at its S, peak and wire GiB."""
+    c = fit["coefficients"]
+    s_k = table["seq"] / 1024
+    return (
+        c["intercept"] + c["peak_GiB"] * table["peak_GiB"] + c["comm_GiB"] * table["comm_GiB"] + c["S_K"] * s_k
+        + c["S_K^2"] * s_k**2
+    )  # fmt: skip
+
+
+def summarize(root: Path, analyses: Iterable[RunAnalysis]) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The table of the sweep's runs (their analyses, taken one at a time) and the fit over it,
+    written into ``root``."""
+    table = pd.DataFrame([measure_run(a) for a in analyses])
     if len(table):
         table = table.sort_values(["scheme", "seq"], kind="stable").reset_index(drop=True)
     fit = fit_regression(table) if len(table) else {}
     write_atomic(root / TABLE, table.to_csv(index=False).encode())
     write_atomic(root / FIT, (json.dumps(fit, indent=2) + "\n").encode())
     return table, fit
-
-
-def sweep_config(base: StepConfig, scheme: str, seq: int) -> StepConfig:
-    """The run of ``scheme`` (``-zero3`` for FSDP2) at length ``seq``: ``base`` carries USP's
-    Ulysses degree, which every other scheme records as 1, as ``sptrace profile`` does."""
-    name = scheme.removesuffix("-zero3")
-    degree = base.ulysses_degree if name == "usp" else 1
-    return base.replace(scheme=name, zero3=scheme.endswith("-zero3"), seq=seq, ulysses_degree=degree)
-
-
-def run_sweep(
-    base: StepConfig, schemes: list[str], seqs: list[int], out: Path, *, warmup: int, device: str, force: bool, log: Any
-) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Profile each combination (skipping runs already complete unless ``force``) in one launch,
-    then summarize."""
-    from sptrace.launch import RunRequest, holds_run, profile_references
-
-    combos = [sweep_config(base, s, n) for s in schemes for n in seqs]
-    out.mkdir(parents=True, exist_ok=True)
-    todo = []
-    for cfg in combos:
-        target = out / run_name(cfg.scheme + ("-zero3" if cfg.zero3 else ""), cfg.seq)
-        if force or not (target.is_dir() and holds_run(target) and (target / "run.json").is_file()):
-            todo.append(RunRequest(cfg, target))
-        else:
-            log(f"{target.name}: already profiled")
-    if todo:
-        log(f"sweep: profiling {len(todo)} of {len(combos)} runs in one launch")
-        for run in profile_references(todo, warmup=warmup, device=device, force=True, log=None):
-            log(f"{run.out_dir.name}: done")
-    return summarize(out)

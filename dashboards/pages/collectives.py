@@ -25,7 +25,7 @@ from sptrace.dashboards.store import RunStore
 
 from sptrace.analysis import RunAnalysis
 from sptrace.errors import SptraceError
-from sptrace.report import figures
+from sptrace.report import figures, timeline
 
 ROW_COLUMNS = ["rank", "kind", "op", "phase", "layer", "module", "in_bytes", "wire_bytes", "start_ms", "transfer_ms",
                "group_size", "peer", "dtype", "source"]  # fmt: skip
@@ -128,8 +128,8 @@ def p2p_section(a: RunAnalysis) -> list[Any]:
         dmc.Title("point-to-point: the ring", order=4, mt="lg", mb="xs"),
         dmc.Text("; ".join(facts), size="sm", mb="xs", id="p2p-summary"),
         dmc.SimpleGrid([
-            graph("collectives-p2p-matrix", figures.p2p_matrix(a)),
-            graph("collectives-p2p-steps", figures.p2p_steps(a)),
+            graph("collectives-p2p-matrix", timeline.p2p_matrix(a)),
+            graph("collectives-p2p-steps", timeline.p2p_steps(a)),
         ], cols={"base": 1, "lg": 2}),
         grid(steps, "p2p-steps-grid", "ring steps: hops, bytes, transfer time, bandwidth, skew, overlap"),
     ]  # fmt: skip
@@ -144,7 +144,7 @@ def skew_section(a: RunAnalysis, page: str, k: int = 10) -> list[Any]:
         return []
     return [
         dmc.Title("arrival skew across ranks", order=4, mt="lg", mb="xs"),
-        graph(f"{page}-skew", figures.skew_heatmap(a)),
+        graph(f"{page}-skew", timeline.skew_heatmap(a)),
         grid(top_stragglers(a.matching, k), f"{page}-stragglers", f"top {k} stragglers: the wait each caused"),
     ]
 

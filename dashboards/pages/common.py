@@ -14,8 +14,8 @@ import pandas as pd
 from dash import dcc, html
 
 from sptrace.checks.findings import Finding, Verdict
-from sptrace.report.figures import SEVERITY_COLORS, VERDICT_COLORS
-from sptrace.report.figures import header as column_header
+from sptrace.report.theme import SEVERITY_COLORS, VERDICT_COLORS
+from sptrace.report.theme import header as column_header
 from sptrace.units import rank_ranges
 
 

@@ -1,29 +1,27 @@
 """Compare: the runs chosen in the header side by side (step time and its communication, wire
 bytes against the model, retained bytes per layer against Korthikanti's figure, verdicts), the
-cost model across sequence lengths, and any sweep with its fitted regression."""
+cost model across sequence lengths at the first chosen run's declared model, and any sweep with
+its fitted regression."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import dash_mantine_components as dmc
 from sptrace.dashboards.pages.common import View, card, error_box, graph, grid, note_box, page_title, verdict_badge
 from sptrace.dashboards.store import RunStore
-from sptrace.reference_models.config import StepConfig
 
 from sptrace.analysis import RunAnalysis
-from sptrace.costmodel.comm import NEEDS
-from sptrace.report import figures
+from sptrace.report.compare import compare_runs, model_sweep, sweep_fit
+from sptrace.sweep import UNDERDETERMINED
 
 
-def sweep_section(root: Path) -> list[Any]:
-    from sptrace.sweep import UNDERDETERMINED, load_sweep
-
-    loaded = load_sweep(root)
-    if loaded is None:
+def sweep_section(store: RunStore, index: int) -> list[Any]:
+    root = store.sweeps[index]
+    sweep = store.sweep(index)
+    if sweep is None:
         return [error_box(f"{root}: no comparison.csv (run `sptrace sweep --out {root}` first)", title="not a sweep")]
-    table, fit = loaded
+    table, fit = sweep.table, sweep.fit
     parts: list[Any] = [dmc.Title(f"sweep {root.name}", order=3, mt="lg")]
     if fit:
         c = fit["coefficients"]
@@ -39,7 +37,7 @@ def sweep_section(root: Path) -> list[Any]:
             dmc.Text(f"the article (36 runs, 8×H100): time_ms = {art['intercept']} + {art['peak_GiB']}·peak_GiB + "
                      f"{art['comm_GiB']}·comm_GiB + {art['S_K']}·S_K + {art['S_K^2']}·S_K² (R² {art['r2']})",
                      size="sm", c="dimmed"),
-            graph(f"sweep-fit-{root.name}", figures.sweep_fit(table, fit)),
+            graph(f"sweep-fit-{root.name}", sweep_fit(sweep)),
         ]  # fmt: skip
     parts.append(grid(table, f"sweep-grid-{root.name}", f"sweep runs ({root.name})"))
     return parts
@@ -65,18 +63,21 @@ def render(store: RunStore, view: View) -> Any:
         ]  # fmt: skip
         parts.append(dmc.SimpleGrid(strip, cols={"base": 2, "md": 4, "xl": 6}, spacing="sm", mb="md",
                                     id="compare-verdicts"))  # fmt: skip
-        parts.append(graph("compare-runs", figures.compare_runs([a for _, a in usable])))
+        parts.append(graph("compare-runs", compare_runs([a for _, a in usable])))
     elif not chosen:
         parts.append(note_box("choose runs in the header to compare them", color="gray"))
-    # the cost model: the first chosen run whose model is fully declared, else the reference defaults
-    declared = [(store.name(i), a.model) for i, a in usable if not a.model.missing(NEEDS)]
-    base = declared[0][1] if declared else StepConfig().shape()
-    seqs = sorted({base.seq * 2**k // 4 for k in range(8) if base.seq * 2**k // 4 >= base.sp_size})
-    seqs = [s for s in seqs if s % base.sp_size == 0]
-    source = f"at {declared[0][0]}'s settings" if declared else "at the reference models' defaults"
+    # the cost model at the first chosen run that declares its whole model: that run's own sweep,
+    # the one its HTML report draws (a sweep of sizes no run declared would describe no run here)
+    swept = next(((store.name(i), a.model_sweep) for i, a in usable if a.model_sweep is not None), None)
     parts.append(dmc.Title("the cost model across sequence lengths", order=3, mt="lg"))
-    parts.append(dmc.Text(f"wire bytes per rank and step for each scheme, {source}", size="sm", c="dimmed"))
-    parts.append(graph("compare-sweep", figures.model_sweep(base, seqs)))
-    for root in store.sweeps:
-        parts += sweep_section(root)
+    if swept is None:
+        parts.append(note_box("no chosen run declares every size the cost model needs: declare them (run.json, "
+                              "--config or flags) to sweep that run's model", color="gray"))  # fmt: skip
+    else:
+        name, sweep = swept
+        parts.append(dmc.Text(f"wire bytes per rank and step for each scheme, at {name}'s model: {sweep.describe()}",
+                              size="sm", c="dimmed"))  # fmt: skip
+        parts.append(graph("compare-sweep", model_sweep(sweep)))
+    for index in range(len(store.sweeps)):
+        parts += sweep_section(store, index)
     return parts

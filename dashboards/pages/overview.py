@@ -12,23 +12,10 @@ from dash import dcc, html
 from sptrace.dashboards.pages.common import View, card, error_box, findings_list, href, page_title, verdict_badge
 from sptrace.dashboards.store import RunStore
 
-from sptrace.analysis import RunAnalysis
+from sptrace.analysis import RunFacts
 from sptrace.errors import SptraceError
-from sptrace.report.figures import COLORS
+from sptrace.report.theme import COLORS
 from sptrace.units import human_bytes
-
-
-def run_facts(a: RunAnalysis) -> dict[str, Any]:
-    """The card's numbers (None where the run cannot tell)."""
-    t = a.time_summary()
-    return {
-        "step_ms": t["step_ms"], "comm_ms": t["comm_ms"], "comm_share": t["comm_share"],
-        "exposed_ms": t["exposed_ms"], "step_source": t["step_source"],
-        "wire_bytes": a.wire_bytes_per_rank(),
-        "model_wire_bytes": a.estimate.wire_per_step() if a.estimate is not None else None,
-        "retained_per_layer": a.retained_per_layer(),
-        "korthikanti_per_layer": a.expected_activation_bytes,
-    }  # fmt: skip
 
 
 def _stat(label: str, value: str, detail: str | None = None, badge: Any = None, stat_id: str | None = None) -> Any:
@@ -47,9 +34,9 @@ def _swatch(color: str) -> Any:
                             "background": color})  # fmt: skip
 
 
-def time_bar(facts: dict[str, Any]) -> Any:
+def time_bar(facts: RunFacts) -> Any:
     """The step split into exposed communication, overlapped communication and the rest."""
-    step, comm, exposed = facts["step_ms"], facts["comm_ms"], facts["exposed_ms"]
+    step, comm, exposed = facts.step_ms, facts.comm_ms, facts.exposed_ms
     if not step or comm is None:
         return dmc.Text("no step time in this trace", size="xs", c="dimmed")
     sections = []
@@ -75,19 +62,19 @@ def run_card(store: RunStore, i: int, selected: bool) -> Any:
     if isinstance(a, SptraceError):
         return card([name, error_box(str(a))], className="run-card", id=f"run-card-{i}")
     run, model = a.run, a.model
-    facts = run_facts(a)
+    facts = a.facts  # the card's numbers (None where the run cannot tell)
     desc = f"{len(run)} of {run.world_size} ranks · {run.backend or 'unknown backend'}"
     shape_bits = [f"{k} {v}" for k, v in (("S", model.seq), ("P", model.sp_size), ("L", model.layers)) if v]
-    step = facts["step_ms"]
-    step_detail = "slowest rank" + (f"; {facts['step_source']}" if facts.get("step_source") else "")
-    share = facts["comm_share"]
-    exposed = facts["exposed_ms"]
-    wire, model_wire = facts["wire_bytes"], facts["model_wire_bytes"]
-    kept, korth = facts["retained_per_layer"], facts["korthikanti_per_layer"]
+    step = facts.step_ms
+    step_detail = "slowest rank" + (f"; {facts.step_source}" if facts.step_source else "")
+    share = facts.comm_share
+    exposed = facts.exposed_ms
+    wire, model_wire = facts.wire_bytes, facts.model_wire_bytes
+    kept, korth = facts.retained_per_layer, a.expected_activation_bytes
     stats = dmc.SimpleGrid([
         _stat("step time", "n/a" if step is None else f"{step:.1f} ms", step_detail, stat_id=f"step-{i}"),
         _stat("communication", "n/a" if share is None else f"{100 * share:.1f} %",
-              None if facts["comm_ms"] is None else f"{facts['comm_ms']:.1f} ms of transfer per rank",
+              None if facts.comm_ms is None else f"{facts.comm_ms:.1f} ms of transfer per rank",
               stat_id=f"comm-{i}"),
         _stat("exposed communication", "n/a" if exposed is None else f"{exposed:.1f} ms",
               "no GPU streams: nothing to overlap with" if exposed is None else "not overlapped by compute kernels",

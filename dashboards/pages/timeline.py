@@ -13,7 +13,7 @@ from sptrace.dashboards.pages.common import View, error_box, graph, grid, page_t
 from sptrace.dashboards.store import RunStore
 
 from sptrace.errors import SptraceError
-from sptrace.report import figures
+from sptrace.report.timeline import timeline
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -81,19 +81,19 @@ def render(store: RunStore, view: View) -> Any:
             value=str(groups[index][0]), allowDeselect=False, searchable=True, w=170, size="sm",
             label=f"rank group ({len(groups)} of {MAX_LANES})",
         ))  # fmt: skip
-    t = a.time_summary()
+    t = a.facts
     facts = []
-    if t["step_ms"] is not None:
-        facts.append(f"step {t['step_ms']:.1f} ms (slowest rank)")
-    if t["comm_ms"] is not None:
-        facts.append(f"{t['comm_ms']:.1f} ms of transfer per rank")
+    if t.step_ms is not None:
+        facts.append(f"step {t.step_ms:.1f} ms (slowest rank)")
+    if t.comm_ms is not None:
+        facts.append(f"{t.comm_ms:.1f} ms of transfer per rank")
     facts.append(f"{len(a.collectives)} collectives on {a.collectives['rank'].nunique() if len(a.collectives) else 0} "
                  "ranks")  # fmt: skip
     shown = groups[index] if index is not None else None
     parts = [
         head, controls, dmc.Text(" · ".join(facts), size="sm", c="dimmed"),
-        graph("timeline-graph", figures.timeline(a, layer=layer, phase=None if layer is not None else phase,
-                                                 ranks=shown, max_lanes=MAX_LANES)),
+        graph("timeline-graph", timeline(a, layer=layer, phase=None if layer is not None else phase, ranks=shown,
+                                         max_lanes=MAX_LANES)),
     ]  # fmt: skip
     parts.append(html.Div(dmc.Text("Click a collective to list the events around it on its rank (read from the "
                                    "run's table cache, that window only).", size="sm", c="dimmed", mt="xs"),

@@ -8,13 +8,16 @@ import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sptrace.cli.common import log
 from sptrace.dtypes import ACTIVATION_DTYPES
 from sptrace.errors import UsageError
 from sptrace.reference_models.config import FAULTS, StepConfig
 from sptrace.shape import RECOMPUTE, SCHEME_CHOICES, SCHEMES
+
+if TYPE_CHECKING:  # pandas is imported when a sweep is tabulated, not to parse flags
+    import pandas as pd
 
 DEMO_DIR = Path("sptrace-demo")
 DEMO_SCHEMES = ("megatron", "ulysses", "hybrid")  # the first article's three systems
@@ -282,11 +285,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"  {run.out_dir.name:<9} {line}")
     print("\nStep and communication time (transfer time, mean over ranks):")
     for run, a in zip(runs, analyses):
-        t = a.time_summary()
-        share = "" if t["comm_share"] is None else f" ({100 * t['comm_share']:.0f}% of the step)"
-        print(
-            f"  {run.out_dir.name:<9} step {t['step_ms'] or 0:.1f} ms, communication {t['comm_ms'] or 0:.1f} ms{share}"
-        )
+        t = a.facts
+        share = "" if t.comm_share is None else f" ({100 * t.comm_share:.0f}% of the step)"
+        print(f"  {run.out_dir.name:<9} step {t.step_ms or 0:.1f} ms, communication {t.comm_ms or 0:.1f} ms{share}")
     if args.no_serve:
         print(f"\nsptrace dash {' '.join(str(r.out_dir) for r in runs)}   # to browse them")
         return 0
@@ -307,9 +308,42 @@ def _int_list(text: str, flag: str) -> list[int]:
     return values
 
 
+def sweep_config(base: StepConfig, scheme: str, seq: int) -> StepConfig:
+    """The run of ``scheme`` (``-zero3`` for FSDP2) at length ``seq``: ``base`` carries USP's
+    Ulysses degree, which every other scheme records as 1, as ``sptrace profile`` does."""
+    name = scheme.removesuffix("-zero3")
+    degree = base.ulysses_degree if name == "usp" else 1
+    return base.replace(scheme=name, zero3=scheme.endswith("-zero3"), seq=seq, ulysses_degree=degree)
+
+
+def run_sweep(
+    base: StepConfig, schemes: list[str], seqs: list[int], out: Path, *, warmup: int, device: str, force: bool, log: Any
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Profile each combination (skipping runs already complete unless ``force``) in one launch,
+    then analyse every run of ``out`` and tabulate them (sptrace.sweep.summarize)."""
+    from sptrace.analysis import analyse_run
+    from sptrace.launch import RunRequest, holds_run, profile_references
+    from sptrace.sweep import run_name, summarize, sweep_runs
+
+    combos = [sweep_config(base, s, n) for s in schemes for n in seqs]
+    out.mkdir(parents=True, exist_ok=True)
+    todo = []
+    for cfg in combos:
+        target = out / run_name(cfg.scheme + ("-zero3" if cfg.zero3 else ""), cfg.seq)
+        if force or not (target.is_dir() and holds_run(target) and (target / "run.json").is_file()):
+            todo.append(RunRequest(cfg, target))
+        else:
+            log(f"{target.name}: already profiled")
+    if todo:
+        log(f"sweep: profiling {len(todo)} of {len(combos)} runs in one launch")
+        for run in profile_references(todo, warmup=warmup, device=device, force=True, log=None):
+            log(f"{run.out_dir.name}: done")
+    return summarize(out, (analyse_run(p) for p in sweep_runs(out)))  # one analysis held at a time
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Profile every scheme x sequence length, then the comparison table and the regression."""
-    from sptrace.sweep import FIT, TABLE, UNDERDETERMINED, run_sweep, sweep_config
+    from sptrace.sweep import FIT, TABLE, UNDERDETERMINED
 
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     for s in schemes:

@@ -34,6 +34,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Exit 0 with the report written; 2 when no run could be analysed (nothing is written)."""
+    from sptrace.analysis import RunAnalysis, try_analyse
     from sptrace.fileio import write_atomic
     from sptrace.report.html import render_html
 
@@ -41,9 +42,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     for p in paths:
         if not p.exists():
             raise UsageError(f"{p}: no such file or directory")
-    text, usable = render_html(paths, flags=declarations(args), load_options=load_options(args))
+    flags, options = declarations(args), load_options(args)
+    runs = [(p, try_analyse(p, flags=flags, load_options=options)) for p in paths]  # the renderer only renders
+    usable = sum(isinstance(a, RunAnalysis) for _, a in runs)
     if not usable:
         raise UsageError(f"no run could be analysed among {', '.join(map(str, paths))}; {args.html} not written")
+    text = render_html(runs)
     write_atomic(Path(args.html), text.encode())
     log(f"wrote {args.html} ({len(text) / 2**20:.1f} MiB, {usable} of {count(len(paths), 'run')} analysed)")
     return 0

@@ -1,7 +1,8 @@
 """A self-contained HTML report over one or several runs, readable offline (a CI artifact). It
-renders sptrace.analysis's RunAnalysis, as the CLI and the dashboard do; the figures come from
-sptrace.report.figures, shared with the dashboard, and the tables read like the dashboard's
-grids: its headers, bytes in KiB/MiB/GiB, times in ms from the step start.
+renders finished analyses (sptrace.analysis's RunAnalysis, which the CLI runs), as the dashboard
+does, and computes nothing of its own; the figures come from sptrace.report's figure modules,
+shared with the dashboard, and the tables read like the dashboard's grids: its headers, bytes in
+KiB/MiB/GiB, times in ms from the step start.
 
 Size: plotly.js (4.6 MiB) is inlined once, LZMA-compressed and base85-encoded (1.3 MiB), and the
 figures' data likewise; a decoder in the page unpacks both when it opens, so that an 8-rank
@@ -20,6 +21,7 @@ import json
 import lzma
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +29,11 @@ import numpy as np
 import pandas as pd
 
 from sptrace import __version__
-from sptrace.analysis import RunAnalysis, try_analyse
+from sptrace.analysis import RunAnalysis
 from sptrace.checks.findings import Finding, Verdict
-from sptrace.costmodel.comm import needs
-from sptrace.shape import ModelShape
+from sptrace.errors import SptraceError
+from sptrace.report import compare, figures, timeline
+from sptrace.report.theme import FONT, VERDICT_COLORS, header
 from sptrace.units import human_bytes, rank_ranges
 
 MEMORY_POINTS = 1000
@@ -38,39 +41,31 @@ MEMORY_POINTS = 1000
 about 1000 px wide (the dashboard draws 4000, which made the figure 190 KiB of an 8-rank report)."""
 
 
-def render_html(paths: list[Path], **options: Any) -> tuple[str, int]:
-    """(the page, how many runs could be analysed). ``options``: analyse_run's (the model
-    flags, load options) for every run."""
-    from sptrace.report import figures
-
+def render_html(runs: Sequence[tuple[Path, RunAnalysis | SptraceError]]) -> str:
+    """The page over ``runs``: each run's path with its analysis, or the error that made it
+    unusable (sptrace.analysis.try_analyse's)."""
     sections, index, plots = [], [], []
-    usable = 0
-    for i, path in enumerate(paths):
-        a = try_analyse(path, **options)
+    for i, (path, a) in enumerate(runs):
         name = html.escape(str(path))
         if not isinstance(a, RunAnalysis):
             sections.append(f'<section id="run{i}"><h2>{name}</h2><p class="error">{html.escape(str(a))}</p></section>')
             index.append(f'<li><a href="#run{i}">{name}</a>: unusable</li>')
             continue
-        usable += 1
         verdicts = (("collectives", a.collectives_verdict, a.comm_unavailable),
                     ("sharding", a.sharding.verdict if a.sharding else None, a.sharding_unavailable))  # fmt: skip
         badges = "; ".join(f"{check} {badge(check, verdict, why)}" for check, verdict, why in verdicts)
         index.append(f'<li><a href="#run{i}">{name}</a>: {badges}</li>')
         sections.append(_run_section(f"run{i}", name, a, verdicts, plots))
     banner, plotly_js = _plotly()
-    page = _PAGE.format(
-        font=figures.FONT,
+    return _PAGE.format(
+        font=FONT,
         version=__version__, created=time.strftime("%Y-%m-%d %H:%M"), index="\n".join(index),
         sections="\n".join(sections), plotly=plotly_js, banner=banner, loader=_LOADER,
         figures=_packed("sptrace-figures", ("[" + ",".join(plots) + "]").encode()),
     )  # fmt: skip
-    return page, usable
 
 
 def _run_section(anchor: str, name: str, a: RunAnalysis, verdicts: tuple[Any, ...], plots: list[str]) -> str:
-    from sptrace.report import figures
-
     def plot(fig: Any) -> str:
         return _plot(fig, plots)
 
@@ -84,21 +79,21 @@ def _run_section(anchor: str, name: str, a: RunAnalysis, verdicts: tuple[Any, ..
         if label == "collectives" and a.comm is None and verdict is not None:
             line += f" (ranks compared with each other; the cost model was skipped: {why})"
         parts.append(f'<p class="verdict">{badge(label, verdict, why)} {html.escape(label)}: {html.escape(line)}</p>')
-    t = a.time_summary()
-    if t["step_ms"] is not None:
-        exposed = "n/a (no GPU streams)" if t["exposed_ms"] is None else f"{t['exposed_ms']:.1f} ms"
-        share = "" if t["comm_share"] is None else f" ({100 * t['comm_share']:.0f}% of the step)"
+    t = a.facts
+    if t.step_ms is not None:
+        exposed = "n/a (no GPU streams)" if t.exposed_ms is None else f"{t.exposed_ms:.1f} ms"
+        share = "" if t.comm_share is None else f" ({100 * t.comm_share:.0f}% of the step)"
         parts.append(html_p(
-            f"step {t['step_ms']:.1f} ms (slowest rank, measured by {t['step_source']}); communication "
-            f"{t['comm_ms'] or 0:.1f} ms of transfer time per rank{share}; exposed {exposed}"
+            f"step {t.step_ms:.1f} ms (slowest rank, measured by {t.step_source}); communication "
+            f"{t.comm_ms or 0:.1f} ms of transfer time per rank{share}; exposed {exposed}"
         ))  # fmt: skip
     frame = a.collectives
-    parts.append(plot(figures.timeline(a)))
+    parts.append(plot(timeline.timeline(a)))
     parts.append(plot(figures.wire_by_kind(frame, a.estimate)))
     parts.append(plot(figures.wire_by_layer(frame, a.estimate)))
     if a.p2p is not None and not a.p2p.pairs.empty:
-        parts.append(plot(figures.p2p_matrix(a)))
-        parts.append(plot(figures.p2p_steps(a)))
+        parts.append(plot(timeline.p2p_matrix(a)))
+        parts.append(plot(timeline.p2p_steps(a)))
     if a.comm is not None:
         parts.append(_findings_table("collective findings", a.comm.findings))
         parts.append(render_html_table(a.comm.ranks, "per rank: collectives and wire bytes against the model"))
@@ -116,27 +111,14 @@ def _run_section(anchor: str, name: str, a: RunAnalysis, verdicts: tuple[Any, ..
         first = f" (the first {len(matched)} of {total})" if total > len(matched) else ""
         title = f"matched collectives{first}: skew, straggler, bandwidth; times in ms from the step start, on clocks "
         parts.append(render_html_table(matched, title + "aligned across ranks"))
-    sweep = _sweep(model)
+    sweep = a.model_sweep
     if sweep is not None:
-        parts.append(html_h3(f"the cost model across sequence lengths at the model of this run: {model.label} "
-                             f"{model.describe()}, S varied"))  # fmt: skip
-        parts.append(plot(sweep))
+        parts.append(html_h3(f"the cost model across sequence lengths at the model of this run: {sweep.describe()}"))
+        parts.append(plot(compare.model_sweep(sweep)))
     for w in a.warnings:
         parts.append(f'<p class="warning">{html.escape(w)}</p>')
     parts.append("</section>")
     return "\n".join(parts)
-
-
-def _sweep(model: ModelShape) -> Any:
-    """The cost model across sequence lengths at the run's own model (the dashboard's Compare
-    page's lengths: S/4 to 32 S, those P divides), or None when a value it needs is unknown."""
-    from sptrace.report import figures
-
-    if model.missing(needs(model.scheme)):
-        return None
-    S, P = model.seq or 1, model.sp_size or 1
-    lengths = {S * 2**k // 4 for k in range(8)}
-    return figures.model_sweep(model, sorted(s for s in lengths if s >= P and s % P == 0))
 
 
 def _matched_rows(a: RunAnalysis, limit: int = 200) -> pd.DataFrame:
@@ -156,8 +138,6 @@ def _matched_rows(a: RunAnalysis, limit: int = 200) -> pd.DataFrame:
 
 def badge(check: str, verdict: Verdict | None, why: str | None = None) -> str:
     """The dashboard's verdict badge: same labels and colours, the reasons on hover."""
-    from sptrace.report.figures import VERDICT_COLORS
-
     if verdict is None:
         status, label, tip = "unavailable", "NOT CHECKED", f"{check} not checked: {why or 'no data'}"
     else:
@@ -179,11 +159,9 @@ def html_h3(text: str) -> str:
 
 
 def render_html_table(frame: pd.DataFrame, title: str) -> str:
-    """``frame`` as the dashboard's grids show it: its headers (figures.HEADERS), bytes in
+    """``frame`` as the dashboard's grids show it: its headers (theme.HEADERS), bytes in
     KiB/MiB/GiB, ``_ms`` and ``_gbps`` with 3 decimals, counts as integers, never an exponent.
     Durations in us show in ms; absolute times in us (a rank's own clock, ~5e12) are left out."""
-    from sptrace.report.figures import header
-
     shown = frame.copy()
     for col in [str(c) for c in shown.columns if str(c).endswith("_us")]:
         at, values, ms = shown.columns.get_loc(col), shown.pop(col), col.removesuffix("_us") + "_ms"

@@ -10,7 +10,6 @@ import time
 
 import pytest
 from sptrace.dashboards.app import create_app, parse_view
-from sptrace.dashboards.pages import overview
 from sptrace.dashboards.store import RunStore
 from sptrace.reference_models.config import StepConfig
 
@@ -128,14 +127,14 @@ def test_overview_cards(app, profiled):
 
 def test_overview_numbers_are_transfer_time(app):
     a = app.sptrace_store.get(0)
-    facts = overview.run_facts(a)
+    facts = a.facts  # the card's numbers
     # communication is transfer time (gloo workers), a large share of a gloo step, never CPU issue time
     issue_ms = a.collectives.groupby("rank")["dur_us"].sum().mean() / 1e3
-    assert facts["comm_ms"] > 3 * issue_ms and 0 < facts["comm_share"] < 1 and facts["exposed_ms"] is None
+    assert facts.comm_ms > 3 * issue_ms and 0 < facts.comm_share < 1 and facts.exposed_ms is None
     # wire bytes per rank: what the tensors' own sizes give, summed; the model agrees on a clean run
-    assert facts["wire_bytes"] == pytest.approx(facts["model_wire_bytes"])
+    assert facts.wire_bytes == pytest.approx(facts.model_wire_bytes)
     layers = a.sharding.layers
-    assert facts["retained_per_layer"] == pytest.approx(layers["measured_bytes"].mean())
+    assert facts.retained_per_layer == pytest.approx(layers["measured_bytes"].mean())
 
 
 def test_collectives_page_and_bar_click_filter(app):
@@ -183,7 +182,7 @@ def test_timeline_zoom_goes_into_the_url(app):
     layer1 = a.collectives[a.collectives["layer"] == 1]
     start = a.clock_ms(layer1["rank"], layer1["transfer_start_us"].fillna(layer1["start_us"]))
     lo, hi = figure["layout"]["xaxis"]["range"]
-    assert lo <= start.min() and start.max() < hi and hi - lo < 0.9 * a.time_summary()["step_ms"]
+    assert lo <= start.min() and start.max() < hi and hi - lo < 0.9 * a.facts.step_ms
     out = c.call("url.search", {"timeline-layer.value": "0", "url.search": "?run=0"}, "timeline-layer.value")
     assert out["url"]["search"] == "?run=0&layer=0"
     values = {"timeline-phase.value": "backward", "url.search": "?run=0&layer=0"}
@@ -240,6 +239,8 @@ def test_compare_page(app):
     assert names == {("megatron", "megatron-stray-full-save")}
     sweep = next(x for x in _walk(page) if x.get("props", {}).get("id") == "compare-sweep")["props"]["figure"]
     assert [t["name"] for t in sweep["data"]] == ["megatron", "ulysses", "hybrid", "ring", "usp (U=2)"]
+    # the first chosen run's own model, as its HTML report sweeps it, and said
+    assert f"at megatron's model: {app.sptrace_store.get(0).model_sweep.describe()}" in text(page)
     assert "overview-cards" not in text(page)  # no table that repeats the Overview
     assert response["header-runs-wrap"]["style"] == {} and response["header-run-wrap"]["style"] == {"display": "none"}
     assert response["header-runs-label"]["children"] == "2 of 3 runs"
@@ -318,8 +319,8 @@ def test_gpu_page_runs_hta_only_where_there_are_kernels(app, tmp_path):
     assert sorted(p.name for p in run.iterdir()) == ["rank0.json", "rank1.json"]  # HTA wrote nothing beside
     assert "no GPU kernels in this run" in text(Client(app).page("/gpu")["page"]["children"])
     # the overview: transfer time from the NCCL kernels, and the part no compute kernel overlaps
-    facts = overview.run_facts(gpu_app.sptrace_store.get(0))
-    assert facts["comm_ms"] == pytest.approx(0.2, abs=0.05) and facts["exposed_ms"] == pytest.approx(0.1, abs=0.05)
+    facts = gpu_app.sptrace_store.get(0).facts
+    assert facts.comm_ms == pytest.approx(0.2, abs=0.05) and facts.exposed_ms == pytest.approx(0.1, abs=0.05)
     # no run.json: the collectives are checked rank against rank, and the page says why no more
     page = text(Client(gpu_app).page("/collectives")["page"]["children"])
     assert "CONSISTENT: 4 collectives per rank" in page and "the cost model was skipped" in page

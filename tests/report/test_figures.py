@@ -1,8 +1,10 @@
-"""Figure functions: pure functions of a RunAnalysis's tables, so each is checked here on tables
-written by hand: what they plot must be the numbers they were given."""
+"""Figure functions: they draw a finished RunAnalysis (or its tables, or a sweep) and compute
+nothing, so each is checked here on tables written by hand: what they plot must be the numbers
+they were given."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,7 +17,9 @@ from sptrace.costmodel import estimate_comm
 from sptrace.detect.collectives import COLUMNS
 from sptrace.detect.timing import RankTiming
 from sptrace.reduce.matching import Matching
-from sptrace.report import figures
+from sptrace.report import compare, figures, theme, timeline
+from sptrace.shape import ModelShape
+from sptrace.sweep import load_sweep, sweep_model
 
 
 def analysis(collectives: pd.DataFrame, *, offsets=None, phases=None, compute=None, matched=None, members=None,
@@ -57,7 +61,7 @@ def bars(fig, name):
 
 
 def test_timeline_lanes_on_aligned_clocks(frame):
-    fig = figures.timeline(analysis(frame, offsets={0: 0.0, 1: 50.0}))
+    fig = timeline.timeline(analysis(frame, offsets={0: 0.0, 1: 50.0}))
     assert [t.name for t in fig.data] == ["all_gather", "all_reduce"]
     ag = bars(fig, "all_gather")
     # rank 1's clock runs 50 us ahead: both transfers start together, 1 us after the step's zero
@@ -75,7 +79,7 @@ def test_timeline_keeps_short_collectives_visible_on_a_445_ms_step():
     step = pd.DataFrame({"rank": [0], "phase": ["step"], "start_us": [0.0], "dur_us": [445_000.0]})
     tiny = pd.DataFrame({"rank": [0], "kind": ["all_gather"], "start_us": [1000.0], "dur_us": [5.0],
                          "transfer_start_us": [1001.0], "transfer_dur_us": [3.0], "phase": ["forward"]})  # fmt: skip
-    fig = figures.timeline(analysis(tiny, phases=step))
+    fig = timeline.timeline(analysis(tiny, phases=step))
     (width,) = bars(fig, "all_gather").x
     assert width == pytest.approx(445 / 400)  # 3 us drawn as 1/400 of the view: a few pixels, never zero
     assert fig.layout.xaxis.range[1] >= 445
@@ -91,16 +95,16 @@ def test_timeline_phases_are_bands_and_zoom(frame):
         }
     )
     a = analysis(frame, offsets={0: 0.0, 1: 50.0}, phases=phases)
-    fig = figures.timeline(a)
+    fig = timeline.timeline(a)
     bands = [s for s in fig.layout.shapes if s.type == "rect"]
-    assert len(bands) == 4 and {s.fillcolor for s in bands} == {figures.PHASE_COLORS["forward"],
-                                                                 figures.PHASE_COLORS["backward"]}  # fmt: skip
+    assert len(bands) == 4 and {s.fillcolor for s in bands} == {theme.PHASE_COLORS["forward"],
+                                                                 theme.PHASE_COLORS["backward"]}  # fmt: skip
     # phases behind the collectives, on the rank's own lane (not rows of their own)
     assert all(s.layer == "below" for s in bands) and sorted({round(s.y0 + 0.48) for s in bands}) == [0, 1]
     assert [t.name for t in fig.data if t.type == "bar"] == ["all_gather", "all_reduce"]
-    layer0 = figures.timeline(a, layer=0).layout.xaxis.range  # the layer's collectives: 11..41 us
+    layer0 = timeline.timeline(a, layer=0).layout.xaxis.range  # the layer's collectives: 11..41 us
     assert layer0[0] < 0.011 < 0.041 < layer0[1] < 0.05
-    backward = figures.timeline(a, phase="backward").layout.xaxis.range  # 250..350 us after the zero at 90
+    backward = timeline.timeline(a, phase="backward").layout.xaxis.range  # 250..350 us after the zero at 90
     assert backward[0] == pytest.approx(0.16, abs=0.01) and backward[1] == pytest.approx(0.26, abs=0.01)
 
 
@@ -108,7 +112,7 @@ def test_timeline_links_matched_collectives_and_marks_the_straggler(frame):
     members = pd.DataFrame({"rank": [0, 1], "group": ["g", "g"], "key": [1, 1], "start_us": [100.0, 150.0]})
     matched = pd.DataFrame({"group": ["g"], "key": [1], "ranks": [[0, 1]], "straggler": [1], "algbw_gbps": [2.5],
                             "busbw_gbps": [1.25], "kind": ["all_gather"], "in_bytes": [8]})  # fmt: skip
-    fig = figures.timeline(analysis(frame, offsets={0: 0.0, 1: 40.0}, matched=matched, members=members))
+    fig = timeline.timeline(analysis(frame, offsets={0: 0.0, 1: 40.0}, matched=matched, members=members))
     link = bars(fig, "same collective")
     assert [x is None for x in link.x] == [False, False, True]
     straggler = bars(fig, "straggler (arrived last)")
@@ -125,7 +129,7 @@ def test_wire_by_kind_outlines_what_differs_from_the_model(frame):
     assert dict(zip(measured.x, measured.y)) == {"all_gather": 7.0, "all_reduce": 28.0, "reduce_scatter": 0.0}
     assert dict(zip(model.x, model.y))["all_gather"] == est.wire_per_step("all_gather") / 2**20
     outline = dict(zip(measured.x, measured.marker.line.color))
-    assert outline["all_gather"] == figures.VERDICT_COLORS["fail"]  # 7 MiB is not what the model says
+    assert outline["all_gather"] == theme.VERDICT_COLORS["fail"]  # 7 MiB is not what the model says
     assert list(measured.customdata) == list(measured.x)  # a click names the kind
 
 
@@ -145,7 +149,7 @@ def test_retained_by_layer_groups_and_the_expected_figure():
     assert by == {"sharded": {"layer 0": 1.0}, "ambiguous": {"layer 0": 1.0}, "full": {"layer 0": 2.0},
                   "other": {"outside layers": 1.0}}  # fmt: skip
     colors = {t.name: t.marker.color for t in fig.data}
-    assert colors["full"] == figures.VERDICT_COLORS["fail"] and colors["ambiguous"] == figures.VERDICT_COLORS[
+    assert colors["full"] == theme.VERDICT_COLORS["fail"] and colors["ambiguous"] == theme.VERDICT_COLORS[
         "undecided"]  # fmt: skip
     (line,) = [s for s in fig.layout.shapes if s.type == "line"]
     assert line.y0 == line.y1 == 3.0
@@ -185,36 +189,53 @@ def test_compare_runs_side_by_side(frame):
     timing = [RankTiming(0, 10.0, 4.0, None, 0), RankTiming(1, 12.0, 6.0, None, 0)]
     one = analysis(frame, timing=timing, name="one")
     two = analysis(frame.iloc[:2], timing=[RankTiming(0, 8.0, 2.0, None, 0)], name="two")
-    fig = figures.compare_runs([one, two])
+    fig = compare.compare_runs([one, two])
     comm, rest = fig.data[0], fig.data[1]
     assert list(comm.x) == ["one", "two"] and list(comm.y) == [5.0, 2.0]  # mean transfer per rank
     assert list(rest.y) == [7.0, 6.0] and list(rest.base) == [5.0, 2.0]  # stacked on it: the slowest step
     wire = bars(fig, "measured wire")
     assert list(wire.y) == [35.0, 35.0]  # MiB per rank
+    # what the bars draw are the run's facts, the numbers the Overview, the report and a sweep show
+    assert (one.facts.step_ms, one.facts.comm_ms, one.facts.comm_share) == (12.0, 5.0, 5.0 / 12.0)
+    assert one.facts.wire_bytes == 35 * 2**20 and one.facts.model_wire_bytes is None and one.facts.exposed_ms is None
 
 
 def test_model_sweep_is_the_cost_model():
-    base = StepConfig(layers=1, seq=128)
-    fig = figures.model_sweep(base, [128, 256, 2048])
+    cfg = StepConfig(layers=1, seq=128)
+    sweep = sweep_model(cfg.shape())
+    assert sweep.seqs == (32, 64, 128, 256, 512, 1024, 2048, 4096)  # S/4 to 32 S, those P = 8 divides
+    assert sweep.describe() == "megatron P=8 L=1 B=2 S=128 H=96 a=16 g=8 F=160 float32, S varied"
+    fig = compare.model_sweep(sweep)
     mega = bars(fig, "megatron")
-    assert list(mega.y) == [estimate_comm(base.replace(seq=s)).wire_per_step() / 2**30 for s in (128, 256, 2048)]
-    assert list(fig.layout.xaxis.ticktext) == ["128", "256", "2K"]
-    assert figures.model_sweep(base.shape(), [128]).data[0].y[0] == mega.y[0]  # a ModelShape alike
+    assert list(mega.y) == [estimate_comm(cfg.replace(seq=s)).wire_per_step() / 2**30 for s in sweep.seqs]
+    assert list(fig.layout.xaxis.ticktext) == ["32", "64", "128", "256", "512", "1K", "2K", "4K"]
+    assert [t.name for t in fig.data] == ["megatron", "ulysses", "hybrid", "ring", "usp (U=2)"]
+    short = sweep_model(cfg.shape().override("test", seq=32))  # from S = 8: ring's zigzag needs 2P = 16 chunks
+    assert short.seqs[0] == 8 and short.wire_bytes["ring"][0] is None and None not in short.wire_bytes["ring"][1:]
+    assert bars(compare.model_sweep(short), "ring").y[0] is None  # a gap in its curve
+    # a model with a size undeclared is not swept: its curves would describe no run
+    assert sweep_model(ModelShape(scheme="megatron", sp_size=8, seq=128)) is None
 
 
-def test_sweep_fit_says_when_it_is_underdetermined():
+def test_sweep_fit_says_when_it_is_underdetermined(tmp_path):
     table = pd.DataFrame({"scheme": ["megatron", "ulysses"], "seq": [1024, 2048], "step_ms": [10.0, 20.0],
                           "peak_GiB": [1.0, 2.0], "comm_GiB": [0.5, 1.0]})  # fmt: skip
     coefficients = {"intercept": 1.0, "peak_GiB": 2.0, "comm_GiB": 3.0, "S_K": 4.0, "S_K^2": 0.5}
-    fig = figures.sweep_fit(table, {"coefficients": coefficients, "underdetermined": True})
+    table.to_csv(tmp_path / "comparison.csv", index=False)
+    (tmp_path / "regression.json").write_text(json.dumps({"coefficients": coefficients, "underdetermined": True}))
+    sweep = load_sweep(tmp_path)  # the fit's predictions are computed here, once; the figure draws them
+    assert list(sweep.predicted_ms) == [1.0 + 2.0 + 1.5 + 4.0 + 0.5, 1.0 + 4.0 + 3.0 + 8.0 + 2.0]
+    fig = compare.sweep_fit(sweep)
     assert "underdetermined" in fig.layout.title.text
     fit = bars(fig, "megatron fit")
     assert list(fit.y) == [1.0 + 2.0 + 1.5 + 4.0 + 0.5]
-    assert "underdetermined" not in figures.sweep_fit(table, {"coefficients": coefficients}).layout.title.text
+    (tmp_path / "regression.json").write_text(json.dumps({"coefficients": coefficients}))
+    assert "underdetermined" not in compare.sweep_fit(load_sweep(tmp_path)).layout.title.text
+    assert load_sweep(tmp_path / "elsewhere") is None
 
 
 def test_every_figure_uses_the_template(frame):
     a = analysis(frame)
-    for fig in (figures.timeline(a), figures.wire_by_kind(frame, None), figures.memory_over_step(a),
-                figures.compare_runs([a]), figures.model_sweep(StepConfig(), [1024])):  # fmt: skip
-        assert fig.layout.template.layout.font.family == figures.FONT
+    for fig in (timeline.timeline(a), figures.wire_by_kind(frame, None), figures.memory_over_step(a),
+                compare.compare_runs([a]), compare.model_sweep(sweep_model(StepConfig().shape()))):  # fmt: skip
+        assert fig.layout.template.layout.font.family == theme.FONT

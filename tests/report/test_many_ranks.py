@@ -17,7 +17,7 @@ from sptrace.dashboards.store import RunStore
 from sptrace.analysis import reduce_run
 from sptrace.load.replicate import replicate_run
 from sptrace.reduce.matching import skew_by_rank, top_stragglers
-from sptrace.report import figures
+from sptrace.report.timeline import skew_heatmap
 from sptrace.run.map import MapSpec, map_run
 
 pytestmark = pytest.mark.distributed
@@ -79,9 +79,9 @@ def test_top_stragglers(analysis):
 
 
 def test_heatmap_shares_columns_past_its_width(analysis):
-    full = figures.skew_heatmap(analysis)
+    full = skew_heatmap(analysis)
     assert len(full.data[0].x) == 64 and full.data[0].x[0] == "0"
-    narrow = figures.skew_heatmap(analysis, max_columns=16)
+    narrow = skew_heatmap(analysis, max_columns=16)
     assert list(narrow.data[0].x[:2]) == ["ranks 0-3", "ranks 4-7"] and len(narrow.data[0].x) == 16
     z = np.asarray(narrow.data[0].z, dtype=float)
     assert np.nanmax(z[:, LATE_RANK // 4]) == pytest.approx(np.nanmax(np.asarray(full.data[0].z)[:, LATE_RANK]))
