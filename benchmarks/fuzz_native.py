@@ -120,8 +120,8 @@ def child(args: argparse.Namespace) -> int:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from sptrace.errors import TraceError
     from sptrace.load import decode
+    from sptrace.vocab.errors import TraceError
     from tests.load.test_native import events, kineto_trace
 
     decode._kineto = native  # decode_native's column conversion runs on the sanitized buffers too

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from sptrace.analysis import RunAnalysis, analyse_run
-from sptrace.errors import SptraceError
 from sptrace.sweep import Sweep, load_sweep
+from sptrace.vocab.errors import SptraceError
 
 
 class RunStore:

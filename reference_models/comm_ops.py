@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from sptrace import markers
 from sptrace.instrumentation import annotate as _annotate
+from sptrace.vocab import markers
 
 Group = dist.ProcessGroup
 

@@ -1,7 +1,7 @@
 """The reference models' run configuration: the model, plus what only a reference run has
 (injected faults, seed, gradient buckets). ``sptrace profile`` validates flags with it before
 launching anything (no torch import here) and writes it to run.json. Analyses never read it:
-they read the ModelShape it declares (``StepConfig.shape()``, sptrace.shape)."""
+they read the ModelShape it declares (``StepConfig.shape()``, sptrace.vocab.shape)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from sptrace.dtypes import ACTIVATION_DTYPES, element_size
-from sptrace.errors import ConfigError
-from sptrace.shape import RECOMPUTE, SCHEMES, ModelShape, seq_split_problem
+from sptrace.vocab.dtypes import ACTIVATION_DTYPES, element_size
+from sptrace.vocab.errors import ConfigError
+from sptrace.vocab.shape import RECOMPUTE, SCHEMES, ModelShape, seq_split_problem
 
 DTYPES = ACTIVATION_DTYPES
 REFERENCE_SCHEMES = SCHEMES

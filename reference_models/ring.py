@@ -40,7 +40,7 @@ from sptrace.reference_models.ulysses import UlyssesBlock
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from sptrace import markers
+from sptrace.vocab import markers
 
 _KV_TAG = 1  # gloo pairs a send with its recv by tag; NCCL ignores tags
 

@@ -3,7 +3,7 @@
 ``sptrace check``, ``analyze``, ``report``, ``dash``, ``demo`` and ``sweep`` all render this one
 typed result, so they can never disagree: load -> collectives -> matching and timing -> the
 cost model check -> retained tensors -> the sharding check. What the run does not declare is
-unknown (sptrace.shape.ModelShape); an analysis that needs it is left out with the reason,
+unknown (sptrace.vocab.shape.ModelShape); an analysis that needs it is left out with the reason,
 naming the flag to pass, instead of running on a guess.
 """
 
@@ -29,9 +29,7 @@ from sptrace.costmodel.comm import undeclared_sizes
 from sptrace.detect.allocations import Retention
 from sptrace.detect.infer import layers_dtype
 from sptrace.detect.timing import RankTiming, step_sources
-from sptrace.errors import SptraceError, UsageError
 from sptrace.load.trace import RunFiles, RunTrace
-from sptrace.markers import SAVED
 from sptrace.reduce.matching import Matching, match_collectives
 from sptrace.reduce.p2p import P2PReport, analyse_point_to_point
 from sptrace.reduce.peers import merge_collectives
@@ -45,9 +43,11 @@ from sptrace.run.map import (
     map_run,
     summarize,
 )
-from sptrace.shape import FIELDS, Declarations, ModelShape
 from sptrace.sweep import ModelSweep, sweep_model
-from sptrace.units import count, rank_ranges
+from sptrace.vocab.errors import SptraceError, UsageError
+from sptrace.vocab.markers import SAVED
+from sptrace.vocab.shape import FIELDS, Declarations, ModelShape
+from sptrace.vocab.units import count, rank_ranges
 
 PARTS = ("collectives", "sharding")
 """What analyse_run can compute: collectives (with matching, timing and the cost-model check) and
@@ -316,7 +316,7 @@ def gradient_element_size(
     contradicts is an error naming both."""
     from math import prod
 
-    from sptrace.dtypes import element_size
+    from sptrace.vocab.dtypes import element_size
 
     if model.scheme == "megatron":  # its step-level all-reduce is the norms', in the activation dtype
         return 4, None

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Collection
 from pathlib import Path
 
-from sptrace.errors import UsageError
+from sptrace.vocab.errors import UsageError
 
 DEFAULT_MAX_BYTES = 2 * 2**30
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}

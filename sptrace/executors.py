@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sptrace.errors import TraceError, UsageError
+from sptrace.vocab.errors import TraceError, UsageError
 
 EXECUTORS = ("local", "dask")
 PARALLEL_MIN_BYTES = 32 * 2**20

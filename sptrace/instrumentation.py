@@ -23,8 +23,8 @@ from torch import nn
 from torch.autograd.profiler import record_function
 from torch.utils._python_dispatch import _disable_current_modes
 
-from sptrace import markers
-from sptrace.markers import SavedTensor
+from sptrace.vocab import markers
+from sptrace.vocab.markers import SavedTensor
 
 _profiler_enabled = torch.autograd._profiler_enabled
 

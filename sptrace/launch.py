@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sptrace.errors import LaunchError, UsageError
 from sptrace.load.trace import RUN_FILE
 from sptrace.profiling import trace_name
 from sptrace.reference_models.config import StepConfig
+from sptrace.vocab.errors import LaunchError, UsageError
 
 
 @dataclass(frozen=True, slots=True)

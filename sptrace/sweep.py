@@ -25,9 +25,9 @@ import pandas as pd
 
 from sptrace.costmodel import estimate_comm
 from sptrace.costmodel.comm import needs
-from sptrace.errors import UsageError
 from sptrace.fileio import write_atomic
-from sptrace.shape import ModelShape
+from sptrace.vocab.errors import UsageError
+from sptrace.vocab.shape import ModelShape
 
 if TYPE_CHECKING:  # a sweep's rows are read off analyses; the analysis imports this module
     from sptrace.analysis import RunAnalysis

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from sptrace import markers
+from sptrace.vocab import markers
 
 
 def read_events(path: Path) -> list[dict]:

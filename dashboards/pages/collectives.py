@@ -24,8 +24,8 @@ from sptrace.dashboards.pages.common import (
 from sptrace.dashboards.store import RunStore
 
 from sptrace.analysis import RunAnalysis
-from sptrace.errors import SptraceError
 from sptrace.report import figures, timeline
+from sptrace.vocab.errors import SptraceError
 
 ROW_COLUMNS = ["rank", "kind", "op", "phase", "layer", "module", "in_bytes", "wire_bytes", "start_ms", "transfer_ms",
                "group_size", "peer", "dtype", "source"]  # fmt: skip

@@ -16,7 +16,7 @@ from dash import dcc, html
 from sptrace.checks.findings import Finding, Verdict
 from sptrace.report.theme import SEVERITY_COLORS, VERDICT_COLORS
 from sptrace.report.theme import header as column_header
-from sptrace.units import rank_ranges
+from sptrace.vocab.units import rank_ranges
 
 
 @dataclass

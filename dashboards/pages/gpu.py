@@ -11,8 +11,8 @@ from typing import Any
 from sptrace.dashboards.pages.common import View, error_box, graph, grid, note_box, page_title
 from sptrace.dashboards.store import RunStore
 
-from sptrace.errors import SptraceError
 from sptrace.report import figures
+from sptrace.vocab.errors import SptraceError
 
 
 def hta_analyses(run: Any) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from sptrace.dashboards.pages.common import (
 from sptrace.dashboards.store import RunStore
 
 from sptrace.analysis import RunAnalysis
-from sptrace.errors import SptraceError
 from sptrace.report import figures
+from sptrace.vocab.errors import SptraceError
 
 TENSOR_COLUMNS = ["rank", "layer", "module", "shape", "dtype", "nbytes", "storage_bytes", "class", "why", "op",
                   "holder", "saved_by", "alloc_ms", "free_ms"]  # fmt: skip

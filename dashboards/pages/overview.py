@@ -13,9 +13,9 @@ from sptrace.dashboards.pages.common import View, card, error_box, findings_list
 from sptrace.dashboards.store import RunStore
 
 from sptrace.analysis import RunFacts
-from sptrace.errors import SptraceError
 from sptrace.report.theme import COLORS
-from sptrace.units import human_bytes
+from sptrace.vocab.errors import SptraceError
+from sptrace.vocab.units import human_bytes
 
 
 def _stat(label: str, value: str, detail: str | None = None, badge: Any = None, stat_id: str | None = None) -> Any:

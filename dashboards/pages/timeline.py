@@ -12,8 +12,8 @@ from dash import Input, Output, State, ctx, html, no_update
 from sptrace.dashboards.pages.common import View, error_box, graph, grid, page_title, verdict_badge
 from sptrace.dashboards.store import RunStore
 
-from sptrace.errors import SptraceError
 from sptrace.report.timeline import timeline
+from sptrace.vocab.errors import SptraceError
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -74,7 +74,7 @@ def render(store: RunStore, view: View) -> Any:
     ], align="flex-end", gap="lg", mb="sm")  # fmt: skip
     groups, index = chosen_group(a, view)
     if index is not None:  # many ranks: one group of lanes at a time
-        from sptrace.units import rank_ranges
+        from sptrace.vocab.units import rank_ranges
 
         controls.children.insert(0, dmc.Select(
             id="timeline-ranks", data=[{"label": f"ranks {rank_ranges(g)}", "value": str(g[0])} for g in groups],

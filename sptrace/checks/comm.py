@@ -16,7 +16,7 @@ from sptrace.costmodel.comm import CommEstimate
 from sptrace.detect.args import present
 from sptrace.jsonable import records
 from sptrace.reduce.matching import Matching
-from sptrace.units import count, human_bytes
+from sptrace.vocab.units import count, human_bytes
 
 Sig = tuple[str, str, int | None]  # (phase, kind, in_bytes); None: the trace did not say
 

@@ -26,7 +26,7 @@ import pandas as pd
 from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.jsonable import records
 from sptrace.reduce.matching import UNKNOWN_GROUP, Matching
-from sptrace.units import count, human_bytes
+from sptrace.vocab.units import count, human_bytes
 
 
 @dataclass

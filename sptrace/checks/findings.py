@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sptrace.units import rank_ranges
+from sptrace.vocab.units import rank_ranges
 
 SEVERITIES = ("error", "warning", "info")
 

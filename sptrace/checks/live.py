@@ -14,8 +14,8 @@ from torch import nn
 
 from sptrace.checks.sharding import Judge
 from sptrace.instrumentation import describe_saved, local_shard
-from sptrace.markers import SavedTensor
-from sptrace.shape import ModelShape
+from sptrace.vocab.markers import SavedTensor
+from sptrace.vocab.shape import ModelShape
 
 
 class ShardingViolation(AssertionError):

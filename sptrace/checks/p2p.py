@@ -16,7 +16,7 @@ import pandas as pd
 
 from sptrace.checks.findings import Finding, merge_ranks
 from sptrace.reduce.p2p import P2PReport
-from sptrace.units import human_bytes
+from sptrace.vocab.units import human_bytes
 
 
 def _where(layer: object, phase: object) -> str:

@@ -25,8 +25,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from sptrace.shape import ModelShape
-from sptrace.units import count
+from sptrace.vocab.shape import ModelShape
+from sptrace.vocab.units import count
 
 CLASSES = ("full", "head-sharded", "seq-sharded", "ambiguous", "other", "unknown", "full-unknown-life")
 JUDGED = ("full", "head-sharded", "seq-sharded")

@@ -19,8 +19,8 @@ from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.checks.sharding import CLASSES, JUDGED, Judge
 from sptrace.detect.allocations import Retention
 from sptrace.jsonable import records
-from sptrace.shape import ModelShape
-from sptrace.units import count, human_bytes, rank_ranges
+from sptrace.vocab.shape import ModelShape
+from sptrace.vocab.units import count, human_bytes, rank_ranges
 
 
 @dataclass

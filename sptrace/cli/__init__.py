@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from sptrace import __version__, result_cache
 from sptrace.cli import analyze, cache, check, collectives, info, initconfig, model, reference, views
 from sptrace.cli.common import Parser
-from sptrace.errors import SptraceError, TraceError
+from sptrace.vocab.errors import SptraceError, TraceError
 
 
 def build_parser() -> Parser:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sptrace.units import human_bytes
+from sptrace.vocab.units import human_bytes
 
 if TYPE_CHECKING:
     from sptrace.load.cache import Entry

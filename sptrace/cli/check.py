@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sptrace.cli.common import add_load_flags, add_shape_flags, analyse, by_rank_set, fixed_width, log
-from sptrace.errors import UsageError
-from sptrace.units import count, human_bytes, rank_ranges
+from sptrace.vocab.errors import UsageError
+from sptrace.vocab.units import count, human_bytes, rank_ranges
 
 if TYPE_CHECKING:  # the analysis (pandas) is imported when a command runs, not to parse flags
     from sptrace.analysis import RunAnalysis

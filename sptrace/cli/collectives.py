@@ -7,7 +7,7 @@ import json
 import sys
 
 from sptrace.cli.common import add_load_flags, by_rank_set, fixed_width, map_quietly, missing, size_text, spread
-from sptrace.units import count, human_bytes, rank_ranges
+from sptrace.vocab.units import count, human_bytes, rank_ranges
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sptrace.dtypes import ACTIVATION_DTYPES
-from sptrace.errors import UsageError
 from sptrace.executors import EXECUTORS
-from sptrace.shape import RECOMPUTE, SCHEME_CHOICES, Declarations
+from sptrace.vocab.dtypes import ACTIVATION_DTYPES
+from sptrace.vocab.errors import UsageError
+from sptrace.vocab.shape import RECOMPUTE, SCHEME_CHOICES, Declarations
 
 if TYPE_CHECKING:
     from sptrace.run import LoadOptions
@@ -63,7 +63,7 @@ def read_config(path: Path) -> dict[str, Any]:
     """A config file's ModelShape fields (YAML, which JSON is a subset of)."""
     import yaml
 
-    from sptrace.shape import ModelShape, config_values
+    from sptrace.vocab.shape import ModelShape, config_values
 
     try:
         data = yaml.safe_load(path.read_text())
@@ -147,7 +147,7 @@ def missing(value: Any) -> bool:
 
 
 def size_text(value: Any) -> str:
-    from sptrace.units import human_bytes
+    from sptrace.vocab.units import human_bytes
 
     return "?" if missing(value) else human_bytes(float(value))
 

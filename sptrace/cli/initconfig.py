@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
 def _cost_model_needs(values: dict[str, Any]) -> list[str] | None:
     """The undeclared sizes the inferred scheme's cost model depends on (None: no scheme read)."""
     from sptrace.costmodel.comm import undeclared_sizes
-    from sptrace.errors import UsageError
-    from sptrace.shape import ModelShape
+    from sptrace.vocab.errors import UsageError
+    from sptrace.vocab.shape import ModelShape
 
     if not values.get("scheme") or not values.get("sp_size"):
         return None

@@ -6,10 +6,10 @@ import argparse
 import json
 
 from sptrace.cli.common import SHAPE_FLAGS
-from sptrace.dtypes import ACTIVATION_DTYPES
-from sptrace.errors import UsageError
-from sptrace.shape import RECOMPUTE, SCHEME_CHOICES, ModelShape
-from sptrace.units import human_bytes
+from sptrace.vocab.dtypes import ACTIVATION_DTYPES
+from sptrace.vocab.errors import UsageError
+from sptrace.vocab.shape import RECOMPUTE, SCHEME_CHOICES, ModelShape
+from sptrace.vocab.units import human_bytes
 
 PRESET_NAMES = ("seed-attention", "seed-3.6b", "reference")
 

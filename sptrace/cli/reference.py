@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sptrace.cli.common import log
-from sptrace.dtypes import ACTIVATION_DTYPES
-from sptrace.errors import UsageError
 from sptrace.reference_models.config import FAULTS, StepConfig
-from sptrace.shape import RECOMPUTE, SCHEME_CHOICES, SCHEMES
+from sptrace.vocab.dtypes import ACTIVATION_DTYPES
+from sptrace.vocab.errors import UsageError
+from sptrace.vocab.shape import RECOMPUTE, SCHEME_CHOICES, SCHEMES
 
 if TYPE_CHECKING:  # pandas is imported when a sweep is tabulated, not to parse flags
     import pandas as pd

@@ -8,8 +8,8 @@ import argparse
 from pathlib import Path
 
 from sptrace.cli.common import add_load_flags, add_shape_flags, declarations, load_options, log
-from sptrace.errors import UsageError
-from sptrace.units import count
+from sptrace.vocab.errors import UsageError
+from sptrace.vocab.units import count
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 

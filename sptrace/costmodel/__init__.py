@@ -18,9 +18,9 @@ from sptrace.costmodel.comm import (
     CollectiveSpec,
     CommEstimate,
     estimate_comm,
-    wire_bytes,
 )
 from sptrace.costmodel.presets import PRESETS
+from sptrace.vocab.wire import wire_bytes  # the formula the model and detection share
 
 __all__ = [
     "KINDS",

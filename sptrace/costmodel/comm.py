@@ -17,12 +17,11 @@ from sptrace.costmodel.spec import (
     as_shape,
     needs,
     validate,
-    wire_bytes,
 )
-from sptrace.errors import UsageError
-from sptrace.shape import ModelShape
+from sptrace.vocab.errors import UsageError
+from sptrace.vocab.shape import ModelShape
 
-__all__ = ["KINDS", "NEEDS", "PHASES", "CollectiveSpec", "CommEstimate", "as_shape", "estimate_comm", "wire_bytes"]
+__all__ = ["KINDS", "NEEDS", "PHASES", "CollectiveSpec", "CommEstimate", "as_shape", "estimate_comm"]
 
 SCHEMES = {"megatron": megatron, "ulysses": ulysses, "hybrid": hybrid, "ring": ring, "usp": usp}
 

@@ -4,7 +4,7 @@ ZeRO-3 / FSDP2's parameter gathers and gradient reduce-scatters."""
 from __future__ import annotations
 
 from sptrace.costmodel.spec import Builder, params_per_layer
-from sptrace.shape import ModelShape
+from sptrace.vocab.shape import ModelShape
 
 _BLOCK = ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2")
 _ATTN = ("attn.qkv", "attn.proj")

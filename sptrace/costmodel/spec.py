@@ -6,46 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sptrace.errors import UsageError
-from sptrace.shape import ModelShape
+from sptrace.vocab.errors import UsageError
+from sptrace.vocab.shape import ModelShape
+from sptrace.vocab.wire import wire_bytes
 
 KINDS = (
     "all_gather", "reduce_scatter", "all_to_all", "all_reduce", "broadcast", "reduce", "gather", "scatter", "send",
     "recv", "send_recv", "barrier", "other",
 )  # fmt: skip
 PHASES = ("forward", "backward")
-
-
-def wire_bytes(kind: str, in_bytes: int, out_bytes: int, group_size: int) -> float:
-    """Bytes one rank sends for one collective under ring algorithms (nccl-tests' model).
-
-    Rooted collectives as c10d records them on each rank: a scatter's root has the whole input
-    (the others 0) and keeps its own chunk; a gather's non-roots send their input, the root
-    (whose output is not 0) sends nothing; reduce chains the partial sums, one input each."""
-    if kind == "send":
-        return float(in_bytes)
-    if kind == "recv":
-        return 0.0
-    if group_size <= 1:
-        return 0.0
-    r = (group_size - 1) / group_size
-    if kind == "all_gather":
-        return out_bytes * r
-    if kind in ("reduce_scatter", "all_to_all"):
-        return in_bytes * r
-    if kind == "all_reduce":
-        return 2 * in_bytes * r
-    if kind == "broadcast":
-        return float(in_bytes)
-    if kind == "send_recv":
-        return float(in_bytes)
-    if kind == "scatter":
-        return in_bytes * r
-    if kind == "gather":
-        return 0.0 if out_bytes else float(in_bytes)
-    if kind == "reduce":
-        return float(in_bytes)
-    return 0.0
 
 
 @dataclass(frozen=True, slots=True)

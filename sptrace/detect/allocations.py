@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sptrace import dtypes, markers
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.boundaries import Boundary, find_boundaries
 from sptrace.detect.index import RankIndex, matches, within
@@ -42,6 +41,7 @@ from sptrace.detect.producers import producing_collective
 from sptrace.detect.provenance import Provenance
 from sptrace.detect.shapes import infer_shape
 from sptrace.load.trace import RankTrace
+from sptrace.vocab import dtypes, markers
 
 LEDGER_COLUMNS = ["device_type", "device_id", "addr", "bytes", "alloc_ns", "free_ns", "lost_free", "tid"]
 RETAINED_COLUMNS = [

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sptrace import markers
 from sptrace.detect.index import RankIndex
+from sptrace.vocab import markers
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,14 +31,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sptrace import dtypes
-from sptrace.costmodel.comm import wire_bytes
 from sptrace.detect import forms
 from sptrace.detect.args import load_list, present
 from sptrace.detect.index import RankIndex, matches
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.kinds import COLL_NAME_KINDS, GLOO_KINDS, KERNEL_PATTERNS, NCCL_ANNOTATION_KINDS, SYMM_MEM_KINDS
 from sptrace.load.trace import RankTrace
+from sptrace.vocab import dtypes
+from sptrace.vocab.wire import wire_bytes
 
 COLUMNS = [
     "rank", "kind", "op", "group", "group_size", "group_ranks", "peer", "dtype", "in_elems", "out_elems",

@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sptrace import dtypes
 from sptrace.detect.args import get, is_shape, load_list, present
+from sptrace.vocab import dtypes
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Sizes:
     in_elems: int | None = None
     out_elems: int | None = None
     dtype: str | None = None
-    """As the trace spells it; sptrace.dtypes reads it."""
+    """As the trace spells it; sptrace.vocab.dtypes reads it."""
     group_size: int | None = None
     peer: int | None = None
     """Root of a rooted collective, or the other rank of a send/recv (rank in the group)."""

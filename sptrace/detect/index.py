@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sptrace import markers
 from sptrace.detect.args import present
 from sptrace.detect.intervals import EventRow, Intervals
 from sptrace.detect.kinds import GLOO_KINDS, KERNEL_PATTERNS, LAUNCH_CATEGORIES, NCCL_ANNOTATION_KINDS
 from sptrace.load.trace import RankTrace
+from sptrace.vocab import markers
 
 _LAYER_IN_PATH = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block|decoder\.layers|encoder\.layers)\.(\d+)(?:\.|$)")
 # python stacks name modules "nn.Module: <Class>_<k>" (k counts instances of the class): a class

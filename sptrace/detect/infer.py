@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from sptrace.detect.args import load_list
-from sptrace.dtypes import ACTIVATION_DTYPES
+from sptrace.vocab.dtypes import ACTIVATION_DTYPES
 
 NORM_OP = re.compile(r"(?:layer_?norm|rms_?norm|layernorm|rmsnorm)", re.IGNORECASE)
 NORM_SKIP = re.compile(r"backward|_bwd|grad", re.IGNORECASE)

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sptrace import dtypes
 from sptrace.detect import forms
 from sptrace.detect.args import load_list
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.provenance import FACTORIES
+from sptrace.vocab import dtypes
 
 
 def producing_collective(

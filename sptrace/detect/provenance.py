@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sptrace import dtypes
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.intervals import Intervals
+from sptrace.vocab import dtypes
 
 FACTORIES = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",

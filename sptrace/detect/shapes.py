@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sptrace import dtypes
 from sptrace.detect.args import is_shape, load_list
+from sptrace.vocab import dtypes
 
 # factory ops: position of the size list, and of the dtype (a c10::ScalarType code) in Concrete Inputs
 _FACTORIES = {

@@ -31,9 +31,9 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from sptrace.errors import TraceError
 from sptrace.load.arrow import cast, codes_of, compute, dictionary, from_numpy, string_array, to_numpy
 from sptrace.load.schema import ARG_COLUMNS, SCHEMA, normalise_category
+from sptrace.vocab.errors import TraceError
 
 _EXACT_FLOAT_US = float(2**43)  # below this a float µs with 3 decimals maps to a unique ns
 _EXACT_INT_US = float(2**53)  # below this every int µs is exactly a double

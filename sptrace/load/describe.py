@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from sptrace import markers
 from sptrace.load.arrow import codes_of, compute, rows_where, to_numpy, value_counts
 from sptrace.load.trace import RankTrace, RunTrace
-from sptrace.units import rank_ranges
+from sptrace.vocab import markers
+from sptrace.vocab.units import rank_ranges
 
 
 def _records(names: pa.ChunkedArray) -> int:

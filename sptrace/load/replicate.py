@@ -17,8 +17,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sptrace.errors import TraceError, UsageError
 from sptrace.load.trace import RUN_FILE, find_traces
+from sptrace.vocab.errors import TraceError, UsageError
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -20,12 +20,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from sptrace.errors import TraceError
 from sptrace.executors import Executor, map_ranks
 from sptrace.load import cache as table_cache
 from sptrace.load.arrow import compute, to_numpy, value_counts
 from sptrace.load.decode import decode_trace
-from sptrace.units import count, rank_ranges
+from sptrace.vocab.errors import TraceError
+from sptrace.vocab.units import count, rank_ranges
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 RUN_FILE = "run.json"
@@ -418,7 +418,7 @@ _CONFIG_KEYS = frozenset({"fault", "fault_layer", "fault_modules", "instrumented
 def _unread_keys(info: dict[str, Any]) -> list[str]:
     """The keys of a run.json that name no model field: under ``config`` (as profile_step writes
     it), or at the top of a flat one."""
-    from sptrace.shape import ALIASES, FIELDS
+    from sptrace.vocab.shape import ALIASES, FIELDS
 
     def field(key: str) -> bool:
         name = str(key).replace("-", "_")

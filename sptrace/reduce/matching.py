@@ -24,7 +24,7 @@ import pandas as pd
 
 from sptrace.reduce.pairing import Pairing, pair_sends
 from sptrace.reduce.timebase import algbw_gbps, aligned, arrival_us, busbw_gbps, clock_offsets, end_us, transfer_us
-from sptrace.units import count
+from sptrace.vocab.units import count
 
 MAX_SHIFT = 16
 """How many collectives a rank's trace may miss at its start and still be aligned."""

@@ -18,10 +18,10 @@ from typing import Any
 
 import pandas as pd
 
-from sptrace import dtypes
-from sptrace.costmodel.comm import wire_bytes
 from sptrace.detect.collectives import COLUMNS, detect_collectives
 from sptrace.load.trace import RunTrace
+from sptrace.vocab import dtypes
+from sptrace.vocab.wire import wire_bytes
 
 
 def merge_collectives(tables: Iterable[pd.DataFrame | None]) -> pd.DataFrame:

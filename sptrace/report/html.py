@@ -31,10 +31,10 @@ import pandas as pd
 from sptrace import __version__
 from sptrace.analysis import RunAnalysis
 from sptrace.checks.findings import Finding, Verdict
-from sptrace.errors import SptraceError
 from sptrace.report import compare, figures, timeline
 from sptrace.report.theme import FONT, VERDICT_COLORS, header
-from sptrace.units import human_bytes, rank_ranges
+from sptrace.vocab.errors import SptraceError
+from sptrace.vocab.units import human_bytes, rank_ranges
 
 MEMORY_POINTS = 1000
 """Points per rank of the memory plot: min and max of 500 time bins keep every peak of a plot

@@ -11,7 +11,7 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from sptrace.units import rank_ranges
+from sptrace.vocab.units import rank_ranges
 
 FONT = "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
 """System fonts only: an air-gapped cluster downloads nothing."""

@@ -18,7 +18,7 @@ from sptrace.analysis import RunAnalysis
 from sptrace.reduce.matching import Matching, skew_by_rank
 from sptrace.reduce.timebase import aligned, transfer_span
 from sptrace.report.theme import COLORS, KIND_COLORS, PHASE_COLORS, empty, figure, rank_text
-from sptrace.units import human_bytes
+from sptrace.vocab.units import human_bytes
 
 
 def timeline(

@@ -176,8 +176,8 @@ def rank_phases(trace: RankTrace) -> pd.DataFrame:
     """The rank's phase ranges (sptrace.phase markers, else its ProfilerStep), in us."""
     import pandas as pd
 
-    from sptrace import markers
     from sptrace.detect.index import matches
+    from sptrace.vocab import markers
 
     ev = trace.events
     marked = ev[matches(ev["name"], lambda v: v.str.startswith(markers.PHASE)) & matches(ev["ph"], lambda v: v == "X")]

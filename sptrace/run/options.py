@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from sptrace.cachedir import default_cache_dir
-from sptrace.errors import UsageError
 from sptrace.executors import Executor
+from sptrace.vocab.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from torch import nn
 
 import sptrace
 from sptrace.checks.sharding import classify
-from sptrace.shape import ModelShape
+from sptrace.vocab.shape import ModelShape
 
 # the reference default: B=2, S=128, H=96, P=8, a=16, g=8 (d=6), F=160, fp32
 MODEL = ModelShape(batch=2, seq=128, hidden=96, sp_size=8, heads=16, kv_heads=8, ffn=160, dtype="float32")

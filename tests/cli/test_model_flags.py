@@ -63,7 +63,7 @@ def test_dash_takes_the_model_flags(foreign, capsys, private_cache):
     # the dashboard's parser takes them (a bad port is refused after the flags were read)
     assert main(["dash", str(run), "--batch", "2", "--config", "/nonexistent.yaml", "--port", "0"]) == 2
     assert "/nonexistent.yaml" in capsys.readouterr().err
-    from sptrace.shape import Declarations
+    from sptrace.vocab.shape import Declarations
 
     options = {"flags": Declarations((("flags", shape),)), "load_options": {"cache_dir": str(private_cache)}}
     a = create_app([run], options=options).sptrace_store.get(0)

@@ -9,7 +9,8 @@ import pytest
 from sptrace.reference_models.config import StepConfig
 
 from sptrace.cli import main
-from sptrace.costmodel import PRESETS, estimate_comm, korthikanti_bytes_per_layer, wire_bytes
+from sptrace.costmodel import PRESETS, estimate_comm, korthikanti_bytes_per_layer
+from sptrace.vocab.wire import wire_bytes
 
 MiB, GiB = 2**20, 2**30
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sptrace.costmodel import activation_bytes_per_layer, estimate_comm
-from sptrace.errors import UsageError
-from sptrace.shape import ModelShape
+from sptrace.vocab.errors import UsageError
+from sptrace.vocab.shape import ModelShape
 
 B, S, H, a, d, b, L = 2, 32, 64, 8, 8, 4, 2
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 
 import sptrace
-from sptrace import markers
 from sptrace.detect.allocations import detect_retained
 from sptrace.detect.boundaries import find_boundaries
 from sptrace.detect.index import RankIndex
+from sptrace.vocab import markers
 
 
 def _trace(tmp_path, events):

@@ -161,7 +161,7 @@ def test_gloo_annotations_without_their_op_are_collectives(tmp_path):
     [("float", "float32", 4), ("c10::BFloat16", "bfloat16", 2), ("Float", "float32", 4), ("long int", "int64", 8)],
 )
 def test_one_dtype_table(spelling, canonical, size):
-    from sptrace import dtypes
+    from sptrace.vocab import dtypes
 
     assert dtypes.canonical(spelling) == canonical and dtypes.element_size(spelling) == size
     assert dtypes.canonical("TensorList") is None and dtypes.element_size("Scalar") is None

@@ -9,11 +9,11 @@ import json
 import pytest
 
 import sptrace
-from sptrace import markers
 from sptrace.detect.allocations import detect_retained
 from sptrace.detect.collectives import detect_collectives
 from sptrace.detect.index import RankIndex, layer_of
 from sptrace.detect.timing import detect_timing
+from sptrace.vocab import markers
 
 
 def _trace(tmp_path, events, name="rank0.json"):

@@ -13,7 +13,7 @@ import pytest
 
 import sptrace
 from sptrace.cli import main
-from sptrace.errors import TraceError
+from sptrace.vocab.errors import TraceError
 
 
 def trace_json(rank=None, world=None, n=3, **extra):

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sptrace.errors import TraceError
 from sptrace.load import decode
+from sptrace.vocab.errors import TraceError
 
 NOT_BUILT = "the native decoder is not built (sptrace was installed without a C compiler): msgspec reads traces alone"
 

@@ -9,7 +9,7 @@ import pytest
 
 import sptrace
 from sptrace.cli import main
-from sptrace.markers import SavedTensor
+from sptrace.vocab.markers import SavedTensor
 from tests.trace_helpers import read_events, saved_tensors
 
 pytestmark = pytest.mark.distributed

@@ -18,8 +18,8 @@ from sptrace.detect.collectives import COLUMNS
 from sptrace.detect.timing import RankTiming
 from sptrace.reduce.matching import Matching
 from sptrace.report import compare, figures, theme, timeline
-from sptrace.shape import ModelShape
 from sptrace.sweep import load_sweep, sweep_model
+from sptrace.vocab.shape import ModelShape
 
 
 def analysis(collectives: pd.DataFrame, *, offsets=None, phases=None, compute=None, matched=None, members=None,

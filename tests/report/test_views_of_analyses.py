@@ -16,8 +16,8 @@ from sptrace.dashboards.pages import compare
 from sptrace.dashboards.pages.common import View
 
 from sptrace.analysis import analyse_run
-from sptrace.errors import SptraceError
 from sptrace.report.html import render_html
+from sptrace.vocab.errors import SptraceError
 from tests.golden.make_golden import RUNS
 from tests.report.test_html_report import unpack, without_scripts
 

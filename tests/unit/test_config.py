@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from sptrace.reference_models.config import FAULTS, StepConfig
 
-from sptrace.errors import ConfigError
+from sptrace.vocab.errors import ConfigError
 
 
 def test_defaults_avoid_shape_collisions():
@@ -57,8 +57,8 @@ def test_every_fault_is_described():
 
 
 def test_model_shape_knows_only_what_was_declared():
-    from sptrace.errors import UsageError
-    from sptrace.shape import ModelShape
+    from sptrace.vocab.errors import UsageError
+    from sptrace.vocab.shape import ModelShape
 
     # GIVEN a user's run.json that declares B, S, H, a and P (no F, no dtype)
     declared = {"scheme": "megatron", "batch": 1, "seq": 32768, "hidden": 4096, "heads": 32, "sp_size": 8, "x": 1}

@@ -13,7 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import sptrace
 from sptrace.instrumentation import Instrumentation
-from sptrace.markers import SavedTensor
+from sptrace.vocab.markers import SavedTensor
 
 
 class Tiny(nn.Module):
@@ -148,8 +148,8 @@ def test_lean_profile_has_no_python_stacks(tmp_path):
 def test_bulk_records_match_the_readable_description():
     """_flush formats records in bulk (C-level maps); each must equal markers.saved_marker of
     describe_saved for the same tensor, 0-d tensors and views of weights included."""
-    from sptrace import markers
     from sptrace.instrumentation import _RECORD, describe_saved
+    from sptrace.vocab import markers
 
     scale = nn.Parameter(torch.tensor(0.5))
     weight = nn.Parameter(torch.randn(4, 6))

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from sptrace import markers
-from sptrace.markers import SavedTensor
+from sptrace.vocab import markers
+from sptrace.vocab.markers import SavedTensor
 
 
 def test_saved_tensor_marker_roundtrip():

@@ -13,9 +13,9 @@ from sptrace.reference_models.config import StepConfig
 
 from sptrace.checks.sharding import Judge
 from sptrace.costmodel.spec import validate
-from sptrace.errors import ConfigError, UsageError
 from sptrace.jsonable import records, scalar
-from sptrace.shape import ModelShape, seq_split_problem
+from sptrace.vocab.errors import ConfigError, UsageError
+from sptrace.vocab.shape import ModelShape, seq_split_problem
 
 UNEVEN = "seq 100 is not divisible by the sequence-parallel size 8"
 

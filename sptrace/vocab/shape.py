@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sptrace.dtypes import ACTIVATION_DTYPES, element_size
-from sptrace.errors import UsageError
+from sptrace.vocab.dtypes import ACTIVATION_DTYPES, element_size
+from sptrace.vocab.errors import UsageError
 
 SCHEMES = ("megatron", "ulysses", "hybrid", "ring", "usp")
 SCHEME_CHOICES = (
