@@ -20,7 +20,7 @@ import pandas as pd
 
 from sptrace.checks.comm import CommReport, check_collectives
 from sptrace.checks.crossrank import CrossRankReport, check_cross_rank
-from sptrace.checks.findings import Finding, Verdict, merge_ranks
+from sptrace.checks.findings import Finding, Verdict
 from sptrace.checks.p2p import check_point_to_point
 from sptrace.checks.sharding import NEEDS as SHARDING_NEEDS
 from sptrace.checks.sharding_verdict import ShardingReport, check_sharding
@@ -385,9 +385,18 @@ def reduce_run(
         if dtype is not None:
             model = model.override(f"the trace (the collectives inside its layers are {dtype})", dtype=dtype)
     matching = match_collectives(collectives, run.world_size) if "collectives" in parts else None
-    estimate = comm = None
+    missing = (f"ranks without a trace: {rank_ranges(run.missing_ranks)} ({len(run.missing_ranks)} of "
+               f"{run.world_size})") if run.missing_ranks else None  # fmt: skip
+    estimate = comm = crossrank = p2p = None
     comm_unavailable = None
     if "collectives" in parts:
+        p2p_found: list[Finding] = []
+        if len(collectives) and collectives["kind"].isin(["send", "recv"]).any():
+            assert matching is not None
+            p2p = analyse_point_to_point(collectives, _concat(compute, COMPUTE_COLUMNS), matching.pairing)
+            # they count in whichever verdict analyze gives: against the model, or across ranks
+            p2p_found = check_point_to_point(p2p, sorted(run.ranks))
+        p2p_notes = p2p.notes if p2p is not None else []
         scope = {"attention_only": attention_only, "grad_sync": grad_sync}
         comm_unavailable, stand_in = _cost_model_needs(model, k=k, **scope)
         grad_bytes, grad_note = (
@@ -401,34 +410,15 @@ def reduce_run(
             else:  # what the user declared, not the stand-in values of sizes the estimate does not use
                 estimate = dataclasses.replace(estimate, cfg=model)
         if estimate is not None:
-            comm = check_collectives(collectives, estimate, sorted(run.ranks), matching)
-            if grad_note:
-                comm.notes.append(grad_note)
+            over = None
             if str(model.provenance.get("layers", "")).startswith("the trace"):
-                comm.scope = (
-                    f"for the {count(model.layers, 'layer')} the trace shows (L not declared: pass --layers, or a "
-                    "window that misses a layer compares fewer)"
-                )
-            if run.missing_ranks:
-                comm.notes.append(
-                    f"ranks without a trace: {rank_ranges(run.missing_ranks)} ({len(run.missing_ranks)} of "
-                    f"{run.world_size}); analysed the rest"
-                )
-    crossrank = None
-    p2p = None
-    if "collectives" in parts:
-        crossrank = check_cross_rank(collectives, matching, sorted(run.ranks), comm_unavailable)
-        if run.missing_ranks:
-            crossrank.notes.append(f"ranks without a trace: {rank_ranges(run.missing_ranks)} "
-                                   f"({len(run.missing_ranks)} of {run.world_size})")  # fmt: skip
-        if len(collectives) and collectives["kind"].isin(["send", "recv"]).any():
-            p2p = analyse_point_to_point(collectives, _concat(compute, COMPUTE_COLUMNS), matching.pairing)
-            found = check_point_to_point(p2p, sorted(run.ranks))
-            # they count in whichever verdict analyze gives: against the model, or across ranks
-            for report in (comm, crossrank):
-                if report is not None:
-                    report.findings = merge_ranks([*report.findings, *found])
-                    report.notes += p2p.notes
+                over = (f"for the {count(model.layers, 'layer')} the trace shows (L not declared: pass --layers, or a "
+                        "window that misses a layer compares fewer)")  # fmt: skip
+            notes = [n for n in (grad_note, missing and f"{missing}; analysed the rest") if n]
+            comm = check_collectives(collectives, estimate, sorted(run.ranks), matching, also=p2p_found,
+                                     notes=[*notes, *p2p_notes], scope=over)  # fmt: skip
+        crossrank = check_cross_rank(collectives, matching, sorted(run.ranks), comm_unavailable, also=p2p_found,
+                                     notes=[*([missing] if missing else []), *p2p_notes])  # fmt: skip
     expected_act = activation_bytes_per_layer(model)
     if expected_act is not None and model.dtype_bytes:
         expected_act = expected_act * model.dtype_bytes / 2  # Korthikanti counts 2-byte activations
@@ -446,13 +436,10 @@ def reduce_run(
             expected_act = activation_bytes_per_layer(model)
             if expected_act is not None and model.dtype_bytes:
                 expected_act = expected_act * model.dtype_bytes / 2
-            sharding = check_sharding(
-                list(retained), model, allow=allow, strict=strict, expected_per_layer=expected_act
-            )
-            sharding.notes += dtype_notes
-            if run.missing_ranks:
-                sharding.notes.append(f"ranks without a trace, not checked: {rank_ranges(run.missing_ranks)} "
-                                      f"({len(run.missing_ranks)} of {run.world_size})")  # fmt: skip
+            unchecked = [f"ranks without a trace, not checked: {rank_ranges(run.missing_ranks)} "
+                         f"({len(run.missing_ranks)} of {run.world_size})"] if run.missing_ranks else []  # fmt: skip
+            sharding = check_sharding(list(retained), model, allow=allow, strict=strict,
+                                      expected_per_layer=expected_act, notes=[*dtype_notes, *unchecked])  # fmt: skip
     return RunAnalysis(
         path=path, run=run, model=model, warnings=tuple(run.warnings), collectives=collectives, matching=matching,
         timing=tuple(timing), estimate=estimate, comm=comm, comm_unavailable=comm_unavailable, retained=retained,

@@ -5,6 +5,7 @@ per step, and the skew and stragglers of the matched collectives."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,11 +110,20 @@ def _take(pool: list, sig: Sig, exact_only: bool) -> int | None:
 
 
 def check_collectives(
-    frame: pd.DataFrame, est: CommEstimate, ranks: list[int], matching: Matching | None = None
+    frame: pd.DataFrame,
+    est: CommEstimate,
+    ranks: list[int],
+    matching: Matching | None = None,
+    *,
+    also: Sequence[Finding] = (),
+    notes: Sequence[str] = (),
+    scope: str | None = None,
 ) -> CommReport:
     """Compare every rank's collectives with ``est``. ``ranks``: the ranks that have traces.
     A collective whose size the trace does not record meets an expectation of its phase and
-    kind, and leaves a size-unknown finding: the run cannot be called a match on its bytes."""
+    kind, and leaves a size-unknown finding: the run cannot be called a match on its bytes.
+    ``also``: findings of other checks that count in this verdict (the point-to-point ones);
+    ``notes``: the caller's, after this check's own; ``scope``: what the model was compared over."""
     per_layer, per_step = _expected_by_layer(est)
     per_layer_specs = [c for c in est.collectives if c.per_layer]
     totals = [c for c in est.collectives if c.total_only]
@@ -243,7 +253,8 @@ def check_collectives(
             "unknown_wire": int(obs["wire_bytes"].isna().sum()), "missing": len(miss), "extra": len(extras),
         })  # fmt: skip
     ranks_frame = pd.DataFrame(rank_rows)
-    report = CommReport(est.scheme, ranks_frame, pd.DataFrame(layer_rows), merge_ranks(findings), matching)
+    findings = merge_ranks([*merge_ranks(findings), *also])
+    report = CommReport(est.scheme, ranks_frame, pd.DataFrame(layer_rows), findings, matching, scope=scope)
     unknown_wire = int(ranks_frame["unknown_wire"].max()) if len(ranks_frame) else 0
     if unknown_wire:
         report.notes.append(
@@ -259,6 +270,7 @@ def check_collectives(
                 f"{worst['module'] or 'no module'}), rank {int(worst['straggler'])} arriving last"
             )
         report.notes += matching.notes
+    report.notes += notes
     return report
 
 

@@ -18,6 +18,7 @@ Findings:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,8 +85,16 @@ def _size(v: Any) -> str:
 
 
 def check_cross_rank(
-    collectives: pd.DataFrame, matching: Matching | None, ranks: list[int], skipped: str | None = None
+    collectives: pd.DataFrame,
+    matching: Matching | None,
+    ranks: list[int],
+    skipped: str | None = None,
+    *,
+    also: Sequence[Finding] = (),
+    notes: Sequence[str] = (),
 ) -> CrossRankReport:
+    """The ranks compared with each other (no model needed). ``also``: findings of other checks
+    that count in this verdict; ``notes``: the caller's, after this check's own."""
     findings: list[Finding] = []
     rows = []
     for rank in ranks:
@@ -95,7 +104,7 @@ def check_cross_rank(
                      "unknown_wire": int(own["wire_bytes"].isna().sum()) if len(own) else 0})  # fmt: skip
     frame = pd.DataFrame(rows, columns=["rank", "collectives", "wire_bytes", "unknown_wire"])
     if matching is None:
-        return CrossRankReport(frame.assign(disagree=0), [], 0, skipped)
+        return CrossRankReport(frame.assign(disagree=0), merge_ranks(list(also)), 0, skipped, list(notes))
     bad = matching.disagreements
     disagree = bad.groupby("rank").size() if len(bad) else pd.Series(dtype=int)
     frame["disagree"] = frame["rank"].map(disagree).fillna(0).astype(int)
@@ -122,6 +131,7 @@ def check_cross_rank(
                                     f"{common}",
                                     (int(r.rank),), page="collectives"))  # fmt: skip
     # (unpaired sends and receives: sptrace.checks.p2p names each)
+    caller_notes = notes
     notes = [n for n in matching.notes if "found no partner" not in n and "disagree in kind or size" not in n]
     m = matching.matched
     m = m[m["n_ranks"] > 1] if len(m) else m  # a collective seen on one rank matched nothing
@@ -133,7 +143,8 @@ def check_cross_rank(
             f"no rank arrives last more often than chance ({count(len(m), 'collective')} matched across ranks; the "
             f"largest arrival skew is {m['arrival_skew_us'].max() / 1e3:.2f} ms): no straggler"
         )
-    return CrossRankReport(frame, merge_ranks(findings), len(m), skipped, notes)
+    findings = merge_ranks([*merge_ranks(findings), *also])
+    return CrossRankReport(frame, findings, len(m), skipped, [*notes, *caller_notes])
 
 
 def _straggler(m: pd.DataFrame) -> Finding | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,9 +67,11 @@ def check_sharding(
     allow: tuple[str, ...] = (),
     strict: bool = False,
     expected_per_layer: float | None = None,
+    notes: Sequence[str] = (),
 ) -> ShardingReport:
     """Classify every retained tensor of every rank and conclude. ``allow``: module globs that
-    may keep full tensors; ``strict``: ambiguous and unknown tensors fail too."""
+    may keep full tensors; ``strict``: ambiguous and unknown tensors fail too; ``notes``: the
+    caller's, after this check's own."""
     judge = Judge(model)
     frames = [r.tensors for r in retained if not r.tensors.empty]
     saved = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=retained[0].tensors.columns)
@@ -128,8 +131,8 @@ def check_sharding(
         layer_rows,
         columns=["rank", "layer", "saved_tensors", "judged", "measured_bytes", "full_bytes", "expected_bytes"],
     )
-    notes = [n for r in retained for n in r.notes]
-    notes = list(dict.fromkeys(notes))
+    caller_notes = notes
+    notes = list(dict.fromkeys(n for r in retained for n in r.notes))
     unseen = sum(r.unseen_frees for r in retained)
     if unseen:
         notes.append(
@@ -149,7 +152,7 @@ def check_sharding(
         )
     verdict = _conclude(retained, saved[~unseen_mask], findings, model, counts, strict, unseen_full)
     unseen_by_rank = {r.rank: r.unseen_frees for r in retained if r.unseen_frees}
-    return ShardingReport(model, saved, findings, layers, verdict, notes, unseen_by_rank)
+    return ShardingReport(model, saved, findings, layers, verdict, [*notes, *caller_notes], unseen_by_rank)
 
 
 def _first_why(saved: pd.DataFrame, cls: str) -> str:
