@@ -43,10 +43,12 @@ from sptrace.run.map import (
     map_run,
     summarize,
 )
+from sptrace.run.options import LoadOptionValues
 from sptrace.sweep import ModelSweep, sweep_model
 from sptrace.vocab.errors import SptraceError, UsageError
+from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.markers import SAVED
-from sptrace.vocab.shape import FIELDS, Declarations, ModelShape
+from sptrace.vocab.shape import FIELDS, Declarations, ModelShape, ShapeValues
 from sptrace.vocab.units import count, rank_ranges
 
 PARTS = ("collectives", "sharding")
@@ -177,9 +179,7 @@ class RunAnalysis:
         return sweep_model(self.model)
 
 
-def declared_model(
-    run_info: dict[str, Any] | None, flags: Mapping[str, Any] | Declarations | None = None
-) -> ModelShape:
+def declared_model(run_info: JSONObject | None, flags: ShapeValues | Declarations | None = None) -> ModelShape:
     """run.json's declared config, overridden by flags (what is known before any trace is read)."""
     declared = run_info.get("config") if isinstance(run_info, dict) else None
     if declared is None and isinstance(run_info, dict) and any(k in FIELDS for k in run_info):
@@ -190,7 +190,7 @@ def declared_model(
     return model.override("flags", **dict(flags)) if flags else model
 
 
-def resolve_model(run: RunTrace, flags: Mapping[str, Any] | Declarations | None = None) -> ModelShape:
+def resolve_model(run: RunTrace, flags: ShapeValues | Declarations | None = None) -> ModelShape:
     """run.json's declared config, overridden by flags; P read off the trace when it leaves
     one answer (the run's only process group), saying so in provenance."""
     model = declared_model(run.run_info, flags)
@@ -208,12 +208,12 @@ def resolve_model(run: RunTrace, flags: Mapping[str, Any] | Declarations | None 
 def analyse_run(
     source: Path | str | RunTrace,
     *,
-    flags: Mapping[str, Any] | Declarations | None = None,
+    flags: ShapeValues | Declarations | None = None,
     allow: tuple[str, ...] = (),
     strict: bool = False,
     k: int = 2,
     parts: tuple[str, ...] = PARTS,
-    load_options: LoadOptions | Mapping[str, Any] | None = None,
+    load_options: LoadOptions | LoadOptionValues | None = None,
     grad_dtype: str | None = None,
     fail_fast: bool = False,
     attention_only: bool = False,
@@ -357,7 +357,7 @@ def reduce_run(
     path: Path | None,
     results: Mapping[int, RankResult],
     *,
-    flags: Mapping[str, Any] | Declarations | None = None,
+    flags: ShapeValues | Declarations | None = None,
     allow: tuple[str, ...] = (),
     strict: bool = False,
     k: int = 2,

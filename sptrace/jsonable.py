@@ -11,6 +11,8 @@ from typing import Any
 
 import pandas as pd
 
+from sptrace.vocab.jsontypes import JSONObject
+
 
 def scalar(value: Any) -> Any:
     """``value``, or None where it is missing (None, pd.NA or NaN)."""
@@ -19,7 +21,7 @@ def scalar(value: Any) -> Any:
     return value
 
 
-def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+def records(frame: pd.DataFrame) -> list[JSONObject]:
     """The rows of ``frame`` as dicts of Python values (``to_dict`` unboxes numpy's scalars; tuples
     and lists stay as they are), each missing value None."""
     return [{k: scalar(v) for k, v in rec.items()} for rec in frame.to_dict(orient="records")]

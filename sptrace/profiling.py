@@ -12,7 +12,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import sptrace
 from sptrace.fileio import write_atomic
+from sptrace.vocab.jsontypes import JSONObject
 
 RUN_SCHEMA = 1
 
@@ -51,7 +52,7 @@ def profile_step(
     out_dir: str | os.PathLike[str],
     *,
     warmup: int = 2,
-    run_info: Mapping[str, Any] | None = None,
+    run_info: JSONObject | None = None,
     record_shapes: bool = True,
     profile_memory: bool = True,
     with_stack: bool = True,

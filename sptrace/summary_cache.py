@@ -71,8 +71,9 @@ class Slot:
     """What the summary holds, for ``sptrace cache info``."""
 
 
-def slot_of(path: Path, spec_fields: Mapping[str, Any], cache_dir: Path, about: str) -> Slot | None:
-    """The slot of ``path``'s summary for a map whose result depends on ``spec_fields``; None
+def slot_of(path: Path, spec_fields: Mapping[str, object], cache_dir: Path, about: str) -> Slot | None:
+    """The slot of ``path``'s summary for a map whose result depends on ``spec_fields`` (only
+    their repr goes into the key); None
     when summaries cannot be kept (no sources to digest, or the trace cannot be read: then
     loading it says why)."""
     code = code_digest()

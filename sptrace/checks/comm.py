@@ -17,6 +17,7 @@ from sptrace.costmodel.comm import CommEstimate
 from sptrace.detect.args import present
 from sptrace.jsonable import records
 from sptrace.reduce.matching import Matching
+from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.units import count, human_bytes
 
 Sig = tuple[str, str, int | None]  # (phase, kind, in_bytes); None: the trace did not say
@@ -67,8 +68,8 @@ class CommReport:
             "model predicts" + (f" {self.scope}" if self.scope else ""),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_dict(self) -> JSONObject:
+        out: JSONObject = {
             "scheme": self.scheme,
             "match": self.ok,
             "verdict": self.verdict.to_dict(),

@@ -27,6 +27,7 @@ import pandas as pd
 from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.jsonable import records
 from sptrace.reduce.matching import UNKNOWN_GROUP, Matching
+from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.units import count, human_bytes
 
 
@@ -72,7 +73,7 @@ class CrossRankReport:
             reasons,
         )  # fmt: skip
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "verdict": self.verdict.to_dict(), "ranks": records(self.ranks), "matched": self.matched,
             "findings": [f.to_dict() for f in self.findings], "notes": self.notes,

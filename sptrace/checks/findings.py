@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
+from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.units import rank_ranges
 
 SEVERITIES = ("error", "warning", "info")
@@ -46,7 +46,7 @@ class Finding:
     def text(self) -> str:
         return f"{self.where}: {self.message}" if self.ranks else self.message
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "severity": self.severity, "check": self.check, "code": self.code, "message": self.message,
             "ranks": list(self.ranks), "layer": self.layer, "module": self.module, "page": self.page,
@@ -95,5 +95,5 @@ class Verdict:
     def line(self) -> str:
         return f"{self.label}: {self.summary}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"status": self.status, "label": self.label, "summary": self.summary, "reasons": list(self.reasons)}

@@ -12,7 +12,7 @@ import fnmatch
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -20,6 +20,7 @@ from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.checks.sharding import CLASSES, JUDGED, Judge
 from sptrace.detect.allocations import Retention
 from sptrace.jsonable import records
+from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.shape import ModelShape
 from sptrace.vocab.units import count, human_bytes, rank_ranges
 
@@ -44,7 +45,7 @@ class ShardingReport:
     def counts(self) -> dict[str, int]:
         return {c: int((self.saved["class"] == c).sum()) for c in CLASSES}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         saved = self.saved.copy()
         saved["shape"] = saved["shape"].map(lambda s: list(s) if isinstance(s, (tuple, list)) else None)
         return {
@@ -105,11 +106,12 @@ def check_sharding(
         saved.loc[full_unseen, "why"] = "full-size, but its free is not in the trace: " + saved.loc[full_unseen, "why"]
         saved.loc[full_unseen, "class"] = "full-unknown-life"
     findings: list[Finding] = []
-    for rec in saved[~unseen_mask].to_dict(orient="records"):
-        cls = rec["class"]
+    judged = saved[~unseen_mask].rename(columns={"class": "cls"})[list(_Saved._fields)]
+    for rec in map(_Saved._make, judged.itertuples(index=False, name=None)):
+        cls = rec.cls
         if cls not in ("full", "ambiguous", "unknown") or (cls != "full" and not strict):
             continue
-        module = rec["module"] or "<unknown module>"
+        module = rec.module or "<unknown module>"
         if any(fnmatch.fnmatchcase(module, pattern) for pattern in allow):
             continue
         findings.append(_finding(rec, judge, strict))
@@ -155,43 +157,64 @@ def check_sharding(
     return ShardingReport(model, saved, findings, layers, verdict, [*notes, *caller_notes], unseen_by_rank)
 
 
+class _Saved(NamedTuple):
+    """The columns of a retained tensor's row (RETAINED_COLUMNS, its class and why) that its
+    finding reads."""
+
+    rank: int
+    layer: float | None
+    """NaN where the tensor is in no layer"""
+    module: str | None
+    shape: tuple[int, ...] | list[int] | None
+    nbytes: int
+    storage_bytes: int
+    cls: str
+    why: str
+    holder: str | None
+    alloc_op: str | None
+    saved_by: str | None
+    freed_in: str | None
+    dtype: str | None
+    boundary: str | None
+
+
 def _first_why(saved: pd.DataFrame, cls: str) -> str:
     rows = saved[saved["class"] == cls]
     return str(rows["why"].iloc[0]) if len(rows) else ""
 
 
-def _finding(rec: dict[str, Any], judge: Judge, strict: bool) -> Finding:
-    module = rec["module"] or "<unknown module>"
-    shape = "x".join(map(str, rec["shape"])) if isinstance(rec["shape"], (tuple, list)) else f"{rec['nbytes']} bytes"
-    layer = int(rec["layer"]) if rec["layer"] is not None and rec["layer"] == rec["layer"] else None
+def _finding(rec: _Saved, judge: Judge, strict: bool) -> Finding:
+    module = rec.module or "<unknown module>"
+    shape = "x".join(map(str, rec.shape)) if isinstance(rec.shape, (tuple, list)) else f"{rec.nbytes} bytes"
+    layer = int(rec.layer) if rec.layer is not None and rec.layer == rec.layer else None
     where = _boundary(rec)
-    if rec["class"] != "full":
+    if rec.cls != "full":
         return Finding(
-            "error", "sharding", f"{rec['class']}-tensor",
+            "error", "sharding", f"{rec.cls}-tensor",
             f"{module} keeps a [{shape}] tensor across the forward/backward boundary{where} that cannot be judged "
-            f"(--strict): {rec['why']}",
-            (int(rec["rank"]),), layer, module, page="memory",
+            f"(--strict): {rec.why}",
+            (int(rec.rank),), layer, module, page="memory",
         )  # fmt: skip
-    storage = int(rec["storage_bytes"])
+    storage = int(rec.storage_bytes)
     excess = storage - storage / judge.model.sp_size
-    origin = [str(rec["holder"])] if rec.get("holder") else []
-    if rec.get("alloc_op"):
-        origin.append(f"allocated by {rec['alloc_op']}")
-    if rec.get("saved_by") and rec.get("saved_by") != rec.get("freed_in"):
-        origin.append(f"saved by {rec['saved_by']}")
-    dtype = f"{rec['dtype']} " if rec.get("dtype") else ""
+    origin = [str(rec.holder)] if rec.holder else []
+    if rec.alloc_op:
+        origin.append(f"allocated by {rec.alloc_op}")
+    if rec.saved_by and rec.saved_by != rec.freed_in:
+        origin.append(f"saved by {rec.saved_by}")
+    dtype = f"{rec.dtype} " if rec.dtype else ""
     return Finding(
         "error", "sharding", "full-size-save",
         f"{module} keeps a full-sequence [{shape}] {dtype}tensor across the forward/backward boundary{where} "
         f"({human_bytes(storage)}, {human_bytes(excess)} more than a 1/{judge.model.sp_size} shard"
-        + (f"; {'; '.join(origin)}" if origin else "") + f"): {rec['why']}",
-        (int(rec["rank"]),), layer, module, page="memory",
+        + (f"; {'; '.join(origin)}" if origin else "") + f"): {rec.why}",
+        (int(rec.rank),), layer, module, page="memory",
     )  # fmt: skip
 
 
-def _boundary(rec: dict[str, Any]) -> str:
+def _boundary(rec: _Saved) -> str:
     """' of step 3, micro-batch 1' where the trace has several boundaries, else ''."""
-    label = rec.get("boundary")
+    label = rec.boundary
     return f" of {label}" if isinstance(label, str) and label else ""
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.units import human_bytes
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record(entry: Entry) -> dict[str, Any]:
+def _record(entry: Entry) -> JSONObject:
     out = {"source": entry.source, "kind": entry.kind, "bytes": entry.bytes, "used": entry.used}
     if entry.kind == "summary":
         out["about"] = entry.header.get("about")

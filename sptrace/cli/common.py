@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sptrace.executors import EXECUTORS
 from sptrace.vocab.dtypes import ACTIVATION_DTYPES
 from sptrace.vocab.errors import UsageError
-from sptrace.vocab.shape import RECOMPUTE, SCHEME_CHOICES, Declarations
+from sptrace.vocab.shape import RECOMPUTE, SCHEME_CHOICES, Declarations, ShapeValues
 
 if TYPE_CHECKING:
     from sptrace.run import LoadOptions
@@ -52,14 +52,14 @@ def add_shape_flags(p: argparse.ArgumentParser, *, scheme: bool = True, names: t
 def declarations(args: argparse.Namespace) -> Declarations:
     """What the user declared: the --config file's values (read and checked now, before any
     trace is parsed), then the flags."""
-    layers: list[tuple[str, dict[str, Any]]] = []
+    layers: list[tuple[str, ShapeValues]] = []
     if getattr(args, "config", None):
         layers.append((f"--config {args.config}", read_config(Path(args.config))))
     layers.append(("flags", shape_flags(args)))
     return Declarations(tuple(layers))
 
 
-def read_config(path: Path) -> dict[str, Any]:
+def read_config(path: Path) -> ShapeValues:
     """A config file's ModelShape fields (YAML, which JSON is a subset of)."""
     import yaml
 
@@ -79,9 +79,9 @@ def read_config(path: Path) -> dict[str, Any]:
     return values
 
 
-def shape_flags(args: argparse.Namespace) -> dict[str, Any]:
+def shape_flags(args: argparse.Namespace) -> ShapeValues:
     """The ModelShape fields the user passed (None: not passed)."""
-    values = {name: getattr(args, name, None) for name in SHAPE_FLAGS}
+    values = ShapeValues(**{name: getattr(args, name, None) for name in SHAPE_FLAGS})
     values["sp_size"] = getattr(args, "sp", None)
     values["dtype"] = getattr(args, "dtype", None)
     values["scheme"] = getattr(args, "scheme", None)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sptrace.cli.common import add_load_flags, log, map_quietly
+from sptrace.vocab.shape import ShapeValues
 
 ORDER = ("scheme", "sp_size", "layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "dtype")
 NOT_READ = {
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cost_model_needs(values: dict[str, Any]) -> list[str] | None:
+def _cost_model_needs(values: ShapeValues) -> list[str] | None:
     """The undeclared sizes the inferred scheme's cost model depends on (None: no scheme read)."""
     from sptrace.costmodel.comm import undeclared_sizes
     from sptrace.vocab.errors import UsageError

@@ -14,10 +14,13 @@ from sptrace.cli.common import log
 from sptrace.reference_models.config import FAULTS, StepConfig
 from sptrace.vocab.dtypes import ACTIVATION_DTYPES
 from sptrace.vocab.errors import UsageError
-from sptrace.vocab.shape import RECOMPUTE, SCHEME_CHOICES, SCHEMES
+from sptrace.vocab.jsontypes import JSONObject
+from sptrace.vocab.shape import RECOMPUTE, SCHEME_CHOICES, SCHEMES, ShapeValues
 
 if TYPE_CHECKING:  # pandas is imported when a sweep is tabulated, not to parse flags
     import pandas as pd
+
+    from sptrace.sweep import Fit
 
 DEMO_DIR = Path("sptrace-demo")
 DEMO_SCHEMES = ("megatron", "ulysses", "hybrid")  # the first article's three systems
@@ -51,8 +54,16 @@ def _add_model_flags(p: argparse.ArgumentParser, *, with_seq: bool = True) -> No
     g.add_argument("--seed", type=int, default=d.seed)
 
 
-def _config_values(args: argparse.Namespace, scheme: str, nproc: int) -> dict[str, Any]:
-    return dict(
+class _StepValues(ShapeValues, total=False):
+    """StepConfig's fields as the flags give them: the model's, and the reference models' own."""
+
+    fault: str | None
+    fault_layer: int | None
+    seed: int
+
+
+def _config_values(args: argparse.Namespace, scheme: str, nproc: int) -> _StepValues:
+    return _StepValues(
         scheme=scheme, sp_size=nproc, layers=args.layers, batch=args.batch, seq=args.seq,
         hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads, ffn=args.ffn,
         dtype=args.dtype, zero3=args.zero3, recompute=args.recompute, fault=args.fault,
@@ -197,7 +208,7 @@ def _matrix_runs(path: Path, args: argparse.Namespace) -> list[tuple[str, StepCo
             raise UsageError(f"{where}: a run's name is a folder name (letters, digits, . _ + -)")
         if not isinstance(spec, dict):
             raise UsageError(f"{where}: expected an object of flags")
-        merged: dict[str, Any] = {}
+        merged: JSONObject = {}  # the run's keys over the defaults', as the file holds them
         for key, value in [*defaults.items(), *spec.items()]:
             key = key.replace("-", "_")
             if key not in fields and key not in _RUN_KEYS:
@@ -318,7 +329,7 @@ def sweep_config(base: StepConfig, scheme: str, seq: int) -> StepConfig:
 
 def run_sweep(
     base: StepConfig, schemes: list[str], seqs: list[int], out: Path, *, warmup: int, device: str, force: bool, log: Any
-) -> tuple[pd.DataFrame, dict[str, Any]]:
+) -> tuple[pd.DataFrame, Fit | None]:
     """Profile each combination (skipping runs already complete unless ``force``) in one launch,
     then analyse every run of ``out`` and tabulate them (sptrace.sweep.summarize)."""
     from sptrace.analysis import analyse_run

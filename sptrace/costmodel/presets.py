@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from sptrace.vocab.shape import ShapeValues
 
-PRESETS: dict[str, dict[str, Any]] = {
+
+class Preset(ShapeValues, total=False):
+    """A preset's ModelShape fields, and whether its cost model counts attention only."""
+
+    attention_only: bool
+
+
+PRESETS: dict[str, Preset] = {
     # the first article's attention example: P=8, B=1, S=32K, H=4096, 32 heads of 128, bf16
     "seed-attention": {
         "sp_size": 8, "batch": 1, "seq": 32768, "hidden": 4096, "heads": 32, "kv_heads": 32,

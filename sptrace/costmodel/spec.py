@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sptrace.vocab.errors import UsageError
+from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.shape import ModelShape
 from sptrace.vocab.wire import wire_bytes
 
@@ -79,7 +80,7 @@ class CommEstimate:
             if (not kind or c.kind == kind) and (not phase or c.phase == phase)
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {
             "scheme": self.scheme,
             "config": self.cfg.to_dict(),

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -49,6 +49,61 @@ RETAINED_COLUMNS = [
     "producer", "saved_by", "holder", "alloc_ns", "free_ns", "freed_in", "kind", "step", "micro_batch", "boundary",
     "origin", "origin_text", "unseen_free",
 ]  # fmt: skip
+
+
+class Allocation(NamedTuple):
+    """One allocation of the ledger (a row of LEDGER_COLUMNS): its device and address, its
+    bytes, when it was made and freed (None or NaN: no free in the trace), whether the free was
+    lost (its address was allocated again first), and its thread."""
+
+    device_type: int
+    device_id: int
+    addr: int
+    bytes: int
+    alloc_ns: int
+    free_ns: float | None
+    lost_free: bool
+    tid: float | None
+
+
+class _Where(TypedDict):
+    """The forward/backward boundary a retained tensor is kept across (RETAINED_COLUMNS)."""
+
+    step: int
+    micro_batch: int
+    boundary: str | None
+
+
+class RetainedRow(TypedDict, total=False):
+    """A row of ``Retention.tensors`` (RETAINED_COLUMNS) as it is built: a TypedDict, as the
+    frame is made of these rows (``_retained_from_memory`` gives all but the rank, boundary and
+    origin, which its caller adds)."""
+
+    rank: int | None
+    module: str | None
+    layer: int | None
+    shape: tuple[int, ...] | list[int] | None
+    dtype: str | None
+    nbytes: int
+    storage_bytes: int
+    storage_ptr: int | None
+    source: str
+    alloc_op: str | None
+    producer: str | None
+    saved_by: str | None
+    holder: str
+    alloc_ns: int | None
+    free_ns: float | None
+    freed_in: str | None
+    kind: str
+    step: int
+    micro_batch: int
+    boundary: str | None
+    origin: str | None
+    origin_text: str | None
+    unseen_free: bool
+
+
 CUDA_SLACK = 2**20
 """The CUDA caching allocator's block can exceed the request by up to ~1 MiB."""
 _COLLECTIVE_PREFIXES = ("c10d::", "_c10d_functional", "record_param_comms", "nccl:", "gloo:", "symm_mem::")
@@ -76,8 +131,8 @@ def _memory_events(trace: RankTrace) -> pd.DataFrame:
 def detect_ledger(trace: RankTrace) -> pd.DataFrame:
     mem = _memory_events(trace)
     mem = mem[mem["mem_addr"].notna()]
-    live: dict[tuple, dict[str, Any]] = {}
-    rows: list[dict[str, Any]] = []
+    live: dict[tuple, Allocation] = {}
+    rows: list[Allocation] = []
     for dt, di, addr, nbytes, ts, tid in zip(
         mem["device_type"].fillna(-1),
         mem["device_id"].fillna(-1),
@@ -90,15 +145,12 @@ def detect_ledger(trace: RankTrace) -> pd.DataFrame:
         if nbytes > 0:
             old = live.pop(key, None)
             if old is not None:
-                old.update(free_ns=int(ts), lost_free=True)
-                rows.append(old)
-            live[key] = {"device_type": key[0], "device_id": key[1], "addr": key[2], "bytes": int(nbytes),
-                         "alloc_ns": int(ts), "free_ns": None, "lost_free": False, "tid": tid}  # fmt: skip
+                rows.append(old._replace(free_ns=int(ts), lost_free=True))
+            live[key] = Allocation(*key, bytes=int(nbytes), alloc_ns=int(ts), free_ns=None, lost_free=False, tid=tid)
         elif nbytes < 0:
             rec = live.pop(key, None)
             if rec is not None:
-                rec["free_ns"] = int(ts)
-                rows.append(rec)
+                rows.append(rec._replace(free_ns=int(ts)))
     rows.extend(live.values())
     frame = pd.DataFrame(rows, columns=LEDGER_COLUMNS)
     return frame.sort_values("alloc_ns", kind="stable").reset_index(drop=True)
@@ -226,10 +278,10 @@ def detect_retained(
     many_steps = len({b.step for b in bounds}) > 1
     many_micro = any(b.micro_batch > 0 for b in bounds)
 
-    def where(b: Boundary) -> dict[str, Any]:
-        return {"step": b.step, "micro_batch": b.micro_batch, "boundary": b.label(many_steps, many_micro) or None}
+    def where(b: Boundary) -> _Where:
+        return _Where(step=b.step, micro_batch=b.micro_batch, boundary=b.label(many_steps, many_micro) or None)
 
-    rows: list[dict[str, Any]] = []
+    rows: list[RetainedRow] = []
     covered: set[int] = set()
     seen_ptrs: set[tuple[int, int]] = set()
     saves = [
@@ -249,12 +301,13 @@ def detect_retained(
             if (k, rec.storage_ptr) in seen_ptrs:
                 continue  # the same storage saved twice costs once
             seen_ptrs.add((k, rec.storage_ptr))
-        alloc = at_address.allocation_at(rec.storage_ptr, ts) if rec.storage_ptr else None
-        if alloc is not None:
-            covered.add(int(alloc["_row"]))
-        made_by = _op_name(ops, int(alloc["alloc_ns"]), alloc["tid"]) if alloc is not None else None
+        found = at_address.allocation_at(rec.storage_ptr, ts) if rec.storage_ptr else None
+        alloc = found[1] if found is not None else None
+        if found is not None:
+            covered.add(found[0])
+        made_by = _op_name(ops, int(alloc.alloc_ns), alloc.tid) if alloc is not None else None
         producer = producing_collective(collectives, ops, alloc, slack, element_size) if alloc is not None else None
-        origin = origins.of_row(int(alloc["_row"]), producer, b.forward_ns) if alloc is not None else None
+        origin = origins.of_row(found[0], producer, b.forward_ns) if found is not None else None
         rows.append({
             "rank": trace.rank, "module": rec.module, "layer": idx.layer_of(rec.module), "shape": rec.shape,
             "dtype": rec.dtype, "nbytes": rec.nbytes, "storage_bytes": rec.storage_nbytes or rec.nbytes,
@@ -262,9 +315,9 @@ def detect_retained(
             "producer": producer, "origin": origin and origin.kind, "origin_text": origin and origin.text,
             "unseen_free": False,
             "saved_by": _op_name(ops, ts, tid) if own_event else None, "holder": "autograd (saved for backward)",
-            "alloc_ns": None if alloc is None else alloc["alloc_ns"],
-            "free_ns": None if alloc is None else alloc["free_ns"],
-            "freed_in": None if alloc is None else _freed_in(nodes, alloc.get("free_ns")), "kind": rec.kind,
+            "alloc_ns": None if alloc is None else alloc.alloc_ns,
+            "free_ns": None if alloc is None else alloc.free_ns,
+            "freed_in": None if alloc is None else _freed_in(nodes, alloc.free_ns), "kind": rec.kind,
             **where(b),
         })  # fmt: skip
     if not ledger.empty:
@@ -275,15 +328,16 @@ def detect_retained(
             made = ledger["alloc_ns"]
             window = ledger[(made >= b.forward_ns) & (made < b.window_end_ns) & ~in_backward]
             alive = window[window["free_ns"].isna() | (window["free_ns"] >= b.backward_ns)]
-            for rec in alive.to_dict(orient="records"):
-                if int(rec["_row"]) in covered:
+            for row_number, *values in alive[["_row", *LEDGER_COLUMNS]].itertuples(index=False, name=None):
+                if int(row_number) in covered:
                     continue
+                rec = Allocation(*values)
                 row = _retained_from_memory(rec, b, idx, ops, collectives, nodes, unrecorded, slack, element_size)
                 if row is None:  # a backend's own buffer inside an in-place collective
                     continue
                 if row["unseen_free"]:
                     out.unseen_frees += 1
-                origin = origins.of_row(int(rec["_row"]), row["producer"], b.forward_ns)
+                origin = origins.of_row(int(row_number), row["producer"], b.forward_ns)
                 rows.append({"rank": trace.rank, **row, **where(b), "origin": origin.kind,
                              "origin_text": origin.text})  # fmt: skip
     if out.has_records and not out.has_memory:
@@ -311,21 +365,21 @@ def _backward_phases(idx: RankIndex) -> Intervals:
 
 
 def _retained_from_memory(
-    rec: dict[str, Any], b: Boundary, idx: RankIndex, ops: Intervals, collectives: Intervals, nodes: Intervals,
+    rec: Allocation, b: Boundary, idx: RankIndex, ops: Intervals, collectives: Intervals, nodes: Intervals,
     unrecorded: dict[tuple[int, int], Unrecorded], slack: int, element_size: int | None,
-) -> dict[str, Any] | None:  # fmt: skip
+) -> RetainedRow | None:  # fmt: skip
     """One allocation alive at boundary ``b``, with its holder read from when it died; None for
     a buffer an in-place collective made for itself (the backend's, never the model's).
     ``unseen_free``: its free is not in the trace and nothing shows it was still alive."""
-    tid = int(rec["tid"]) if pd.notna(rec["tid"]) else None
-    alloc_ns = int(rec["alloc_ns"])
+    tid = int(rec.tid) if pd.notna(rec.tid) else None
+    alloc_ns = int(rec.alloc_ns)
     inside = collectives.innermost(alloc_ns, alloc_ns, tid)
     if inside is not None and collectives.name(inside).startswith(_IN_PLACE):
         return None
     producer = producing_collective(collectives, ops, rec, slack, element_size)
-    freed_in = _freed_in(nodes, rec["free_ns"])
-    unseen_free = bool(rec["lost_free"]) or (pd.isna(rec["free_ns"]) and producer is not None)
-    counted = unrecorded.get((int(rec["device_type"]), int(rec["device_id"])))
+    freed_in = _freed_in(nodes, rec.free_ns)
+    unseen_free = bool(rec.lost_free) or (pd.isna(rec.free_ns) and producer is not None)
+    counted = unrecorded.get((int(rec.device_type), int(rec.device_id)))
     unknowable = unseen_free and (counted is None or not counted.quiet(alloc_ns, b.backward_ns))
     if unknowable:
         # died before its address was reused, or gloo / NCCL dropped a collective's tensor on
@@ -339,28 +393,28 @@ def _retained_from_memory(
             "alive at the boundary: its free is not in the trace, and the allocator's count shows no "
             "unrecorded free before backward"
         )
-    elif rec["free_ns"] is None or pd.isna(rec["free_ns"]):
+    elif rec.free_ns is None or pd.isna(rec.free_ns):
         holder = "not autograd: still alive when the trace ends (a Python reference, a hook or a cache)"
     elif freed_in is not None:
         holder = f"autograd (freed in {freed_in})"
-    elif rec["free_ns"] > b.backward_end_ns:
+    elif rec.free_ns > b.backward_end_ns:
         holder = "not autograd: alive through backward, freed after it (a Python reference, a hook or a cache)"
     else:
         holder = "not autograd: freed during backward outside any autograd node"
     i = ops.innermost(alloc_ns, alloc_ns, tid)
     op = ops.row(i) if i is not None else None
-    inferred = infer_shape(op, int(rec["bytes"]), element_size, slack) if op is not None else None
+    inferred = infer_shape(op, int(rec.bytes), element_size, slack) if op is not None else None
     module, _, _ = idx.module_of(alloc_ns, alloc_ns, tid if tid is not None else -1)
-    return {
-        "module": module, "layer": idx.layer_of(module),
-        "shape": None if inferred is None else inferred[0],
-        "dtype": None if inferred is None else inferred[1], "nbytes": int(rec["bytes"]),
-        "storage_bytes": int(rec["bytes"]), "storage_ptr": int(rec["addr"]),
-        "source": "memory events" + (" + shape from the allocating op" if inferred else ""),
-        "alloc_op": None if op is None else str(op["name"]), "producer": producer, "saved_by": freed_in,
-        "holder": holder, "alloc_ns": alloc_ns, "free_ns": rec["free_ns"], "freed_in": freed_in,
-        "kind": "activation", "unseen_free": unknowable,
-    }  # fmt: skip
+    return RetainedRow(
+        module=module, layer=idx.layer_of(module),
+        shape=None if inferred is None else inferred[0],
+        dtype=None if inferred is None else inferred[1], nbytes=int(rec.bytes),
+        storage_bytes=int(rec.bytes), storage_ptr=int(rec.addr),
+        source="memory events" + (" + shape from the allocating op" if inferred else ""),
+        alloc_op=None if op is None else str(op["name"]), producer=producer, saved_by=freed_in,
+        holder=holder, alloc_ns=alloc_ns, free_ns=rec.free_ns, freed_in=freed_in,
+        kind="activation", unseen_free=unknowable,
+    )  # fmt: skip
 
 
 def _shapes_seen(cpu: pd.DataFrame, fwd: int, bwd: int | None, dtypes_of: dict | None = None) -> set[tuple[int, ...]]:
@@ -406,8 +460,9 @@ class _AddressIndex:
         self.alloc = ledger["alloc_ns"].to_numpy(dtype=np.int64)
         self.free = ledger["free_ns"].to_numpy(dtype=np.float64, na_value=np.nan)  # as the column compares
 
-    def allocation_at(self, addr: int, ts: int) -> dict[str, Any] | None:
-        """The latest allocation (in ledger order) at ``addr`` that is alive at ``ts``."""
+    def allocation_at(self, addr: int, ts: int) -> tuple[int, Allocation] | None:
+        """The latest allocation (in ledger order) at ``addr`` that is alive at ``ts``, with its
+        row number in the ledger."""
         rows = self.rows.get(addr)
         if rows is None:
             return None
@@ -416,9 +471,8 @@ class _AddressIndex:
         if not len(hit):
             return None
         last = int(hit[-1])
-        rec = self.ledger.iloc[last].to_dict()
-        rec["_row"] = int(self.ledger.index[last])
-        return rec
+        values = self.ledger.iloc[last].to_dict()
+        return int(self.ledger.index[last]), Allocation(**{c: values[c] for c in LEDGER_COLUMNS})
 
 
 def _freed_in(nodes: Intervals, free_ns: Any) -> str | None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -278,31 +278,50 @@ def _flat_shapes(shapes: list) -> list:
 # ---- groups ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Group:
+    """A process group as ``distributedInfo`` lists it (ranks: None where not a list of ints)."""
+
+    name: str
+    size: int | None
+    ranks: list[int] | None
+
+
+class PeerCandidate(TypedDict):
+    """What a peer named by its rank in an unnamed group can be (a ``peer_candidates`` cell's
+    entries, which resolve_peers reads): its global rank in one of this rank's groups."""
+
+    peer: int
+    group: str
+    size: int | None
+    ranks: list[int] | None
+
+
 class _GroupTable:
     """The process groups ``distributedInfo`` lists, and which of them hold this rank."""
 
     def __init__(self, trace: RankTrace) -> None:
         self.rank = trace.rank
-        self.by_name: dict[str, dict[str, Any]] = {}
-        self.mine: list[dict[str, Any]] = []
+        self.by_name: dict[str, _Group] = {}
+        self.mine: list[_Group] = []
         for g in trace.process_groups:
             if not isinstance(g, dict):
                 continue
             ranks = g.get("ranks")
             ranks = ranks if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks) else None
             size = g.get("pg_size") if isinstance(g.get("pg_size"), int) else (len(ranks) if ranks else None)
-            entry = {"name": str(g.get("pg_name")), "size": size, "ranks": ranks}
-            self.by_name[entry["name"]] = entry
+            entry = _Group(str(g.get("pg_name")), size, ranks)
+            self.by_name[entry.name] = entry
             if ranks is not None and trace.rank in ranks:
                 self.mine.append(entry)
 
-    def peer_candidates(self, local: int) -> list[dict[str, Any]]:
+    def peer_candidates(self, local: int) -> list[PeerCandidate]:
         """What a peer named by its rank in an unnamed group can be: in each of this rank's
         groups that has such a rank, its global rank."""
         return [
-            {"peer": int(g["ranks"][local]), "group": g["name"], "size": g["size"], "ranks": g["ranks"]}
+            PeerCandidate(peer=int(g.ranks[local]), group=g.name, size=g.size, ranks=g.ranks)
             for g in self.mine
-            if g["ranks"] and 0 <= local < len(g["ranks"]) and g["ranks"][local] != self.rank  # not itself
+            if g.ranks and 0 <= local < len(g.ranks) and g.ranks[local] != self.rank  # not itself
         ]
 
     def resolve(self, name: str | None, size: int | None) -> tuple[str | None, int | None, list | None, str | None]:
@@ -310,20 +329,20 @@ class _GroupTable:
         size), else from this rank's groups when they leave one answer."""
         if name is not None and name in self.by_name:
             g = self.by_name[name]
-            return g["name"], size or g["size"], g["ranks"], None
-        candidates = [g for g in self.mine if size is None or g["size"] == size]
+            return g.name, size or g.size, g.ranks, None
+        candidates = [g for g in self.mine if size is None or g.size == size]
         if len(candidates) == 1:
             g = candidates[0]
             sized = f" of size {size}" if size else ""
             how = f"the only process group{sized} holding rank {self.rank}"
-            return g["name"], g["size"], g["ranks"], f"distributedInfo ({how})"
-        if candidates and len({g["size"] for g in candidates}) == 1 and size is None:
-            same_ranks = len({tuple(g["ranks"]) for g in candidates}) == 1
-            how = f"every process group holding rank {self.rank} has {candidates[0]['size']} ranks"
+            return g.name, g.size, g.ranks, f"distributedInfo ({how})"
+        if candidates and len({g.size for g in candidates}) == 1 and size is None:
+            same_ranks = len({tuple(g.ranks) for g in candidates}) == 1
+            how = f"every process group holding rank {self.rank} has {candidates[0].size} ranks"
             return (
                 None,
-                candidates[0]["size"],
-                candidates[0]["ranks"] if same_ranks else None,
+                candidates[0].size,
+                candidates[0].ranks if same_ranks else None,
                 f"distributedInfo ({how})",
             )
         return name, size, None, None
@@ -332,7 +351,40 @@ class _GroupTable:
 # ---- one row's values ---------------------------------------------------------------------------
 
 
-def _resolve(idx: RankIndex, rank: int | None, groups: _GroupTable, row: _Row) -> dict[str, Any]:
+class CollectiveRecord(TypedDict):
+    """One collective of a rank's table (RANK_COLUMNS), as ``_resolve`` reads it off its row:
+    a TypedDict, as the table is made of these records."""
+
+    rank: int | None
+    kind: str
+    op: str
+    group: str | None
+    group_size: int | None
+    group_ranks: list[int] | None
+    peer: int | None
+    dtype: str | None
+    in_elems: int | None
+    out_elems: int | None
+    in_bytes: int | None
+    out_bytes: int | None
+    wire_bytes: float | None
+    start_us: float
+    dur_us: float
+    transfer_start_us: float | None
+    transfer_dur_us: float | None
+    phase: str | None
+    step: int | None
+    layer: int | None
+    module: str | None
+    role: str | None
+    seq: int | None
+    source: str
+    unknown: str | None
+    tid: int | None
+    peer_candidates: list[PeerCandidate] | None
+
+
+def _resolve(idx: RankIndex, rank: int | None, groups: _GroupTable, row: _Row) -> CollectiveRecord:
     source: list[str] = []
     unknown: list[str] = []
     sizes = forms.Sizes()
@@ -390,7 +442,7 @@ def _resolve(idx: RankIndex, rank: int | None, groups: _GroupTable, row: _Row) -
     # 4. gloo: the worker annotation knows the element type of TensorList ops, and a root
     # scatter's (or list all-to-all's) input: one tensor per member of the group
     if row.gloo:
-        got = forms.sizes_from_annotation(row.kind, _as_mapping(row.gloo[0]))
+        got = forms.sizes_from_annotation(row.kind, row.gloo[0]._asdict())
         if sizes.in_elems is None and got.in_elems is not None:
             sizes = dataclasses.replace(sizes, in_elems=got.in_elems, why_in=None).merge(got)
             source.append("bytes: gloo annotation Input Dims")
@@ -483,10 +535,6 @@ def _resolve(idx: RankIndex, rank: int | None, groups: _GroupTable, row: _Row) -
         "source": "; ".join(source), "unknown": "; ".join(unknown) or None, "tid": row.tid,
         "peer_candidates": candidates,
     }  # fmt: skip
-
-
-def _as_mapping(event: Any) -> dict[str, Any]:
-    return event._asdict() if hasattr(event, "_asdict") else dict(event)
 
 
 def _transfer_span(row: _Row) -> tuple[int, int] | None:

@@ -23,6 +23,8 @@ import pandas as pd
 
 from sptrace.detect.args import load_list
 from sptrace.vocab.dtypes import ACTIVATION_DTYPES
+from sptrace.vocab.jsontypes import JSONObject
+from sptrace.vocab.shape import ShapeValues
 
 NORM_OP = re.compile(r"(?:layer_?norm|rms_?norm|layernorm|rmsnorm)", re.IGNORECASE)
 NORM_SKIP = re.compile(r"backward|_bwd|grad", re.IGNORECASE)
@@ -35,7 +37,7 @@ class Inferred:
     """Values read off the traces (field -> value) with the evidence for each, and the fields
     left to the user with what the trace showed of them."""
 
-    values: dict[str, Any] = field(default_factory=dict)
+    values: ShapeValues = field(default_factory=ShapeValues)
     evidence: dict[str, str] = field(default_factory=dict)
     open: dict[str, str] = field(default_factory=dict)
 
@@ -85,7 +87,7 @@ def shapes_of(table: pd.DataFrame, pattern: re.Pattern, skip: re.Pattern | None 
     return shapes
 
 
-def infer_model(collectives: pd.DataFrame, groups: list[dict[str, Any]], table: pd.DataFrame | None) -> Inferred:
+def infer_model(collectives: pd.DataFrame, groups: list[JSONObject], table: pd.DataFrame | None) -> Inferred:
     """What ``collectives`` (every rank's), the ranks' process ``groups`` and one rank's event
     ``table`` say of the model."""
     out = Inferred()

@@ -6,7 +6,7 @@ sptrace.detect.provenance, start from the answer)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -17,9 +17,12 @@ from sptrace.detect.intervals import Intervals
 from sptrace.detect.provenance import FACTORIES
 from sptrace.vocab import dtypes
 
+if TYPE_CHECKING:
+    from sptrace.detect.allocations import Allocation
+
 
 def producing_collective(
-    collectives: Intervals, ops: Intervals, alloc: dict[str, Any], slack: int, element_size: int | None = None
+    collectives: Intervals, ops: Intervals, alloc: Allocation, slack: int, element_size: int | None = None
 ) -> str | None:
     """The collective that produced an allocation, when the trace shows one:
     * it was allocated inside a collective (a functional all-gather's output);
@@ -29,9 +32,8 @@ def producing_collective(
       all_gather_into_tensor(out, x)``: that collective's recorded output has these bytes);
     * it is the buffer the next receive on its thread fills (``_received_into``; its element
       size: the receive's recorded dtype, else ``element_size``, the declared activation's)."""
-    tid = alloc.get("tid")
-    tid = int(tid) if tid is not None and not pd.isna(tid) else None
-    ts = int(alloc["alloc_ns"])
+    tid = int(alloc.tid) if alloc.tid is not None and not pd.isna(alloc.tid) else None
+    ts = int(alloc.alloc_ns)
     i = collectives.innermost(ts, ts, tid)
     if i is not None:
         return collectives.name(i)
@@ -58,7 +60,7 @@ def producing_collective(
     )
     elem_types = [t for t in load_list(first.get("input_types")) if dtypes.element_size(t)]
     elem = dtypes.element_size(elem_types[0]) if elem_types else None
-    nbytes = int(alloc["bytes"])
+    nbytes = int(alloc.bytes)
     if outputs and elem is not None and any(0 <= nbytes - int(np.prod(s)) * elem <= slack for s in outputs):
         return name
     return _received_into(collectives, ops, after, ts, tid, nbytes, slack, element_size)

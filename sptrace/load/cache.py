@@ -26,13 +26,13 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from sptrace.cachedir import default_cache_dir, max_bytes
 from sptrace.load.schema import SCHEMA_VERSION
+from sptrace.vocab.jsontypes import JSONObject
 
 _META_KEY = b"sptrace.metadata"
 _SOURCE_KEY = b"sptrace.source"
@@ -80,7 +80,7 @@ def _intact(entry: Path) -> bool:
     return match is not None and _crc(entry) == int(match.group("crc"), 16)
 
 
-def read_cached(cache_dir: Path, path: Path) -> tuple[dict[str, Any], pa.Table] | None:
+def read_cached(cache_dir: Path, path: Path) -> tuple[JSONObject, pa.Table] | None:
     for entry in _candidates(cache_dir, path):
         try:
             if not _intact(entry):
@@ -118,7 +118,7 @@ def cached_entry(cache_dir: Path, path: Path) -> Path | None:
     return None
 
 
-def write_cached(cache_dir: Path, path: Path, metadata: dict[str, Any], table: pa.Table) -> Path | None:
+def write_cached(cache_dir: Path, path: Path, metadata: JSONObject, table: pa.Table) -> Path | None:
     """Write the entry atomically, then keep the cache under its cap; returns the entry's path,
     or None when the cache is not writable."""
     try:
@@ -145,7 +145,7 @@ def write_cached(cache_dir: Path, path: Path, metadata: dict[str, Any], table: p
         return None
 
 
-def write_summary(cache_dir: Path, version: str, key: str, header: dict[str, Any], payload: bytes) -> Path | None:
+def write_summary(cache_dir: Path, version: str, key: str, header: JSONObject, payload: bytes) -> Path | None:
     """Write a summary entry atomically for the trace version ``version`` (trace_version's
     answer, taken before the trace was read) and ``key`` (16 hex digits: what else the summary
     depends on), then keep the cache under its cap; returns the entry's path, or None when the
@@ -197,7 +197,7 @@ def discard_summary(entry: Path) -> None:
     entry.unlink(missing_ok=True)
 
 
-def _summary_header(data: bytes) -> tuple[dict[str, Any], int]:
+def _summary_header(data: bytes) -> tuple[JSONObject, int]:
     """(a summary entry's header, where its payload starts); ValueError when it is no entry."""
     n = len(_SUMMARY_MAGIC)
     if data[:n] != _SUMMARY_MAGIC or len(data) < n + 4:
@@ -221,7 +221,7 @@ class Entry:
     """The trace it was parsed from (None when unreadable)."""
     kind: str = "table"
     """'table' (a parsed trace) or 'summary' (a rank's summary, sptrace.summary_cache)."""
-    header: dict[str, Any] = field(default_factory=dict, compare=False)
+    header: JSONObject = field(default_factory=dict, compare=False)
     """A summary's header: ``source``, and what its writer adds (sptrace.summary_cache: ``about``,
     what the summary is of; ``code``, the digest of the code that wrote it)."""
 
@@ -230,7 +230,7 @@ class Entry:
         return self.source is None or not Path(self.source).exists()
 
 
-_HEADERS: dict[tuple[str, int], tuple[str | None, dict[str, Any]]] = {}
+_HEADERS: dict[tuple[str, int], tuple[str | None, JSONObject]] = {}
 """(entry path, size) -> (source, summary header), read once per process: an entry's bytes never
 change under its name (the name carries their CRC), and every write prunes, so a run of many
 ranks would otherwise open every entry again for each rank it writes."""
@@ -257,7 +257,7 @@ def entries(cache_dir: Path | None = None) -> list[Entry]:
     return sorted(out, key=lambda e: e.used)
 
 
-def _read_source(entry: Path, kind: str) -> tuple[str | None, dict[str, Any]]:
+def _read_source(entry: Path, kind: str) -> tuple[str | None, JSONObject]:
     """(the trace an entry was made from, its summary header); None and {} when unreadable."""
     try:
         if kind == "table":

@@ -34,6 +34,7 @@ import pyarrow as pa
 from sptrace.load.arrow import cast, codes_of, compute, dictionary, from_numpy, string_array, to_numpy
 from sptrace.load.schema import ARG_COLUMNS, SCHEMA, normalise_category
 from sptrace.vocab.errors import TraceError
+from sptrace.vocab.jsontypes import JSONObject
 
 _EXACT_FLOAT_US = float(2**43)  # below this a float µs with 3 decimals maps to a unique ns
 _EXACT_INT_US = float(2**53)  # below this every int µs is exactly a double
@@ -135,7 +136,7 @@ class _M(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
     ts: int | float | None = None
     pid: int | str | None = None
     tid: int | str | None = None
-    args: dict[str, Any] | None = None
+    args: JSONObject | None = None
 
 
 _KINDS: tuple[type, ...] = (_X, _I, _S, _F, _M)
@@ -213,7 +214,7 @@ def native_decoder() -> bool:
     return _kineto is not None and os.environ.get("SPTRACE_DECODER", "") != "msgspec"
 
 
-def decode_native(path: Path, data: bytes) -> tuple[dict[str, Any], pa.Table] | None:
+def decode_native(path: Path, data: bytes) -> tuple[JSONObject, pa.Table] | None:
     """The native decoder's reading of ``data``, or None where it declines."""
     if _kineto is None:
         return None
@@ -226,7 +227,7 @@ def decode_native(path: Path, data: bytes) -> tuple[dict[str, Any], pa.Table] | 
         return None
 
 
-def decode_trace(path: Path) -> tuple[dict[str, Any], pa.Table]:
+def decode_trace(path: Path) -> tuple[JSONObject, pa.Table]:
     """(top-level metadata without traceEvents, event table) of one trace file.
 
     The native decoder reads what Kineto writes and declines anything else (it returns None),
@@ -250,7 +251,7 @@ def decode_trace(path: Path) -> tuple[dict[str, Any], pa.Table]:
     return _decode_tolerant(path, read_bytes(path))  # the fast path may have released the bytes
 
 
-def _decode_tolerant(path: Path, data: bytes) -> tuple[dict[str, Any], pa.Table]:
+def _decode_tolerant(path: Path, data: bytes) -> tuple[JSONObject, pa.Table]:
     try:
         top = _TOP.decode(data)
     except msgspec.ValidationError:
@@ -613,7 +614,7 @@ def _arg_column(
     return from_numpy(found, found != _ABSENT)
 
 
-def _meta_text(args: dict[str, Any]) -> str | None:
+def _meta_text(args: JSONObject) -> str | None:
     value = args.get("name", args.get("labels"))
     return value if isinstance(value, str) or value is None else str(value)
 
@@ -631,7 +632,7 @@ def _table_from_structs(path: Path, events: list[Any]) -> pa.Table:
             groups.append((kind, list(_take(events, idx))))
     events.clear()  # the Structs now live only in their group
     del codes
-    parts: list[tuple[str, dict[str, Any], int]] = [("", {}, 0)] * len(groups)
+    parts: list[tuple[str, dict[str, pa.Array], int]] = [("", {}, 0)] * len(groups)
     for k in sorted(range(len(groups)), key=lambda k: groups[k][0] is _X):
         kind, group = groups[k]
         assert group is not None
@@ -671,7 +672,7 @@ class _Declined(Exception):
 _PHASES = ("X", "i", "s", "f", "M")  # the native decoder's ph codes
 
 
-def _from_native(path: Path, out: dict[str, Any]) -> tuple[dict[str, Any], pa.Table]:
+def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]:
     """The table from the native decoder's columns (file order), as ``_table_from_structs``
     builds it: rows grouped by phase (X, i, s, f, M), in file order within each group, and each
     dictionary in order of first appearance."""

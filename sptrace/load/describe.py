@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -10,6 +10,7 @@ import pyarrow as pa
 from sptrace.load.arrow import codes_of, compute, rows_where, to_numpy, value_counts
 from sptrace.load.trace import RankTrace, RunTrace
 from sptrace.vocab import markers
+from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.units import rank_ranges
 
 
@@ -20,7 +21,27 @@ def _records(names: pa.ChunkedArray) -> int:
     return sum(name.count(markers.SAVED) * n for name, n in counts.items() if name.startswith(markers.SAVED))
 
 
-def describe_rank(trace: RankTrace) -> dict[str, Any]:
+class RankDescription(TypedDict):
+    """One rank's counts, as ``sptrace info`` prints them (a TypedDict: its per-rank JSON as is)."""
+
+    rank: int | None
+    file: str
+    rank_from: str
+    events: int
+    categories: dict[str, int]
+    span_ms: float | None
+    memory_events: int
+    python_stacks: int
+    ops_with_shapes: int
+    gpu_kernels: int
+    c10d_ops: int
+    collective_args: int
+    profiler_steps: int
+    sptrace_markers: int
+    saved_tensor_records: int
+
+
+def describe_rank(trace: RankTrace) -> RankDescription:
     """Counts from the table's dictionaries: each distinct name is tested once."""
     t = trace.table
     cats = trace.category_counts()
@@ -31,26 +52,26 @@ def describe_rank(trace: RankTrace) -> dict[str, Any]:
     def named(prefix: str) -> np.ndarray:
         return rows_where(names, lambda name: name.startswith(prefix))
 
-    return {
-        "rank": trace.rank,
-        "file": str(trace.path),
-        "rank_from": trace.rank_source,
-        "events": trace.num_events,
-        "categories": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
-        "span_ms": None if span is None else (span[1] - span[0]) / 1e6,
-        "memory_events": int(codes_of(names, ["[memory]"]).sum()),
-        "python_stacks": cats.get("python_function", 0),
-        "ops_with_shapes": int((is_cpu_op & to_numpy(compute("is_valid", t["input_dims"]))).sum()),
-        "gpu_kernels": cats.get("kernel", 0),
-        "c10d_ops": int((is_cpu_op & named("c10d::")).sum()),
-        "collective_args": len(t) - t["coll_name"].null_count,
-        "profiler_steps": int(named("ProfilerStep#").sum()),
-        "sptrace_markers": int(named(markers.PREFIX).sum()),
-        "saved_tensor_records": _records(names),
-    }
+    return RankDescription(
+        rank=trace.rank,
+        file=str(trace.path),
+        rank_from=trace.rank_source,
+        events=trace.num_events,
+        categories=dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+        span_ms=None if span is None else (span[1] - span[0]) / 1e6,
+        memory_events=int(codes_of(names, ["[memory]"]).sum()),
+        python_stacks=cats.get("python_function", 0),
+        ops_with_shapes=int((is_cpu_op & to_numpy(compute("is_valid", t["input_dims"]))).sum()),
+        gpu_kernels=cats.get("kernel", 0),
+        c10d_ops=int((is_cpu_op & named("c10d::")).sum()),
+        collective_args=len(t) - t["coll_name"].null_count,
+        profiler_steps=int(named("ProfilerStep#").sum()),
+        sptrace_markers=int(named(markers.PREFIX).sum()),
+        saved_tensor_records=_records(names),
+    )
 
 
-def analyses(ranks: list[dict[str, Any]], n_ranks: int) -> dict[str, str]:
+def analyses(ranks: list[RankDescription], n_ranks: int) -> dict[str, str]:
     """Analysis -> 'yes' or why not, from what every rank's trace carries."""
 
     def all_have(key: str) -> bool:
@@ -84,7 +105,7 @@ def analyses(ranks: list[dict[str, Any]], n_ranks: int) -> dict[str, str]:
     }
 
 
-def describe_run(run: RunTrace, described: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+def describe_run(run: RunTrace, described: dict[int, RankDescription] | None = None) -> JSONObject:
     """``described``: describe_rank's result per rank where the map computed it already."""
     ranks = [described[t.rank] if described and t.rank in described else describe_rank(t) for t in run]
     first = next(iter(run))
@@ -109,7 +130,7 @@ def describe_run(run: RunTrace, described: dict[int, dict[str, Any]] | None = No
     }
 
 
-def render_text(info: dict[str, Any]) -> str:
+def render_text(info: JSONObject) -> str:
     lines = [
         f"run:          {info['path'] or '(files)'}",
         f"ranks:        {info['ranks']} of world size {info['world_size']}"

@@ -19,9 +19,10 @@ from typing import Any
 
 from sptrace.load.trace import RUN_FILE, find_traces
 from sptrace.vocab.errors import TraceError, UsageError
+from sptrace.vocab.jsontypes import JSONObject
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path) -> JSONObject:
     import msgspec
 
     raw = gzip.open(path).read() if path.name.endswith(".gz") else path.read_bytes()

@@ -25,6 +25,7 @@ from sptrace.load import cache as table_cache
 from sptrace.load.arrow import compute, to_numpy, value_counts
 from sptrace.load.decode import decode_trace
 from sptrace.vocab.errors import TraceError
+from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.units import count, rank_ranges
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -49,7 +50,7 @@ class RankTrace:
     path: Path
     rank: int | None
     world_size: int | None
-    metadata: dict[str, Any]
+    metadata: JSONObject
     """Top-level keys of the trace (distributedInfo, deviceProperties, baseTimeNanoseconds ...)."""
     loaded: pa.Table | None = field(repr=False)
     """The event table while it is held (None once released)."""
@@ -83,13 +84,13 @@ class RankTrace:
         self.__dict__.pop("events", None)
         return self
 
-    def __getstate__(self) -> dict[str, Any]:  # a released trace travels without its table
+    def __getstate__(self) -> dict[str, object]:  # a released trace travels without its table
         state = dict(self.__dict__)
         state.pop("events", None)
         return state
 
     @property
-    def distributed_info(self) -> dict[str, Any]:
+    def distributed_info(self) -> JSONObject:
         info = self.metadata.get("distributedInfo")
         return info if isinstance(info, dict) else {}
 
@@ -98,7 +99,7 @@ class RankTrace:
         return self.distributed_info.get("backend")
 
     @property
-    def process_groups(self) -> list[dict[str, Any]]:
+    def process_groups(self) -> list[JSONObject]:
         groups = self.distributed_info.get("pg_config")
         return groups if isinstance(groups, list) else []
 
@@ -129,7 +130,7 @@ class RunTrace:
     """By rank, in rank order."""
     world_size: int
     root: Path | None = None
-    run_info: dict[str, Any] | None = None
+    run_info: JSONObject | None = None
     """The run's run.json (written by sptrace.profile_step), when present."""
     missing_ranks: list[int] = field(default_factory=list)
     skipped: list[tuple[Path, str]] = field(default_factory=list)
@@ -179,7 +180,7 @@ def load_trace(
     return RankTrace(p, found_rank, world_size, metadata, table, source, reload=(cache, directory))
 
 
-def _identify(path: Path, metadata: dict[str, Any]) -> tuple[int | None, int | None, str]:
+def _identify(path: Path, metadata: JSONObject) -> tuple[int | None, int | None, str]:
     info = metadata.get("distributedInfo")
     if isinstance(info, dict) and isinstance(info.get("rank"), int):
         world = info.get("world_size")
@@ -354,7 +355,7 @@ class RunFiles:
     """The run's folder (a single file's own folder; None for a list of files)."""
     files: tuple[Path, ...]
     skipped: tuple[tuple[Path, str], ...]
-    run_info: dict[str, Any] | None
+    run_info: JSONObject | None
     notes: tuple[str, ...]
 
     @property
@@ -389,7 +390,7 @@ def files_of(path_or_files: Any) -> tuple[Path | None, list[Path], list[tuple[Pa
     return None, files, []
 
 
-def read_run_info(root: Path | None, notes: list[str]) -> dict[str, Any] | None:
+def read_run_info(root: Path | None, notes: list[str]) -> JSONObject | None:
     """The run's run.json (written by sptrace.profile_step), when there is one; a broken one is
     a note, not an error."""
     if root is None or not (root / RUN_FILE).is_file():
@@ -415,7 +416,7 @@ _RUN_KEYS = frozenset({"backend", "config", "created", "device", "host", "profil
 _CONFIG_KEYS = frozenset({"fault", "fault_layer", "fault_modules", "instrumented", "layout", "reference_model", "seed"})
 
 
-def _unread_keys(info: dict[str, Any]) -> list[str]:
+def _unread_keys(info: JSONObject) -> list[str]:
     """The keys of a run.json that name no model field: under ``config`` (as profile_step writes
     it), or at the top of a flat one."""
     from sptrace.vocab.shape import ALIASES, FIELDS
@@ -430,9 +431,7 @@ def _unread_keys(info: dict[str, Any]) -> list[str]:
     return sorted(str(k) for k in info if not field(k) and k not in _RUN_KEYS and k not in _CONFIG_KEYS)
 
 
-def assemble_run(
-    root: Path | None, traces: list[RankTrace], notes: list[str], run_info: dict[str, Any] | None
-) -> RunTrace:
+def assemble_run(root: Path | None, traces: list[RankTrace], notes: list[str], run_info: JSONObject | None) -> RunTrace:
     """The run the traces make (``run_info``: its run.json, as RunFiles.scan read it)."""
     unknown = [t.path for t in traces if t.rank is None]
     if unknown:

@@ -133,7 +133,7 @@ def sweep_fit(sweep: Sweep) -> go.Figure:
     """Measured step time per run against the fitted regression's prediction; an underdetermined
     fit (fewer runs than coefficients) says so in the title, as the CLI does."""
     title = "step time: measured and fitted"
-    if sweep.fit.get("underdetermined"):
+    if sweep.fit is not None and sweep.fit.get("underdetermined"):  # (a hand-written file may leave it out)
         title += f" (underdetermined: {UNDERDETERMINED})"
     fig = figure(title, xaxis_title="sequence length", yaxis_title="ms")
     for scheme, g in sweep.table.assign(pred=sweep.predicted_ms).groupby("scheme"):

@@ -27,6 +27,8 @@ from sptrace.summary_cache import Slot, read_summary, slot_of, write_summary
 if TYPE_CHECKING:
     import pandas as pd
 
+    from sptrace.load.describe import RankDescription
+
 PHASE_COLUMNS = ["rank", "phase", "start_us", "dur_us"]
 MEMORY_COLUMNS = ["rank", "ts_us", "allocated_bytes"]
 COMPUTE_COLUMNS = ["rank", "start_us", "dur_us"]
@@ -54,7 +56,7 @@ class RankResult:
 
     trace: RankTrace
     """Released: metadata and counts, no table (``trace.table`` reads it again on demand)."""
-    description: dict[str, Any]
+    description: RankDescription
     """sptrace.load.describe.describe_rank's counts (what ``sptrace info`` shows)."""
     collectives: pd.DataFrame | None = None
     timing: Any = None

@@ -4,14 +4,24 @@ the executor."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from sptrace.cachedir import default_cache_dir
 from sptrace.executors import Executor
 from sptrace.vocab.errors import UsageError
+
+
+class LoadOptionValues(TypedDict, total=False):
+    """The options as the Python API takes them in a mapping (``LoadOptions.of``): ``workers``
+    (local processes) stands for an executor."""
+
+    cache: bool
+    cache_dir: Path | str | None
+    skip_bad: bool
+    executor: Executor | None
+    workers: int | None
 
 
 @dataclass(frozen=True)
@@ -35,7 +45,7 @@ class LoadOptions:
         return self.cache_dir or default_cache_dir()
 
     @classmethod
-    def of(cls, given: LoadOptions | Mapping[str, Any] | None) -> LoadOptions:
+    def of(cls, given: LoadOptions | LoadOptionValues | None) -> LoadOptions:
         """``given`` itself, or the mapping the Python API takes (``cache``, ``cache_dir``,
         ``skip_bad``, and ``executor`` or ``workers``, local processes)."""
         if isinstance(given, LoadOptions):

@@ -15,10 +15,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from sptrace.vocab.dtypes import ACTIVATION_DTYPES, element_size
 from sptrace.vocab.errors import UsageError
+from sptrace.vocab.jsontypes import JSONObject
 
 SCHEMES = ("megatron", "ulysses", "hybrid", "ring", "usp")
 SCHEME_CHOICES = (
@@ -56,7 +57,27 @@ def seq_split_problem(seq: int, sp_size: int) -> str | None:
     return None
 
 
-def config_values(data: Any, source: str) -> dict[str, Any]:
+class ShapeValues(TypedDict, total=False):
+    """Declared ModelShape fields by name (a config file's, the flags', what a trace shows):
+    the keyword arguments ``ModelShape.override`` takes. None: not declared."""
+
+    scheme: str | None
+    zero3: bool | None
+    sp_size: int | None
+    layers: int | None
+    batch: int | None
+    seq: int | None
+    hidden: int | None
+    heads: int | None
+    kv_heads: int | None
+    ffn: int | None
+    dtype: str | None
+    recompute: str | None
+    grad_bucket_mib: float | None
+    ulysses_degree: int | None
+
+
+def config_values(data: Any, source: str) -> ShapeValues:
     """The ModelShape fields of a config document: run_info's keys (``seq``, ``sp_size`` ...,
     dashes or underscores, ``sp`` for sp_size), flat or under ``config`` as run.json holds them.
     A key that is no field is an error naming it (a misspelt key must not be silently unknown)."""
@@ -65,7 +86,7 @@ def config_values(data: Any, source: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UsageError(f"{source}: expected a mapping of run_info keys (seq: 4096, hidden: 4096, ...), "
                          f"got {type(data).__name__}")  # fmt: skip
-    values: dict[str, Any] = {}
+    values: ShapeValues = {}
     unknown = []
     for key, value in data.items():
         name = str(key).replace("-", "_")
@@ -85,7 +106,7 @@ class Declarations:
     """What the user declared beside run.json, in order (a later layer wins): a config file's
     values, then the flags. Each value keeps its source for the model's provenance."""
 
-    layers: tuple[tuple[str, Mapping[str, Any]], ...]
+    layers: tuple[tuple[str, ShapeValues], ...]
 
     def apply(self, model: ModelShape) -> ModelShape:
         for source, values in self.layers:
@@ -130,10 +151,10 @@ class ModelShape:
 
     # ---- building ---------------------------------------------------------------------------
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any] | None, source: str) -> ModelShape:
+    def from_mapping(cls, data: JSONObject | ShapeValues | None, source: str) -> ModelShape:
         """From run.json's ``config`` (or any dict): known keys are taken, the rest ignored.
         A scheme spelled ``ulysses-zero3`` sets zero3."""
-        values: dict[str, Any] = {}
+        values: ShapeValues = {}
         for key, value in (data or {}).items():  # dashes or underscores, and the aliases (sp)
             name = str(key).replace("-", "_")
             name = ALIASES.get(name, name)
@@ -220,7 +241,7 @@ class ModelShape:
             f"g={v('kv_heads')} F={v('ffn')} {v('dtype')}{usp}"
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         out = {name: getattr(self, name) for name in FIELDS}
         out["provenance"] = dict(self.provenance)
         return out
