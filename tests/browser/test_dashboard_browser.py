@@ -2,10 +2,14 @@
 every page renders without console errors and leaves a screenshot in artifacts/ for a reviewer;
 the design holds (verdict badge colours, no truncated header, hover content on the timeline,
 visible collectives); the URL round-trips (run selector, nav, back button, shared links); a bar
-click filters its table; a grid downloads as CSV; unknown pages are 404s."""
+click filters its table; a grid downloads as CSV; unknown pages are 404s.
+
+One server (its runs analysed once), one Chromium and one tab serve the module: each test loads its
+own URL afresh in that tab (`open_page`), which leaves it blank for the next."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -78,13 +82,68 @@ def browser(server):
         b.close()
 
 
-def open_page(browser, url, **kwargs):
-    page = browser.new_page(viewport={"width": 1600, "height": 1000}, **kwargs)
+@pytest.fixture(scope="module")
+def tab(browser) -> Iterator[list]:
+    """One tab for the module, holding [page]: a new tab is a new renderer process that compiles
+    Dash's and plotly.js's 10 MB of JavaScript again (6-10 s a page on 2 cores); a page loaded
+    again in the same tab takes 1-3 s. Each test still starts with a fresh load of its own URL."""
+    context = browser.new_context(viewport={"width": 1600, "height": 1000}, accept_downloads=True)
+    yield [context.new_page()]
+    context.close()
+
+
+@pytest.fixture
+def open_page(tab, server):
+    """``open_page(path) -> (page, errors)``: loads ``path`` afresh in the module's tab, with the
+    console errors and page errors of this test alone. Afterwards the tab is left blank (mouse
+    away, storage cleared), so that nothing of one test's page reaches the next."""
     errors: list[str] = []
-    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(url, timeout=TIMEOUT_MS)
-    return page, errors
+
+    def on_console(msg) -> None:
+        if msg.type == "error":
+            errors.append(msg.text)
+
+    def on_error(exc) -> None:
+        errors.append(str(exc))
+
+    page = tab[0]
+    page.on("console", on_console)
+    page.on("pageerror", on_error)
+
+    def load(path: str | None = None):
+        if path is not None:  # None: the blank tab, for a test that navigates itself
+            page.goto(server + path, timeout=TIMEOUT_MS)
+        return page, errors
+
+    yield load
+    page.remove_listener("console", on_console)
+    page.remove_listener("pageerror", on_error)
+    try:
+        page.mouse.move(0, 0)
+        if page.url.startswith(server):
+            page.evaluate("() => { localStorage.clear(); sessionStorage.clear(); }")
+        page.goto("about:blank", timeout=TIMEOUT_MS)
+    except Exception:  # a page left broken (crashed, hung): the next test gets a new tab
+        with contextlib.suppress(Exception):
+            page.close()
+        tab[0] = page.context.new_page()
+
+
+def wait_for_stable_layout(page, selector: str) -> None:
+    """Until the sizes of every `selector` element hold still for 3 polls 100 ms apart (a grid
+    lays out its header after its first rows render)."""
+    page.wait_for_function(
+        """sel => {
+            const now = JSON.stringify([...document.querySelectorAll(sel)]
+                .map(el => [el.scrollWidth, el.clientWidth, el.scrollHeight, el.clientHeight]));
+            const seen = (window.__sptraceLayout ||= {});
+            const s = (seen[sel] ||= {last: null, same: 0});
+            s.same = now === s.last ? s.same + 1 : 0;
+            s.last = now;
+            return s.same >= 2;
+        }""",
+        arg=selector, polling=100, timeout=TIMEOUT_MS,
+    )  # fmt: skip
 
 
 def click_bar(page, graph, trace_name, x, shown):
@@ -128,19 +187,18 @@ def choose_run(page, label):
         ("/gpu?run=4", "#gpu-temporal .main-svg", "gpu"),
     ],
 )
-def test_every_page_renders_without_console_errors(browser, server, path, marker, shot):
-    page, errors = open_page(browser, server + path)
+def test_every_page_renders_without_console_errors(open_page, path, marker, shot):
+    page, errors = open_page(path)
     page.wait_for_selector(marker, timeout=90_000)  # the GPU page runs HTA first
     page.wait_for_load_state("networkidle", timeout=TIMEOUT_MS)
     # only the broken run (index 3) shows an error: in its Overview card, and where Compare lists it
     assert page.locator(".run-error").count() == (1 if path in ("/", "/compare") else 0)
     page.screenshot(path=str(ARTIFACTS / f"{shot}.png"), full_page=True)
     assert errors == []
-    page.close()
 
 
-def test_verdict_badges_are_coloured_with_reasons_on_hover(browser, server):
-    page, errors = open_page(browser, server + "/")
+def test_verdict_badges_are_coloured_with_reasons_on_hover(open_page):
+    page, errors = open_page("/")
     page.wait_for_selector("#run-card-2 .verdict-badge", timeout=TIMEOUT_MS)
     colour = "el => getComputedStyle(el).backgroundColor"
     for status in ("pass", "fail", "undecided", "unavailable"):
@@ -158,10 +216,10 @@ def test_verdict_badges_are_coloured_with_reasons_on_hover(browser, server):
     assert errors == []
 
 
-def test_no_truncated_header_or_run_name(browser, server):
+def test_no_truncated_header_or_run_name(open_page, server):
     truncated = """sel => [...document.querySelectorAll(sel)]
         .filter(el => el.offsetParent !== null && el.scrollWidth > el.clientWidth).map(el => el.textContent)"""
-    page, errors = open_page(browser, server + "/")
+    page, errors = open_page("/")
     page.wait_for_selector("#run-card-0 .run-name", timeout=TIMEOUT_MS)
     assert page.evaluate(truncated, ".run-name") == []
     for path, grid in (("/collectives?run=1", "#collectives-grid"), ("/memory?run=1", "#memory-grid"),
@@ -169,15 +227,15 @@ def test_no_truncated_header_or_run_name(browser, server):
         page.goto(server + path, timeout=TIMEOUT_MS)
         page.wait_for_selector(f"{grid} .ag-header-cell-text", timeout=TIMEOUT_MS)
         page.wait_for_selector(f"{grid} .ag-row", timeout=TIMEOUT_MS)
-        page.wait_for_timeout(500)  # the grid sizes its columns after the first rows render
+        wait_for_stable_layout(page, f"{grid} .ag-header-cell")  # the header lays out after the first rows
         headers = page.locator(f"{grid} .ag-header-cell-text")
         assert headers.count() > 8
         assert page.evaluate(truncated, f"{grid} .ag-header-cell-text") == [], path
     assert errors == []
 
 
-def test_timeline_hover_and_visible_collectives(browser, server):
-    page, errors = open_page(browser, server + "/timeline?run=1")
+def test_timeline_hover_and_visible_collectives(open_page):
+    page, errors = open_page("/timeline?run=1")
     page.wait_for_selector("#timeline-graph .barlayer .point path", timeout=TIMEOUT_MS)
     # every collective bar is at least 2 px wide at the default zoom
     widths = page.evaluate("""() => [...document.querySelectorAll('#timeline-graph .barlayer .trace')]
@@ -193,8 +251,8 @@ def test_timeline_hover_and_visible_collectives(browser, server):
     assert errors == []
 
 
-def test_url_round_trip_and_back_button(browser, server):
-    page, errors = open_page(browser, server + "/memory?run=1")
+def test_url_round_trip_and_back_button(open_page, server):
+    page, errors = open_page("/memory?run=1")
     page.wait_for_selector("text=FAIL: 1 full-size tensor", timeout=TIMEOUT_MS)
     choose_run(page, "megatron")
     page.wait_for_url("**/memory?run=0", timeout=TIMEOUT_MS)
@@ -219,8 +277,8 @@ def test_url_round_trip_and_back_button(browser, server):
     assert errors == []
 
 
-def test_bar_click_filters_the_table_and_csv_downloads(browser, server):
-    page, errors = open_page(browser, server + "/collectives?run=1", accept_downloads=True)
+def test_bar_click_filters_the_table_and_csv_downloads(open_page):
+    page, errors = open_page("/collectives?run=1")  # the tab accepts downloads
     page.wait_for_selector("#collectives-grid .ag-row", timeout=TIMEOUT_MS)
     total = page.inner_text("#collectives-grid .ag-paging-row-summary-panel")
     click_bar(page, "#collectives-wire", "measured", "reduce_scatter", "showing the reduce_scatter collectives")
@@ -239,8 +297,8 @@ def test_bar_click_filters_the_table_and_csv_downloads(browser, server):
     assert errors == []
 
 
-def test_memory_bar_click_lists_its_tensors(browser, server):
-    page, errors = open_page(browser, server + "/memory?run=1")
+def test_memory_bar_click_lists_its_tensors(open_page):
+    page, errors = open_page("/memory?run=1")
     page.wait_for_selector("#memory-graph .barlayer .point path", timeout=TIMEOUT_MS)
     click_bar(page, "#memory-graph", "full", "layer 1", "showing layer 1: full tensors")
     modules = page.evaluate("""() => [...document.querySelectorAll('#memory-grid .ag-row [col-id="module"]')]
@@ -249,8 +307,8 @@ def test_memory_bar_click_lists_its_tensors(browser, server):
     assert errors == []
 
 
-def test_unknown_page_is_a_404(browser, server):
-    page, _ = open_page(browser, server + "/")
+def test_unknown_page_is_a_404(open_page, server):
+    page, _ = open_page()
     response = page.goto(server + "/no/such/page", timeout=TIMEOUT_MS)
     assert response.status == 404 and "No such page" in page.inner_text("h1")
     page.click("text=back to the sptrace overview")
@@ -258,8 +316,8 @@ def test_unknown_page_is_a_404(browser, server):
     assert page.goto(server + "/memory?run=42", timeout=TIMEOUT_MS).status == 404
 
 
-def test_gpu_page_on_a_gpu_run(browser, server):
-    page, errors = open_page(browser, server + "/gpu?run=0")
+def test_gpu_page_on_a_gpu_run(open_page, server):
+    page, errors = open_page("/gpu?run=0")
     page.wait_for_selector(".no-gpu", timeout=TIMEOUT_MS)  # a gloo CPU run
     choose_run(page, "gpu-run")
     page.wait_for_selector("#gpu-temporal .main-svg", timeout=90_000)  # HTA parses the ranks first
@@ -275,14 +333,14 @@ def test_gpu_page_on_a_gpu_run(browser, server):
     assert errors == []
 
 
-def test_gpu_page_on_a_corpus_gpu_trace(browser, server):
+def test_gpu_page_on_a_corpus_gpu_trace(open_page):
     from tests.suite import CORPUS, NO_CORPUS
 
     if not CORPUS.is_dir():
         if os.environ.get("SPTRACE_REQUIRE_CORPUS"):
             pytest.fail(NO_CORPUS)
         pytest.skip(NO_CORPUS)
-    page, errors = open_page(browser, server + "/gpu?run=5")
+    page, errors = open_page("/gpu?run=5")
     page.wait_for_selector("#gpu-temporal .main-svg", timeout=90_000)  # HTA parses 8 ranks first
     page.wait_for_selector("#gpu-kernels .ag-row", timeout=TIMEOUT_MS)
     assert "COMMUNICATION" in page.inner_text("#gpu-kernels")
