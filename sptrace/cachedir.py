@@ -9,7 +9,10 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Collection
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from sptrace.vocab.errors import UsageError
@@ -71,3 +74,31 @@ def _digest(salt: str, exclude: frozenset[str]) -> str | None:
     except OSError:
         return None
     return digest.hexdigest()
+
+
+def write_entry(directory: Path, data: bytes, name: Callable[[str], str]) -> Path:
+    """Write a cache entry atomically (a temporary file, then a rename, so no reader sees half of
+    it) under ``name(crc)``, ``crc`` being the 8 hex digits of its bytes' CRC-32, which readers
+    check before trusting it; the entry's path. OSError when the directory is not writable."""
+    directory.mkdir(parents=True, exist_ok=True)
+    entry = directory / name(f"{zlib.crc32(data):08x}")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=entry.suffix)
+    try:
+        with os.fdopen(fd, "wb") as sink:
+            sink.write(data)
+        os.replace(tmp, entry)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return entry
+
+
+def sweep_temporaries(directory: Path, max_age_s: float = 3600) -> None:
+    """Delete the temporary files a process killed mid-write left, ``max_age_s`` ago or more
+    (a younger one may still be being written)."""
+    for tmp in directory.glob(".tmp-*"):
+        try:
+            if time.time() - tmp.stat().st_mtime > max_age_s:
+                tmp.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass

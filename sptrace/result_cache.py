@@ -38,8 +38,6 @@ import json
 import os
 import re
 import sys
-import tempfile
-import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from sptrace.cachedir import max_bytes, sources_digest
+from sptrace.cachedir import max_bytes, sources_digest, sweep_temporaries, write_entry
 
 RESULT_VERSION = 1
 """Bump when what a replay needs changes in a way the code digest cannot see."""
@@ -204,16 +202,7 @@ def keep(cache_dir: Path, key: str, args: argparse.Namespace, chunks: list[tuple
     if len(data) > MAX_OUTPUT:
         return
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".tmp-", suffix=".result")
-        try:
-            with os.fdopen(fd, "wb") as sink:
-                sink.write(data)
-            entry = cache_dir / f"{key}-{zlib.crc32(data):08x}.result"
-            os.replace(tmp, entry)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        entry = write_entry(cache_dir, data, lambda crc: f"{key}-{crc}.result")
         for stale in cache_dir.glob(f"{key.split('-')[0]}-*.result"):
             if stale != entry:
                 stale.unlink(missing_ok=True)
@@ -257,12 +246,7 @@ def prune(cache_dir: Path, *, keep: Path | None = None) -> None:
         if e.path != keep:
             e.path.unlink(missing_ok=True)
             total -= e.bytes
-    for tmp in cache_dir.glob(".tmp-*"):  # left by a process killed mid-write
-        try:
-            if time.time() - tmp.stat().st_mtime > 3600:
-                tmp.unlink(missing_ok=True)
-        except FileNotFoundError:
-            pass
+    sweep_temporaries(cache_dir)
 
 
 def clear(cache_dir: Path) -> int:

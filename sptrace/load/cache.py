@@ -22,7 +22,6 @@ import json
 import os
 import re
 import tempfile
-import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from sptrace.cachedir import default_cache_dir, max_bytes
+from sptrace.cachedir import default_cache_dir, max_bytes, sweep_temporaries, write_entry
 from sptrace.load.schema import SCHEMA_VERSION
 from sptrace.vocab.jsontypes import JSONObject
 
@@ -153,16 +152,7 @@ def write_summary(cache_dir: Path, version: str, key: str, header: JSONObject, p
     head = json.dumps(header).encode()
     data = _SUMMARY_MAGIC + len(head).to_bytes(4, "little") + head + payload
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".tmp-", suffix=".summary")
-        try:
-            with os.fdopen(fd, "wb") as sink:
-                sink.write(data)
-            entry = cache_dir / f"{version}{key}-{zlib.crc32(data):08x}.summary"
-            os.replace(tmp, entry)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        entry = write_entry(cache_dir, data, lambda crc: f"{version}{key}-{crc}.summary")
         prefix = version.split("-", 1)[0]
         for stale in cache_dir.glob(f"{prefix}-*.summary"):  # made from older versions of the trace
             if not stale.name.startswith(version):
@@ -295,12 +285,7 @@ def prune(cache_dir: Path, *, keep: Path | None = None, limit: int | None = None
         e.path.unlink(missing_ok=True)
         removed.append(e.path)
         total -= e.bytes
-    for tmp in cache_dir.glob(".tmp-*"):  # left by a process killed mid-write, an hour ago or more
-        try:
-            if time.time() - tmp.stat().st_mtime > 3600:
-                tmp.unlink(missing_ok=True)
-        except FileNotFoundError:
-            pass
+    sweep_temporaries(cache_dir)
     return removed
 
 
