@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NamedTuple, TypedDict
 
 import numpy as np
@@ -115,13 +116,18 @@ the allocator's unrecorded activity both read them (a filter and a sort of the w
 (A DataFrame is unhashable, so no WeakKeyDictionary.)"""
 
 
+_MEMORY_COLUMNS = ["ts_ns", "ev_idx", "tid", "device_type", "device_id", "mem_addr", "mem_bytes", "mem_total_allocated"]
+"""What the ledger and the allocator's count read of a [memory] event."""
+
+
 def _memory_events(trace: RankTrace) -> pd.DataFrame:
     """The [memory] events that carry Bytes, in the allocator's order (ts, then Ev Idx)."""
     ev = trace.events
     kept = _MEMORY.get(id(ev))
     if kept is not None and kept[0]() is ev:
         return kept[1]
-    mem = ev[matches(ev["name"], lambda v: v == "[memory]") & ev["mem_bytes"].notna().to_numpy()]
+    is_memory = matches(ev["name"], lambda v: v == "[memory]") & ev["mem_bytes"].notna().to_numpy()
+    mem = ev.loc[is_memory, _MEMORY_COLUMNS]
     mem = mem.sort_values(["ts_ns", "ev_idx"], kind="stable", na_position="first")
     key = id(ev)
     _MEMORY[key] = (weakref.ref(ev, lambda _, key=key: _MEMORY.pop(key, None)), mem)
@@ -134,14 +140,14 @@ def detect_ledger(trace: RankTrace) -> pd.DataFrame:
     live: dict[tuple, Allocation] = {}
     rows: list[Allocation] = []
     for dt, di, addr, nbytes, ts, tid in zip(
-        mem["device_type"].fillna(-1),
-        mem["device_id"].fillna(-1),
-        mem["mem_addr"],
-        mem["mem_bytes"],
+        mem["device_type"].to_numpy(dtype=np.int64, na_value=-1).tolist(),
+        mem["device_id"].to_numpy(dtype=np.int64, na_value=-1).tolist(),
+        mem["mem_addr"].to_numpy(dtype=np.int64).tolist(),
+        mem["mem_bytes"].to_numpy(dtype=np.int64).tolist(),
         mem["ts_ns"],
         mem["tid"],
     ):
-        key = (int(dt), int(di), int(addr))
+        key = (dt, di, addr)
         if nbytes > 0:
             old = live.pop(key, None)
             if old is not None:
@@ -255,10 +261,11 @@ def detect_retained(
     bounds = find_boundaries(idx, int(starts.min()) if len(starts) else 0)
     nodes = idx.backward_nodes
     # (tests on the distinct names, not on every row turned into a Python string: see matches)
-    records = ev[matches(ev["name"], lambda v: v.str.startswith(markers.SAVED))]
-    cpu = ev[matches(ev["cat"], lambda v: v == "cpu_op") & matches(ev["ph"], lambda v: v == "X")]
-    ops = Intervals(cpu[~matches(cpu["name"], lambda v: v.str.startswith(markers.PREFIX))])
-    collectives = Intervals(cpu[matches(cpu["name"], lambda v: v.str.startswith(_COLLECTIVE_PREFIXES))])
+    records = ev.loc[matches(ev["name"], lambda v: v.str.startswith(markers.SAVED)), ["name", "ts_ns", "tid"]]
+    is_op = matches(ev["cat"], lambda v: v == "cpu_op") & matches(ev["ph"], lambda v: v == "X")
+    cpu = ev.loc[is_op, ["ts_ns", "input_dims", "input_types"]]  # what _shapes_seen reads
+    ops = Intervals.of(idx.table, is_op & ~matches(ev["name"], lambda v: v.str.startswith(markers.PREFIX)))
+    collectives = Intervals.of(idx.table, is_op & matches(ev["name"], lambda v: v.str.startswith(_COLLECTIVE_PREFIXES)))
     cuda = bool((ledger["device_type"] == 1).any())
     slack = CUDA_SLACK if cuda else 0
     ledger = ledger.assign(_row=np.arange(len(ledger)))
@@ -286,7 +293,7 @@ def detect_retained(
     seen_ptrs: set[tuple[int, int]] = set()
     saves = [
         (rec, int(ts), tid, name.count(markers.SAVED) == 1)
-        for name, ts, tid in zip(records["name"].astype(str), records["ts_ns"], records["tid"])
+        for name, ts, tid in zip(map(str, records["name"]), records["ts_ns"], records["tid"])
         for rec in markers.SavedTensor.all_from_marker(name)
     ]  # one record per event, or a forward's records in one event (written when it returns)
     for rec, ts, tid, own_event in saves:
@@ -361,7 +368,7 @@ def _window_of(bounds: list[Boundary], ts: int) -> int | None:
 def _backward_phases(idx: RankIndex) -> Intervals:
     marks = idx.phase_markers
     keep = [i for i in range(len(marks)) if marks.name(i) == markers.phase_name("backward")]
-    return Intervals(marks.frame.iloc[keep])
+    return marks.subset(keep)
 
 
 def _retained_from_memory(
@@ -420,11 +427,15 @@ def _retained_from_memory(
 def _shapes_seen(cpu: pd.DataFrame, fwd: int, bwd: int | None, dtypes_of: dict | None = None) -> set[tuple[int, ...]]:
     """Every tensor shape the window's ops took; ``dtypes_of`` (shape -> element types) collects
     the type each shape was taken with, where the op records one per argument."""
-    window = cpu[(cpu["ts_ns"] >= fwd) & (cpu["ts_ns"] < bwd)] if bwd is not None else cpu[cpu["ts_ns"] >= fwd]
+    ts = cpu["ts_ns"].to_numpy(dtype=np.int64, na_value=0)
+    inside = cpu["ts_ns"].notna().to_numpy() & (ts >= fwd)  # a missing time is in no window
+    if bwd is not None:
+        inside &= ts < bwd
+    dims, types = cpu["input_dims"].to_numpy()[inside], cpu["input_types"].to_numpy()[inside]
+    pairs = {(d, t): None for d, t in zip(dims.tolist(), types.tolist()) if d is not None and not pd.isna(d)}
     seen: set[tuple[int, ...]] = set()
-    pairs = window[["input_dims", "input_types"]].dropna(subset=["input_dims"]).drop_duplicates()
-    for text, types in zip(pairs["input_dims"], pairs["input_types"]):
-        args, kinds = load_list(text), load_list(types)
+    for text, kinds_text in pairs:
+        args, kinds = load_list(text), load_list(kinds_text)
         for k, arg in enumerate(args):
             shapes = [arg] if is_shape(arg) else [s for s in arg if is_shape(s)] if isinstance(arg, list) else []
             seen.update(tuple(s) for s in shapes)
@@ -471,8 +482,11 @@ class _AddressIndex:
         if not len(hit):
             return None
         last = int(hit[-1])
-        values = self.ledger.iloc[last].to_dict()
-        return int(self.ledger.index[last]), Allocation(**{c: values[c] for c in LEDGER_COLUMNS})
+        return int(self.ledger.index[last]), Allocation(*self._records[last])
+
+    @cached_property
+    def _records(self) -> list[tuple]:
+        return list(self.ledger[LEDGER_COLUMNS].itertuples(index=False, name=None))
 
 
 def _freed_in(nodes: Intervals, free_ns: Any) -> str | None:

@@ -96,7 +96,7 @@ def _from_autograd(idx: RankIndex, trace_start_ns: int) -> list[tuple[int, int, 
         return []
     order = np.argsort(nodes.start, kind="stable")
     starts, ends = nodes.start[order], nodes.end[order]
-    seqs = nodes.frame["seq_num"].to_numpy(dtype=float, na_value=np.nan)[order]
+    seqs = nodes.column("seq_num").to_numpy(dtype=float, na_value=np.nan)[order]
     fwd = idx.forward_by_seq
     fwd_ts = fwd["ts_ns"].to_numpy(dtype=np.int64)
     fwd_end = fwd_ts + fwd["dur_ns"].fillna(0).to_numpy(dtype=np.int64)

@@ -76,9 +76,8 @@ def detect_collectives(trace: RankTrace, index: RankIndex | None = None, *, for_
     RankIndex when the caller has built it already. ``for_reduce``: keep the ``peer_candidates``
     column that ``resolve_peers`` settles once every rank's table is there (RANK_COLUMNS)."""
     idx = index or RankIndex(trace)
-    cpu = idx.cpu_ops
-    is_anchor = matches(cpu["name"], lambda v: v.isin(list(forms.FORMS)) | v.str.startswith("symm_mem::"))
-    anchors = Intervals(cpu[is_anchor])
+    is_anchor = matches(idx.events["name"], lambda v: v.isin(list(forms.FORMS)) | v.str.startswith("symm_mem::"))
+    anchors = Intervals.of(idx.table, idx.is_cpu & is_anchor)
     rows: list[_Row] = []
     claimed_rpc: set[int] = set()
     claimed_nccl: set[int] = set()

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from sptrace.detect.args import present
-from sptrace.detect.intervals import EventRow, Intervals
+from sptrace.detect.intervals import EventRow, EventTable, Intervals
 from sptrace.detect.kinds import GLOO_KINDS, KERNEL_PATTERNS, LAUNCH_CATEGORIES, NCCL_ANNOTATION_KINDS
 from sptrace.load.trace import RankTrace
 from sptrace.vocab import markers
@@ -108,37 +108,38 @@ class RankIndex:
 
         is_x = matches(ev["ph"], lambda v: v == "X")
         self.events = ev
-        self.phase_markers = Intervals(ev[is_x & starts(markers.PHASE)])
-        self.comm_markers = Intervals(ev[is_x & starts(markers.COMM)])
-        self.module_markers = Intervals(ev[is_x & starts(markers.MODULE)])
-        self.steps = Intervals(ev[is_x & starts("ProfilerStep#")])
-        self.backward_nodes = Intervals(ev[is_x & starts("autograd::engine::evaluate_function")])
-        self.optimizer = Intervals(ev[is_x & (starts("Optimizer.step") | starts("Optimizer.zero_grad"))])
-        self.python = Intervals(ev[is_x & of_cat(["python_function"])])
-        self.gloo = ev[is_x & named(GLOO_KINDS)]
-        is_cpu = is_x & of_cat(["cpu_op", "user_annotation"])
-        cpu = ev[is_cpu]
-        self.cpu_ops = cpu
-        self.rpc = Intervals(ev[is_cpu & named(["record_param_comms"])])
-        self.nccl_annotations = Intervals(ev[is_cpu & named(NCCL_ANNOTATION_KINDS)])
+        self.table = table = EventTable(ev)
+        self.phase_markers = Intervals.of(table, is_x & starts(markers.PHASE))
+        self.comm_markers = Intervals.of(table, is_x & starts(markers.COMM))
+        self.module_markers = Intervals.of(table, is_x & starts(markers.MODULE))
+        self.steps = Intervals.of(table, is_x & starts("ProfilerStep#"))
+        self.backward_nodes = Intervals.of(table, is_x & starts("autograd::engine::evaluate_function"))
+        self.optimizer = Intervals.of(table, is_x & (starts("Optimizer.step") | starts("Optimizer.zero_grad")))
+        self.python = Intervals.of(table, is_x & of_cat(["python_function"]))
+        self._is_gloo = is_x & named(GLOO_KINDS)
+        self.is_cpu = is_cpu = is_x & of_cat(["cpu_op", "user_annotation"])
+        self.rpc = Intervals.of(table, is_cpu & named(["record_param_comms"]))
+        self.nccl_annotations = Intervals.of(table, is_cpu & named(NCCL_ANNOTATION_KINDS))
         is_kernel = is_x & of_cat(["kernel"])
         is_comm = matches(names, lambda v: v.map(lambda n: any(p.search(n) for p, _ in KERNEL_PATTERNS)))
-        self.comm_kernels = ev[is_kernel & is_comm]
-        self.compute_kernels = ev[is_kernel & ~is_comm]
-        self.launches = ev[is_x & of_cat(LAUNCH_CATEGORIES) & ev["correlation"].notna().to_numpy()]
+        self._is_comm_kernel = is_kernel & is_comm
+        self.is_compute_kernel = is_kernel & ~is_comm
+        self._is_launch = is_x & of_cat(LAUNCH_CATEGORIES) & ev["correlation"].notna().to_numpy()
         # ac2g flows: the start ("s") sits on the launch, the end ("f") on the kernel
         is_flow = of_cat(["ac2g"]) & ev["flow_id"].notna().to_numpy()
-        self.flow_starts = ev[is_flow & matches(ev["ph"], lambda v: v == "s")]
-        self.flow_ends = ev[is_flow & matches(ev["ph"], lambda v: v == "f")]
-        with_seq = ev[is_cpu & ev["seq_num"].notna().to_numpy() & ~starts("autograd::engine")]
+        self._is_flow_start = is_flow & matches(ev["ph"], lambda v: v == "s")
+        self._is_flow_end = is_flow & matches(ev["ph"], lambda v: v == "f")
+        with_seq = is_cpu & ev["seq_num"].notna().to_numpy() & ~starts("autograd::engine")
         # forward ops by autograd sequence number (for backward attribution)
-        in_backward = within(self.backward_nodes, with_seq["ts_ns"].to_numpy(dtype=np.int64, na_value=0))
-        self.backward_ops = Intervals(with_seq[in_backward])
-        fwd = with_seq[~in_backward]
+        in_backward = with_seq & within(self.backward_nodes, table.start)
+        self.backward_ops = Intervals.of(table, in_backward)
+        forward = np.flatnonzero(with_seq & ~in_backward)
         # ops that create no autograd node (aten::to ...) record the current number too: the one
         # that created the node is the last to carry it
-        self.forward_by_seq = fwd.drop_duplicates("seq_num", keep="last").reset_index(drop=True)
-        self._forward_at = {int(s): i for i, s in enumerate(self.forward_by_seq["seq_num"])}
+        seqs = ev["seq_num"].to_numpy(dtype=np.int64, na_value=0)[forward]
+        last = len(seqs) - 1 - np.unique(seqs[::-1], return_index=True)[1]
+        self._forward_rows = forward[np.sort(last)]
+        self._forward_at = {int(s): i for i, s in enumerate(seqs[np.sort(last)])}
         first_bwd = {}
         for i in range(len(self.steps) or 1):
             lo, hi = (self.steps.start[i], self.steps.end[i]) if len(self.steps) else (-(2**62), 2**62)
@@ -147,6 +148,41 @@ class RankIndex:
                 first_bwd[i] = int(self.backward_nodes.start[inside].min())
         self.first_backward = first_bwd
         self._python_parents: dict[int, int] | None = None
+
+    def frame(self, rows: np.ndarray) -> pd.DataFrame:
+        """The events at ``rows`` (a boolean mask or positions), 0..n-1."""
+        rows = np.flatnonzero(rows) if rows.dtype == bool else rows
+        return self.events.iloc[rows].reset_index(drop=True)
+
+    @cached_property
+    def gloo(self) -> pd.DataFrame:
+        return self.frame(self._is_gloo)
+
+    @cached_property
+    def comm_kernels(self) -> pd.DataFrame:
+        return self.frame(self._is_comm_kernel)
+
+    @cached_property
+    def compute_kernels(self) -> pd.DataFrame:
+        """Kernels that are no communication: when they ran."""
+        return self.events.loc[self.is_compute_kernel, ["ts_ns", "dur_ns"]].reset_index(drop=True)
+
+    @cached_property
+    def launches(self) -> pd.DataFrame:
+        return self.events.loc[self._is_launch, ["correlation", "ts_ns", "tid"]].reset_index(drop=True)
+
+    @cached_property
+    def flow_starts(self) -> pd.DataFrame:
+        return self.events.loc[self._is_flow_start, ["flow_id", "ts_ns", "tid"]].reset_index(drop=True)
+
+    @cached_property
+    def flow_ends(self) -> pd.DataFrame:
+        return self.events.loc[self._is_flow_end, ["flow_id", "ts_ns", "tid"]].reset_index(drop=True)
+
+    @cached_property
+    def forward_by_seq(self) -> pd.DataFrame:
+        """The forward op that created each autograd node, by sequence number."""
+        return self.frame(self._forward_rows)
 
     def step_of(self, ts: int) -> int | None:
         if not len(self.steps):
@@ -196,12 +232,12 @@ class RankIndex:
                 inner = self.backward_ops.inside(lo, hi, tid)
                 if len(inner):
                     own = str(node_row["name"]).rpartition(": ")[2]
-                    ops = self.backward_ops.frame.iloc[inner].sort_values("ts_ns", kind="stable")
+                    ops = self.backward_ops.subset(inner).frame.sort_values("ts_ns", kind="stable")
                     named = ops[ops["name"].astype(str) == own]
                     seq = (named if len(named) else ops).iloc[0]["seq_num"]
             at = self._forward_at.get(int(seq)) if present(seq) else None
             if at is not None:
-                op = EventRow(self.forward_by_seq, at)
+                op = EventRow(self.events, int(self._forward_rows[at]))
                 fstart, fend = int(op["ts_ns"]), int(op["ts_ns"] + (op["dur_ns"] if present(op["dur_ns"]) else 0))
                 ftid = int(op["tid"]) if present(op["tid"]) else None
                 j = self.module_markers.innermost(fstart, fend, ftid)
@@ -219,8 +255,8 @@ class RankIndex:
     @cached_property
     def marker_layers(self) -> dict[str, int]:
         """The layer of each module path the instrumentation's markers name (layers_of_paths)."""
-        names = self.module_markers.frame.get("name", pd.Series(dtype=str)).astype(str)
-        return layers_of_paths(n[len(markers.MODULE) :] for n in names.unique())
+        names = {self.module_markers.name(i) for i in range(len(self.module_markers))}
+        return layers_of_paths(n[len(markers.MODULE) :] for n in names)
 
     def layer_of(self, module: str | None) -> int | None:
         """A module's layer: its path's named container, else its place among the marked paths."""
@@ -241,9 +277,9 @@ class RankIndex:
         Its index is the class counter: the k-th instance of the layer class."""
         if not len(self.python):
             return {}
-        frames = self.python.frame
-        names = dict(zip(frames["python_id"], frames["name"].astype(str)))
-        parents = dict(zip(frames["python_id"], frames["python_parent_id"]))
+        ids = self.python.column("python_id")
+        names = dict(zip(ids, (self.python.name(i) for i in range(len(self.python)))))
+        parents = dict(zip(ids, self.python.column("python_parent_id")))
 
         def module_parent(pid: Any) -> Any:
             parent = parents.get(pid)

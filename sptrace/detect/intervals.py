@@ -5,15 +5,22 @@ neither pandas nor pyarrow answer directly; the sets involved are small (markers
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 import pandas as pd
 
 
 class Intervals:
-    """Ranges [start, end] in ns, each with a thread id and a payload row."""
+    """Ranges [start, end] in ns, each with a thread id and a payload row.
+
+    Built from a frame (``Intervals(frame)``), or as a selection of a base table's rows
+    (``Intervals.of(table, rows)``) whose frame is taken only when a caller asks for it: a
+    trace's table has about 40 columns, and taking every one of them for each of a rank's
+    dozen range sets cost more than all the queries made on them."""
 
     def __init__(self, frame: pd.DataFrame) -> None:
-        self.frame = frame.reset_index(drop=True)
+        self._base, self._rows = frame, None
         self.start = frame["ts_ns"].to_numpy(dtype=np.int64, na_value=0)
         dur = (
             frame["dur_ns"].to_numpy(dtype=np.int64, na_value=0)
@@ -23,22 +30,65 @@ class Intervals:
         self.end = self.start + dur
         self.tid = frame["tid"].to_numpy(dtype=np.int64, na_value=-1) if "tid" in frame else np.full(len(frame), -1)
 
+    @classmethod
+    def of(cls, table: EventTable, rows: np.ndarray) -> Intervals:
+        """The rows ``rows`` (positions, or a boolean mask) of ``table``."""
+        rows = np.flatnonzero(rows) if rows.dtype == bool else np.asarray(rows, dtype=np.int64)
+        out = cls.__new__(cls)
+        out._base, out._rows = table.frame, rows
+        out.__dict__["_names"] = table.names
+        out.start, out.end, out.tid = table.start[rows], table.end[rows], table.tid[rows]
+        return out
+
+    def subset(self, keep: np.ndarray | list[int]) -> Intervals:
+        """Ranges ``keep`` (positions in this set) as a set of their own."""
+        keep = np.asarray(keep, dtype=np.int64)
+        if self._rows is None:
+            return Intervals(self.frame.iloc[keep])
+        out = Intervals.__new__(Intervals)
+        out._base, out._rows = self._base, self._rows[keep]
+        out.__dict__["_names"] = self._names
+        out.start, out.end, out.tid = self.start[keep], self.end[keep], self.tid[keep]
+        return out
+
+    @cached_property
+    def frame(self) -> pd.DataFrame:
+        """The ranges' rows, 0..n-1."""
+        if self._rows is None:
+            return self._base.reset_index(drop=True)
+        return self._base.iloc[self._rows].reset_index(drop=True)
+
+    def column(self, name: str) -> pd.Series:
+        """One column of the ranges' rows, 0..n-1 (without taking the others)."""
+        if self._rows is None:
+            return self._base[name].reset_index(drop=True)
+        return self._base[name].iloc[self._rows].reset_index(drop=True)
+
     def __len__(self) -> int:
-        return len(self.frame)
+        return len(self.start)
 
     def name(self, i: int) -> str:
         """Range i's event name."""
-        return str(self.frame["name"].iat[i])
+        return str(self._names[self._at(i)])
+
+    @cached_property
+    def _names(self) -> np.ndarray:
+        """The base table's event names, as objects (one conversion, not a pandas lookup per
+        name asked for)."""
+        return self._base["name"].to_numpy(dtype=object)
 
     def row(self, i: int) -> EventRow:
         """Range i's event, read column by column as it is asked for: ``frame.iloc[i]`` builds
         a whole Series and, over a frame of mixed nullable columns, finds a common type for
         every row it is asked for, which cost seconds on a 200k-event trace."""
-        return EventRow(self.frame, i)
+        return EventRow(self._base, self._at(i))
+
+    def _at(self, i: int) -> int:
+        return i if self._rows is None else int(self._rows[i])
 
     def enclosing(self, start: int, end: int, tid: int | None = None) -> np.ndarray:
         """Indices of the ranges containing [start, end], outermost first."""
-        if not len(self.frame):
+        if not len(self.start):
             return np.empty(0, dtype=np.int64)
         mask = (self.start <= start) & (end <= self.end)
         if tid is not None:
@@ -52,7 +102,7 @@ class Intervals:
 
     def inside(self, start: int, end: int, tid: int | None = None) -> np.ndarray:
         """Indices of the ranges that lie within [start, end]."""
-        if not len(self.frame):
+        if not len(self.start):
             return np.empty(0, dtype=np.int64)
         mask = (start <= self.start) & (self.end <= end)
         if tid is not None:
@@ -83,3 +133,17 @@ class EventRow:
         if key.startswith("_") or key not in self._frame.columns:
             raise AttributeError(key)
         return self._frame[key].iat[self._i]
+
+
+class EventTable:
+    """A trace's event table with each row's start, end and thread as numpy arrays, read once
+    for every range set selected from it (``Intervals.of``)."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.frame = frame
+        probe = Intervals(frame)
+        self.start, self.end, self.tid = probe.start, probe.end, probe.tid
+
+    @cached_property
+    def names(self) -> np.ndarray:
+        return self.frame["name"].to_numpy(dtype=object)

@@ -166,7 +166,8 @@ def detect_compute(trace: RankTrace, index: RankIndex | None = None, max_segment
         ends = starts + k["dur_ns"].to_numpy(dtype=np.int64, na_value=0) / 1e3
         merged = merge_intervals(starts, ends)
     else:
-        cpu = idx.cpu_ops[matches(idx.cpu_ops["cat"], lambda v: v == "cpu_op")]
+        ev = idx.events
+        cpu = ev.loc[idx.is_cpu & matches(ev["cat"], lambda v: v == "cpu_op"), ["tid", "name", "ts_ns", "dur_ns"]]
         if cpu.empty:
             return pd.DataFrame(columns=["rank", "start_us", "dur_us"])
         busiest = cpu["tid"].value_counts().index[0]

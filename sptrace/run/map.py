@@ -182,11 +182,14 @@ def rank_phases(trace: RankTrace) -> pd.DataFrame:
     from sptrace.vocab import markers
 
     ev = trace.events
-    marked = ev[matches(ev["name"], lambda v: v.str.startswith(markers.PHASE)) & matches(ev["ph"], lambda v: v == "X")]
+    columns = ["name", "ts_ns", "dur_ns"]
+    marked = ev.loc[
+        matches(ev["name"], lambda v: v.str.startswith(markers.PHASE)) & matches(ev["ph"], lambda v: v == "X"), columns
+    ]
     if marked.empty:
-        marked = ev[matches(ev["name"], lambda v: v.str.startswith("ProfilerStep#"))]
+        marked = ev.loc[matches(ev["name"], lambda v: v.str.startswith("ProfilerStep#")), columns]
     rows = []
-    for name, ts, dur in zip(marked["name"].astype(str), marked["ts_ns"], marked["dur_ns"].fillna(0)):
+    for name, ts, dur in zip(map(str, marked["name"]), marked["ts_ns"], marked["dur_ns"].fillna(0)):
         phase = name[len(markers.PHASE) :] if name.startswith(markers.PHASE) else "step"
         rows.append({"rank": trace.rank, "phase": phase, "start_us": ts / 1e3, "dur_us": dur / 1e3})
     return pd.DataFrame(rows, columns=PHASE_COLUMNS)
@@ -200,7 +203,8 @@ def rank_memory(trace: RankTrace, max_points: int = 1500) -> tuple[pd.DataFrame,
     from sptrace.detect.index import matches
 
     ev = trace.events
-    mem = ev[matches(ev["name"], lambda v: v == "[memory]") & ev["mem_total_allocated"].notna().to_numpy()]
+    is_memory = matches(ev["name"], lambda v: v == "[memory]") & ev["mem_total_allocated"].notna().to_numpy()
+    mem = ev.loc[is_memory, ["ts_ns", "mem_total_allocated"]]
     if mem.empty:
         return pd.DataFrame(columns=MEMORY_COLUMNS), None
     mem = mem.sort_values("ts_ns", kind="stable")
