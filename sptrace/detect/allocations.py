@@ -36,7 +36,7 @@ import pandas as pd
 
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.boundaries import Boundary, find_boundaries
-from sptrace.detect.index import RankIndex, matches, within
+from sptrace.detect.index import RankIndex, has_prefix, is_one_of, within
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.producers import producing_collective
 from sptrace.detect.provenance import Provenance
@@ -126,7 +126,7 @@ def _memory_events(trace: RankTrace) -> pd.DataFrame:
     kept = _MEMORY.get(id(ev))
     if kept is not None and kept[0]() is ev:
         return kept[1]
-    is_memory = matches(ev["name"], lambda v: v == "[memory]") & ev["mem_bytes"].notna().to_numpy()
+    is_memory = is_one_of(ev["name"], ["[memory]"]) & ev["mem_bytes"].notna().to_numpy()
     mem = ev.loc[is_memory, _MEMORY_COLUMNS]
     mem = mem.sort_values(["ts_ns", "ev_idx"], kind="stable", na_position="first")
     key = id(ev)
@@ -203,17 +203,17 @@ def unrecorded_allocator_activity(trace: RankTrace) -> dict[tuple[int, int], Unr
 def backward_start_ns(trace: RankTrace) -> int | None:
     """When backward starts: the sptrace.phase marker, else the first autograd node."""
     ev = trace.events
-    phase = ev[matches(ev["name"], lambda v: v == markers.phase_name("backward"))]
+    phase = ev[is_one_of(ev["name"], [markers.phase_name("backward")])]
     if len(phase):
         return int(phase["ts_ns"].min())
-    nodes = ev[matches(ev["name"], lambda v: v.str.startswith("autograd::engine::evaluate_function"))]
+    nodes = ev[has_prefix(ev["name"], "autograd::engine::evaluate_function")]
     return int(nodes["ts_ns"].min()) if len(nodes) else None
 
 
 def forward_start_ns(trace: RankTrace) -> int:
     ev = trace.events
     for marker in (markers.phase_name("forward"), "ProfilerStep#"):
-        hit = ev[matches(ev["name"], lambda v, m=marker: v.str.startswith(m))]
+        hit = ev[has_prefix(ev["name"], marker)]
         if len(hit):
             return int(hit["ts_ns"].min())
     return int(ev["ts_ns"].min())
@@ -260,12 +260,12 @@ def detect_retained(
     starts = ev["ts_ns"].dropna()
     bounds = find_boundaries(idx, int(starts.min()) if len(starts) else 0)
     nodes = idx.backward_nodes
-    # (tests on the distinct names, not on every row turned into a Python string: see matches)
-    records = ev.loc[matches(ev["name"], lambda v: v.str.startswith(markers.SAVED)), ["name", "ts_ns", "tid"]]
-    is_op = matches(ev["cat"], lambda v: v == "cpu_op") & matches(ev["ph"], lambda v: v == "X")
+    # (tests on the distinct names, not on every row turned into a Python string: see value_passes)
+    records = ev.loc[has_prefix(ev["name"], markers.SAVED), ["name", "ts_ns", "tid"]]
+    is_op = is_one_of(ev["cat"], ["cpu_op"]) & is_one_of(ev["ph"], ["X"])
     cpu = ev.loc[is_op, ["ts_ns", "input_dims", "input_types"]]  # what _shapes_seen reads
-    ops = Intervals.of(idx.table, is_op & ~matches(ev["name"], lambda v: v.str.startswith(markers.PREFIX)))
-    collectives = Intervals.of(idx.table, is_op & matches(ev["name"], lambda v: v.str.startswith(_COLLECTIVE_PREFIXES)))
+    ops = Intervals.of(idx.table, is_op & ~has_prefix(ev["name"], markers.PREFIX))
+    collectives = Intervals.of(idx.table, is_op & has_prefix(ev["name"], _COLLECTIVE_PREFIXES))
     cuda = bool((ledger["device_type"] == 1).any())
     slack = CUDA_SLACK if cuda else 0
     ledger = ledger.assign(_row=np.arange(len(ledger)))

@@ -33,7 +33,7 @@ import pandas as pd
 
 from sptrace.detect import forms
 from sptrace.detect.args import load_list, present
-from sptrace.detect.index import RankIndex, matches
+from sptrace.detect.index import RankIndex, has_prefix, is_one_of
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.kinds import COLL_NAME_KINDS, GLOO_KINDS, KERNEL_PATTERNS, NCCL_ANNOTATION_KINDS, SYMM_MEM_KINDS
 from sptrace.load.trace import RankTrace
@@ -76,7 +76,7 @@ def detect_collectives(trace: RankTrace, index: RankIndex | None = None, *, for_
     RankIndex when the caller has built it already. ``for_reduce``: keep the ``peer_candidates``
     column that ``resolve_peers`` settles once every rank's table is there (RANK_COLUMNS)."""
     idx = index or RankIndex(trace)
-    is_anchor = matches(idx.events["name"], lambda v: v.isin(list(forms.FORMS)) | v.str.startswith("symm_mem::"))
+    is_anchor = is_one_of(idx.events["name"], forms.FORMS) | has_prefix(idx.events["name"], "symm_mem::")
     anchors = Intervals.of(idx.table, idx.is_cpu & is_anchor)
     rows: list[_Row] = []
     claimed_rpc: set[int] = set()
@@ -161,14 +161,20 @@ def _attach_kernels(idx: RankIndex, rows: list[_Row]) -> list[_Row]:
     (CUDA-graph replays, traces without CPU ops) become rows of their own."""
     if not len(idx.comm_kernels):
         return []
+    # (only the launches and flows of these kernels: a GPU trace launches thousands of others)
+    kernels = idx.comm_kernels
+    launches, starts_, ends_ = idx.launches, idx.flow_starts, idx.flow_ends
+    launches = launches[launches["correlation"].isin(kernels["correlation"].dropna()).to_numpy()]
+    ends_ = ends_[ends_["ts_ns"].isin(kernels["ts_ns"].dropna()).to_numpy()]
+    starts_ = starts_[starts_["flow_id"].isin(ends_["flow_id"]).to_numpy()]
     launch_at: dict[int, tuple[int, int]] = {}  # correlation -> (launch ts, launch tid)
-    for corr, ts, tid in zip(idx.launches["correlation"], idx.launches["ts_ns"], idx.launches["tid"]):
+    for corr, ts, tid in zip(launches["correlation"], launches["ts_ns"], launches["tid"]):
         launch_at.setdefault(int(corr), (int(ts), int(tid) if present(tid) else -1))
     flow_from: dict[int, tuple[int, int]] = {}  # flow id -> (launch ts, tid)
-    for fid, ts, tid in zip(idx.flow_starts["flow_id"], idx.flow_starts["ts_ns"], idx.flow_starts["tid"]):
+    for fid, ts, tid in zip(starts_["flow_id"], starts_["ts_ns"], starts_["tid"]):
         flow_from[int(fid)] = (int(ts), int(tid) if present(tid) else -1)
     flow_to: dict[tuple[int, int], int] = {}  # (kernel ts, stream tid) -> flow id
-    for fid, ts, tid in zip(idx.flow_ends["flow_id"], idx.flow_ends["ts_ns"], idx.flow_ends["tid"]):
+    for fid, ts, tid in zip(ends_["flow_id"], ends_["ts_ns"], ends_["tid"]):
         flow_to[(int(ts), int(tid) if present(tid) else -1)] = int(fid)
     by_external: dict[int, _Row] = {}
     for row in rows:
@@ -178,7 +184,7 @@ def _attach_kernels(idx: RankIndex, rows: list[_Row]) -> list[_Row]:
     ends = np.array([r.end for r in rows], dtype=np.int64)
     tids = np.array([-1 if r.tid is None else r.tid for r in rows], dtype=np.int64)
     extra: list[_Row] = []
-    for k in idx.comm_kernels.itertuples(index=False):
+    for k in kernels.itertuples(index=False):
         launch = None
         if present(k.correlation) and int(k.correlation) in launch_at:
             launch = launch_at[int(k.correlation)]

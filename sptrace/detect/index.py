@@ -5,8 +5,9 @@ shared by every per-rank detection (collectives, timing, retained tensors)."""
 
 from __future__ import annotations
 
+import bisect
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import Any
 
@@ -15,7 +16,7 @@ import pandas as pd
 
 from sptrace.detect.args import present
 from sptrace.detect.intervals import EventRow, EventTable, Intervals
-from sptrace.detect.kinds import GLOO_KINDS, KERNEL_PATTERNS, LAUNCH_CATEGORIES, NCCL_ANNOTATION_KINDS
+from sptrace.detect.kinds import GLOO_KINDS, LAUNCH_CATEGORIES, NCCL_ANNOTATION_KINDS, is_comm_kernel
 from sptrace.load.trace import RankTrace
 from sptrace.vocab import markers
 
@@ -72,22 +73,82 @@ def within(ranges: Intervals, points: np.ndarray) -> np.ndarray:
     return result
 
 
-def matches(column: pd.Series, test: Any) -> np.ndarray:
-    """``test`` (a function of a pandas Index of distinct str values -> booleans) for every row
-    of ``column``, as a numpy bool array; missing values are False. The test runs once per
-    distinct value (an event table has a few thousand distinct names among 200k events): far
-    cheaper than turning the column into 200k Python strings first."""
-    if isinstance(column.dtype, pd.CategoricalDtype):  # the table's own dictionary: no factorize
-        categories = column.cat.categories
-        codes = column.cat.codes.to_numpy()
-        uniques = categories if categories.dtype == object else categories.astype(str)
-    else:
-        codes, found = pd.factorize(column, use_na_sentinel=True)
-        uniques = pd.Index(found).astype(str)
-    if not len(uniques):
-        return np.zeros(len(column), dtype=bool)
-    ok = np.asarray(test(uniques), dtype=bool)
-    return np.where(codes >= 0, ok[np.maximum(codes, 0)], False)
+def is_one_of(column: pd.Series, values: Iterable[str]) -> np.ndarray:
+    """Rows whose value is one of ``values``."""
+    return Distinct(column).one_of(values)
+
+
+def has_prefix(column: pd.Series, prefix: str | tuple[str, ...]) -> np.ndarray:
+    """Rows whose value starts with ``prefix`` (or one of a tuple of them)."""
+    return Distinct(column).prefix(prefix)
+
+
+def value_passes(column: pd.Series, test: Callable[[str], bool]) -> np.ndarray:
+    """Rows whose value passes ``test`` (Distinct.passes)."""
+    return Distinct(column).passes(test)
+
+
+class Distinct:
+    """A column's distinct values, read once for the tests made on it. Each test runs once per
+    distinct value, in Python: an event table has a few hundred distinct names among 200k events,
+    so this is far cheaper than turning every row into a Python string, and cheaper too than a
+    pandas string method over the distinct values (its set-up alone costs more than a few hundred
+    calls)."""
+
+    def __init__(self, column: pd.Series) -> None:
+        array = column.array
+        if isinstance(array, pd.Categorical):  # the table's own dictionary: no factorize
+            self.codes, uniques = array.codes, array.categories
+        else:
+            self.codes, found = pd.factorize(column, use_na_sentinel=True)
+            uniques = pd.Index(found)
+        self.values = uniques.tolist() if uniques.dtype == object else [str(u) for u in uniques]
+
+    def passes(self, test: Callable[[str], bool], within: np.ndarray | None = None) -> np.ndarray:
+        """``test`` of each row's value (a str; missing values are False), as a numpy bool array;
+        ``within``: only these rows (a mask) can pass, and only their values are tested."""
+        codes, values = self.codes, self.values
+        if within is None:
+            ok = np.fromiter((isinstance(v, str) and test(v) for v in values), dtype=bool, count=len(values))
+        else:
+            ok = np.zeros(len(values), dtype=bool)
+            seen = np.unique(codes[within])
+            for c in seen[seen >= 0].tolist():
+                v = values[c]
+                ok[c] = isinstance(v, str) and test(v)
+        hit = np.where(codes >= 0, ok[np.maximum(codes, 0)], False) if len(ok) else np.zeros(len(codes), bool)
+        return hit if within is None else hit & within
+
+    def one_of(self, values: Iterable[str]) -> np.ndarray:
+        """Rows whose value is one of ``values`` (looked up, not tested one by one)."""
+        return self._rows_of([self._position[v] for v in set(values) if v in self._position])
+
+    def prefix(self, prefix: str | tuple[str, ...]) -> np.ndarray:
+        """Rows whose value starts with ``prefix`` (or one of a tuple of them): the values that
+        do are one run of the sorted values, found by bisection."""
+        keys, order = self._sorted
+        found: list[int] = []
+        for p in (prefix,) if isinstance(prefix, str) else prefix:
+            lo = bisect.bisect_left(keys, p)
+            hi = bisect.bisect_left(keys, p + "\U0010ffff", lo)
+            found.extend(order[lo:hi])
+        return self._rows_of(found)
+
+    def _rows_of(self, codes: list[int]) -> np.ndarray:
+        ok = np.zeros(len(self.values), dtype=bool)
+        ok[codes] = True
+        if not len(ok):
+            return np.zeros(len(self.codes), dtype=bool)
+        return np.where(self.codes >= 0, ok[np.maximum(self.codes, 0)], False)
+
+    @cached_property
+    def _position(self) -> dict[str, int]:
+        return {v: i for i, v in enumerate(self.values) if isinstance(v, str)}
+
+    @cached_property
+    def _sorted(self) -> tuple[list[str], list[int]]:
+        order = sorted((i for i, v in enumerate(self.values) if isinstance(v, str)), key=self.values.__getitem__)
+        return [self.values[i] for i in order], order
 
 
 class RankIndex:
@@ -97,16 +158,18 @@ class RankIndex:
         ev = trace.events
         names, cat = ev["name"], ev["cat"]
 
+        by_name, by_cat = Distinct(names), Distinct(cat)
+        is_x = is_one_of(ev["ph"], ["X"])
+
         def starts(prefix: str) -> np.ndarray:
-            return matches(names, lambda v: v.str.startswith(prefix))
+            return by_name.prefix(prefix)
 
-        def named(values: Any) -> np.ndarray:
-            return matches(names, lambda v: v.isin(list(values)))
+        def named(values: Iterable[str]) -> np.ndarray:
+            return by_name.one_of(values)
 
-        def of_cat(values: Any) -> np.ndarray:
-            return matches(cat, lambda v: v.isin(list(values)))
+        def of_cat(values: Iterable[str]) -> np.ndarray:
+            return by_cat.one_of(values)
 
-        is_x = matches(ev["ph"], lambda v: v == "X")
         self.events = ev
         self.table = table = EventTable(ev)
         self.phase_markers = Intervals.of(table, is_x & starts(markers.PHASE))
@@ -121,14 +184,14 @@ class RankIndex:
         self.rpc = Intervals.of(table, is_cpu & named(["record_param_comms"]))
         self.nccl_annotations = Intervals.of(table, is_cpu & named(NCCL_ANNOTATION_KINDS))
         is_kernel = is_x & of_cat(["kernel"])
-        is_comm = matches(names, lambda v: v.map(lambda n: any(p.search(n) for p, _ in KERNEL_PATTERNS)))
+        is_comm = by_name.passes(is_comm_kernel, is_kernel)
         self._is_comm_kernel = is_kernel & is_comm
         self.is_compute_kernel = is_kernel & ~is_comm
         self._is_launch = is_x & of_cat(LAUNCH_CATEGORIES) & ev["correlation"].notna().to_numpy()
         # ac2g flows: the start ("s") sits on the launch, the end ("f") on the kernel
         is_flow = of_cat(["ac2g"]) & ev["flow_id"].notna().to_numpy()
-        self._is_flow_start = is_flow & matches(ev["ph"], lambda v: v == "s")
-        self._is_flow_end = is_flow & matches(ev["ph"], lambda v: v == "f")
+        self._is_flow_start = is_flow & is_one_of(ev["ph"], ["s"])
+        self._is_flow_end = is_flow & is_one_of(ev["ph"], ["f"])
         with_seq = is_cpu & ev["seq_num"].notna().to_numpy() & ~starts("autograd::engine")
         # forward ops by autograd sequence number (for backward attribution)
         in_backward = with_seq & within(self.backward_nodes, table.start)
@@ -237,7 +300,7 @@ class RankIndex:
                     seq = (named if len(named) else ops).iloc[0]["seq_num"]
             at = self._forward_at.get(int(seq)) if present(seq) else None
             if at is not None:
-                op = EventRow(self.events, int(self._forward_rows[at]))
+                op = EventRow(self.events, int(self._forward_rows[at]), self.table.columns)
                 fstart, fend = int(op["ts_ns"]), int(op["ts_ns"] + (op["dur_ns"] if present(op["dur_ns"]) else 0))
                 ftid = int(op["tid"]) if present(op["tid"]) else None
                 j = self.module_markers.innermost(fstart, fend, ftid)

@@ -37,6 +37,7 @@ class Intervals:
         out = cls.__new__(cls)
         out._base, out._rows = table.frame, rows
         out.__dict__["_names"] = table.names
+        out.__dict__["_columns"] = table.columns
         out.start, out.end, out.tid = table.start[rows], table.end[rows], table.tid[rows]
         return out
 
@@ -48,6 +49,7 @@ class Intervals:
         out = Intervals.__new__(Intervals)
         out._base, out._rows = self._base, self._rows[keep]
         out.__dict__["_names"] = self._names
+        out.__dict__["_columns"] = self._columns
         out.start, out.end, out.tid = self.start[keep], self.end[keep], self.tid[keep]
         return out
 
@@ -72,6 +74,11 @@ class Intervals:
         return str(self._names[self._at(i)])
 
     @cached_property
+    def _columns(self) -> dict[str, object]:
+        """The base table's column arrays, as its rows have read them (EventRow)."""
+        return {}
+
+    @cached_property
     def _names(self) -> np.ndarray:
         """The base table's event names, as objects (one conversion, not a pandas lookup per
         name asked for)."""
@@ -81,7 +88,7 @@ class Intervals:
         """Range i's event, read column by column as it is asked for: ``frame.iloc[i]`` builds
         a whole Series and, over a frame of mixed nullable columns, finds a common type for
         every row it is asked for, which cost seconds on a 200k-event trace."""
-        return EventRow(self._base, self._at(i))
+        return EventRow(self._base, self._at(i), self._columns)
 
     def _at(self, i: int) -> int:
         return i if self._rows is None else int(self._rows[i])
@@ -112,19 +119,25 @@ class Intervals:
 
 class EventRow:
     """One row of a frame, as a read-only mapping (``row["name"]``, ``row.get(...)``,
-    ``row.name``): values are those ``frame[col].iat[i]`` gives."""
+    ``row.name``): values are those ``frame[col].iat[i]`` gives. ``columns``: a cache of the
+    frame's column arrays that rows of one frame share (a pandas column lookup and ``iat`` cost
+    tens of microseconds each, and a rank asks for thousands of values)."""
 
-    __slots__ = ("_frame", "_i")
+    __slots__ = ("_columns", "_frame", "_i")
 
-    def __init__(self, frame: pd.DataFrame, i: int) -> None:
+    def __init__(self, frame: pd.DataFrame, i: int, columns: dict[str, object] | None = None) -> None:
         self._frame = frame
         self._i = i
+        self._columns = {} if columns is None else columns
 
     def __getitem__(self, key: str) -> object:
-        return self._frame[key].iat[self._i]
+        values = self._columns.get(key)
+        if values is None:
+            values = self._columns[key] = self._frame[key].array
+        return values[self._i]
 
     def get(self, key: str, default: object = None) -> object:
-        return self._frame[key].iat[self._i] if key in self._frame.columns else default
+        return self[key] if key in self._frame.columns else default
 
     def __contains__(self, key: object) -> bool:
         return key in self._frame.columns
@@ -132,7 +145,7 @@ class EventRow:
     def __getattr__(self, key: str) -> object:
         if key.startswith("_") or key not in self._frame.columns:
             raise AttributeError(key)
-        return self._frame[key].iat[self._i]
+        return self[key]
 
 
 class EventTable:
@@ -143,6 +156,9 @@ class EventTable:
         self.frame = frame
         probe = Intervals(frame)
         self.start, self.end, self.tid = probe.start, probe.end, probe.tid
+
+        self.columns: dict[str, object] = {}
+        """Column arrays its rows have read (EventRow)."""
 
     @cached_property
     def names(self) -> np.ndarray:

@@ -47,6 +47,18 @@ KERNEL_PATTERNS = (
     (re.compile(r"(?:multimem|symm).*all_gather", re.I), "all_gather"),
     (re.compile(r"nccl(?:Dev)?Kernel_Generic|ncclKernel", re.I), "other"),
 )
+
+
+def is_comm_kernel(name: str) -> bool:
+    """Whether a kernel's name is one of KERNEL_PATTERNS'. Every pattern needs "nccl", "all_reduce"
+    or "all_gather" somewhere: a substring test rules out a compute kernel's long template name
+    before any pattern scans it."""
+    low = name.lower()
+    if "nccl" not in low and "all_reduce" not in low and "all_gather" not in low:
+        return False
+    return any(p.search(name) for p, _ in KERNEL_PATTERNS)
+
+
 SYMM_MEM_KINDS = (  # CPU ops of collectives that bypass c10d
     (re.compile(r"^symm_mem::.*all_reduce"), "all_reduce"),
     (re.compile(r"^symm_mem::.*(all_gather|allgather)"), "all_gather"),

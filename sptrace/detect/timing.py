@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.index import RankIndex, matches
+from sptrace.detect.index import RankIndex, has_prefix, is_one_of
 from sptrace.load.trace import RankTrace
 
 
@@ -167,12 +167,12 @@ def detect_compute(trace: RankTrace, index: RankIndex | None = None, max_segment
         merged = merge_intervals(starts, ends)
     else:
         ev = idx.events
-        cpu = ev.loc[idx.is_cpu & matches(ev["cat"], lambda v: v == "cpu_op"), ["tid", "name", "ts_ns", "dur_ns"]]
+        cpu = ev.loc[idx.is_cpu & is_one_of(ev["cat"], ["cpu_op"]), ["tid", "name", "ts_ns", "dur_ns"]]
         if cpu.empty:
             return pd.DataFrame(columns=["rank", "start_us", "dur_us"])
         busiest = cpu["tid"].value_counts().index[0]
         cpu = cpu[cpu["tid"] == busiest]
-        comm = matches(cpu["name"], lambda v: v.str.startswith(_NOT_COMPUTE))
+        comm = has_prefix(cpu["name"], _NOT_COMPUTE)
 
         def spans(frame: pd.DataFrame) -> list[tuple[float, float]]:
             s = frame["ts_ns"].to_numpy(dtype=np.int64, na_value=0) / 1e3
@@ -180,7 +180,7 @@ def detect_compute(trace: RankTrace, index: RankIndex | None = None, max_segment
 
         # aten ops are the computation (a Python-level wait for a collective is inside no aten op);
         # an aten op around a collective computes only around it
-        aten = matches(cpu["name"], lambda v: v.str.startswith("aten::"))
+        aten = has_prefix(cpu["name"], "aten::")
         merged = subtract(spans(cpu[aten & ~comm]), spans(cpu[comm]))
     if merged:
         span = merged[-1][1] - merged[0][0]
