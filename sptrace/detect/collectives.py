@@ -162,20 +162,8 @@ def _attach_kernels(idx: RankIndex, rows: list[_Row]) -> list[_Row]:
     if not len(idx.comm_kernels):
         return []
     # (only the launches and flows of these kernels: a GPU trace launches thousands of others)
-    kernels = idx.comm_kernels
-    launches, starts_, ends_ = idx.launches, idx.flow_starts, idx.flow_ends
-    launches = launches[launches["correlation"].isin(kernels["correlation"].dropna()).to_numpy()]
-    ends_ = ends_[ends_["ts_ns"].isin(kernels["ts_ns"].dropna()).to_numpy()]
-    starts_ = starts_[starts_["flow_id"].isin(ends_["flow_id"]).to_numpy()]
-    launch_at: dict[int, tuple[int, int]] = {}  # correlation -> (launch ts, launch tid)
-    for corr, ts, tid in zip(launches["correlation"], launches["ts_ns"], launches["tid"]):
-        launch_at.setdefault(int(corr), (int(ts), int(tid) if present(tid) else -1))
-    flow_from: dict[int, tuple[int, int]] = {}  # flow id -> (launch ts, tid)
-    for fid, ts, tid in zip(starts_["flow_id"], starts_["ts_ns"], starts_["tid"]):
-        flow_from[int(fid)] = (int(ts), int(tid) if present(tid) else -1)
-    flow_to: dict[tuple[int, int], int] = {}  # (kernel ts, stream tid) -> flow id
-    for fid, ts, tid in zip(ends_["flow_id"], ends_["ts_ns"], ends_["tid"]):
-        flow_to[(int(ts), int(tid) if present(tid) else -1)] = int(fid)
+    launch_at = idx.launched(idx.comm_kernels)  # correlation -> (launch ts, launch tid)
+    flow_from = idx.flowed(idx.comm_kernels)  # (kernel ts, stream tid) -> (launch ts, tid)
     by_external: dict[int, _Row] = {}
     for row in rows:
         for e in row.external_ids:
@@ -184,12 +172,12 @@ def _attach_kernels(idx: RankIndex, rows: list[_Row]) -> list[_Row]:
     ends = np.array([r.end for r in rows], dtype=np.int64)
     tids = np.array([-1 if r.tid is None else r.tid for r in rows], dtype=np.int64)
     extra: list[_Row] = []
-    for k in kernels.itertuples(index=False):
+    for k in idx.rows(idx.comm_kernels):
         launch = None
         if present(k.correlation) and int(k.correlation) in launch_at:
             launch = launch_at[int(k.correlation)]
-        elif (int(k.ts_ns), int(k.tid) if present(k.tid) else -1) in flow_to:
-            launch = flow_from.get(flow_to[(int(k.ts_ns), int(k.tid) if present(k.tid) else -1)])
+        else:
+            launch = flow_from.get((int(k.ts_ns), int(k.tid) if present(k.tid) else -1))
         owner = None
         if launch is not None and len(rows):
             ts, tid = launch
@@ -226,10 +214,9 @@ def _attach_gloo(idx: RankIndex, rows: list[_Row]) -> list[_Row]:
     all-reduces join it. Annotations nothing claims (a trace that starts mid-step) become rows."""
     if not len(idx.gloo):
         return []
-    gloo = idx.gloo.sort_values("ts_ns", kind="stable")
     extra: list[_Row] = []
     pending = [r for r in rows if r.anchor in ("op", "record", "annotation") and not r.kernels]
-    for g in gloo.itertuples(index=False):
+    for g in idx.gloo:
         kinds = GLOO_KINDS[str(g.name)]
         ts = int(g.ts_ns)
         dims = load_list(g.input_dims)

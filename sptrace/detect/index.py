@@ -217,30 +217,47 @@ class RankIndex:
         rows = np.flatnonzero(rows) if rows.dtype == bool else rows
         return self.events.iloc[rows].reset_index(drop=True)
 
-    @cached_property
-    def gloo(self) -> pd.DataFrame:
-        return self.frame(self._is_gloo)
+    def rows(self, positions: np.ndarray) -> list[EventRow]:
+        """The events at ``positions``, each read as it is asked (no table is taken)."""
+        return [EventRow(self.events, int(i), self.table.columns) for i in positions]
 
     @cached_property
-    def comm_kernels(self) -> pd.DataFrame:
-        return self.frame(self._is_comm_kernel)
+    def gloo(self) -> list[EventRow]:
+        """gloo's worker annotations, in time order."""
+        at = np.flatnonzero(self._is_gloo)
+        return self.rows(at[np.argsort(self.table.start[at], kind="stable")])
+
+    @cached_property
+    def comm_kernels(self) -> np.ndarray:
+        """Positions of the communication kernels."""
+        return np.flatnonzero(self._is_comm_kernel)
 
     @cached_property
     def compute_kernels(self) -> pd.DataFrame:
         """Kernels that are no communication: when they ran."""
         return self.events.loc[self.is_compute_kernel, ["ts_ns", "dur_ns"]].reset_index(drop=True)
 
-    @cached_property
-    def launches(self) -> pd.DataFrame:
-        return self.events.loc[self._is_launch, ["correlation", "ts_ns", "tid"]].reset_index(drop=True)
+    def launched(self, kernels: np.ndarray) -> dict[int, tuple[int, int]]:
+        """correlation -> (ts, tid) of the CPU launch of each of ``kernels`` (positions) that
+        names its correlation, the first launch where several carry one."""
+        corr = self.events["correlation"].to_numpy(dtype=np.int64, na_value=0)
+        wanted = corr[kernels][self.events["correlation"].notna().to_numpy()[kernels]]
+        at = np.flatnonzero(self._is_launch & np.isin(corr, wanted))
+        out: dict[int, tuple[int, int]] = {}
+        for c, ts, tid in zip(corr[at].tolist(), self.table.start[at].tolist(), self.table.tid[at].tolist()):
+            out.setdefault(c, (ts, tid))
+        return out
 
-    @cached_property
-    def flow_starts(self) -> pd.DataFrame:
-        return self.events.loc[self._is_flow_start, ["flow_id", "ts_ns", "tid"]].reset_index(drop=True)
-
-    @cached_property
-    def flow_ends(self) -> pd.DataFrame:
-        return self.events.loc[self._is_flow_end, ["flow_id", "ts_ns", "tid"]].reset_index(drop=True)
+    def flowed(self, kernels: np.ndarray) -> dict[tuple[int, int], tuple[int, int]]:
+        """(kernel ts, stream tid) -> (ts, tid) of the launch an ac2g flow links to it, for
+        ``kernels`` (positions); the last flow where several end at one kernel."""
+        fid = self.events["flow_id"].to_numpy(dtype=np.int64, na_value=0)
+        start, tid = self.table.start, self.table.tid
+        ends = np.flatnonzero(self._is_flow_end & np.isin(start, start[kernels]))
+        begins = np.flatnonzero(self._is_flow_start & np.isin(fid, fid[ends]))
+        source = dict(zip(fid[begins].tolist(), zip(start[begins].tolist(), tid[begins].tolist())))
+        to = dict(zip(zip(start[ends].tolist(), tid[ends].tolist()), fid[ends].tolist()))
+        return {kernel: source[f] for kernel, f in to.items() if f in source}
 
     @cached_property
     def forward_by_seq(self) -> pd.DataFrame:

@@ -142,6 +142,10 @@ class EventRow:
     def __contains__(self, key: object) -> bool:
         return key in self._frame.columns
 
+    def _asdict(self) -> dict[str, object]:
+        """Every column's value (as a named tuple's ``_asdict``)."""
+        return {key: self[key] for key in self._frame.columns}
+
     def __getattr__(self, key: str) -> object:
         if key.startswith("_") or key not in self._frame.columns:
             raise AttributeError(key)
