@@ -36,7 +36,7 @@ import pandas as pd
 
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.boundaries import Boundary, find_boundaries
-from sptrace.detect.index import RankIndex, has_prefix, is_one_of, within
+from sptrace.detect.index import RankIndex, has_prefix, is_one_of, take_columns, within
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.producers import producing_collective
 from sptrace.detect.provenance import Provenance
@@ -127,7 +127,7 @@ def _memory_events(trace: RankTrace) -> pd.DataFrame:
     if kept is not None and kept[0]() is ev:
         return kept[1]
     is_memory = is_one_of(ev["name"], ["[memory]"]) & ev["mem_bytes"].notna().to_numpy()
-    mem = ev.loc[is_memory, _MEMORY_COLUMNS]
+    mem = take_columns(ev, is_memory, _MEMORY_COLUMNS)
     mem = mem.sort_values(["ts_ns", "ev_idx"], kind="stable", na_position="first")
     key = id(ev)
     _MEMORY[key] = (weakref.ref(ev, lambda _, key=key: _MEMORY.pop(key, None)), mem)
@@ -261,9 +261,9 @@ def detect_retained(
     bounds = find_boundaries(idx, int(starts.min()) if len(starts) else 0)
     nodes = idx.backward_nodes
     # (tests on the distinct names, not on every row turned into a Python string: see value_passes)
-    records = ev.loc[has_prefix(ev["name"], markers.SAVED), ["name", "ts_ns", "tid"]]
+    records = take_columns(ev, has_prefix(ev["name"], markers.SAVED), ["name", "ts_ns", "tid"])
     is_op = is_one_of(ev["cat"], ["cpu_op"]) & is_one_of(ev["ph"], ["X"])
-    cpu = ev.loc[is_op, ["ts_ns", "input_dims", "input_types"]]  # what _shapes_seen reads
+    cpu = take_columns(ev, is_op, ["ts_ns", "input_dims", "input_types"])  # what _shapes_seen reads
     ops = Intervals.of(idx.table, is_op & ~has_prefix(ev["name"], markers.PREFIX))
     collectives = Intervals.of(idx.table, is_op & has_prefix(ev["name"], _COLLECTIVE_PREFIXES))
     cuda = bool((ledger["device_type"] == 1).any())

@@ -178,14 +178,14 @@ def rank_phases(trace: RankTrace) -> pd.DataFrame:
     """The rank's phase ranges (sptrace.phase markers, else its ProfilerStep), in us."""
     import pandas as pd
 
-    from sptrace.detect.index import has_prefix, is_one_of
+    from sptrace.detect.index import has_prefix, is_one_of, take_columns
     from sptrace.vocab import markers
 
     ev = trace.events
     columns = ["name", "ts_ns", "dur_ns"]
-    marked = ev.loc[has_prefix(ev["name"], markers.PHASE) & is_one_of(ev["ph"], ["X"]), columns]
+    marked = take_columns(ev, has_prefix(ev["name"], markers.PHASE) & is_one_of(ev["ph"], ["X"]), columns)
     if marked.empty:
-        marked = ev.loc[has_prefix(ev["name"], "ProfilerStep#"), columns]
+        marked = take_columns(ev, has_prefix(ev["name"], "ProfilerStep#"), columns)
     rows = []
     for name, ts, dur in zip(map(str, marked["name"]), marked["ts_ns"], marked["dur_ns"].fillna(0)):
         phase = name[len(markers.PHASE) :] if name.startswith(markers.PHASE) else "step"
@@ -198,11 +198,11 @@ def rank_memory(trace: RankTrace, max_points: int = 1500) -> tuple[pd.DataFrame,
     ``max_points``: the page needs the shape, not every event), and the peak."""
     import pandas as pd
 
-    from sptrace.detect.index import is_one_of
+    from sptrace.detect.index import is_one_of, take_columns
 
     ev = trace.events
     is_memory = is_one_of(ev["name"], ["[memory]"]) & ev["mem_total_allocated"].notna().to_numpy()
-    mem = ev.loc[is_memory, ["ts_ns", "mem_total_allocated"]]
+    mem = take_columns(ev, is_memory, ["ts_ns", "mem_total_allocated"])
     if mem.empty:
         return pd.DataFrame(columns=MEMORY_COLUMNS), None
     mem = mem.sort_values("ts_ns", kind="stable")
