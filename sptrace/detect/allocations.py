@@ -188,15 +188,23 @@ def unrecorded_allocator_activity(trace: RankTrace) -> dict[tuple[int, int], Unr
     """Where each CUDA device's allocator count moved without a recorded event explaining it; a
     device whose events carry no Total Allocated is left out (nothing can be read from it)."""
     mem = _memory_events(trace)
-    mem = mem[mem["device_type"].isin(_COUNTS_EVERY_THREAD)]
+    counted = mem["device_type"].isin(_COUNTS_EVERY_THREAD).to_numpy()
+    if not counted.any():
+        return {}
+    kind = mem["device_type"].to_numpy(dtype=np.int64, na_value=-1)
+    device = mem["device_id"].to_numpy(dtype=np.int64, na_value=-1)
+    known = mem["mem_total_allocated"].notna().to_numpy()
+    ts_all = mem["ts_ns"].to_numpy(dtype=np.int64, na_value=0)
+    total_all = mem["mem_total_allocated"].to_numpy(dtype=np.int64, na_value=0)
+    bytes_all = mem["mem_bytes"].to_numpy(dtype=np.int64, na_value=0)
     out: dict[tuple[int, int], Unrecorded] = {}
-    for (dt, di), g in mem.groupby([mem["device_type"], mem["device_id"].fillna(-1)], sort=False):
-        if g["mem_total_allocated"].isna().any():
+    for dt, di in dict.fromkeys(zip(kind[counted].tolist(), device[counted].tolist())):  # in order seen
+        at = np.flatnonzero(counted & (kind == dt) & (device == di))
+        if not known[at].all():
             continue
-        ts = g["ts_ns"].to_numpy(dtype=np.int64)
-        total = g["mem_total_allocated"].to_numpy(dtype=np.int64)
-        moved = np.flatnonzero(np.diff(total) != g["mem_bytes"].to_numpy(dtype=np.int64)[1:])
-        out[(int(dt), int(di))] = Unrecorded(ts[moved], ts[moved + 1], int(ts[-1]))
+        ts, total = ts_all[at], total_all[at]
+        moved = np.flatnonzero(np.diff(total) != bytes_all[at][1:])
+        out[(dt, di)] = Unrecorded(ts[moved], ts[moved + 1], int(ts[-1]))
     return out
 
 
@@ -257,8 +265,8 @@ def detect_retained(
     idx = index or RankIndex(trace)
     ledger = detect_ledger(trace)
     ev = trace.events
-    starts = ev["ts_ns"].dropna()
-    bounds = find_boundaries(idx, int(starts.min()) if len(starts) else 0)
+    first = ev["ts_ns"].min()  # (missing times skipped)
+    bounds = find_boundaries(idx, int(first) if pd.notna(first) else 0)
     nodes = idx.backward_nodes
     # (tests on the distinct names, not on every row turned into a Python string: see value_passes)
     records = take_columns(ev, has_prefix(ev["name"], markers.SAVED), ["name", "ts_ns", "tid"])
@@ -268,17 +276,17 @@ def detect_retained(
     collectives = Intervals.of(idx.table, is_op & has_prefix(ev["name"], _COLLECTIVE_PREFIXES))
     cuda = bool((ledger["device_type"] == 1).any())
     slack = CUDA_SLACK if cuda else 0
-    ledger = ledger.assign(_row=np.arange(len(ledger)))
     origins = Provenance(ledger, ops, collectives, hidden)
     at_address = _AddressIndex(ledger)
     out = Retention(
-        rank=int(trace.rank or 0), tensors=pd.DataFrame(columns=RETAINED_COLUMNS),
+        rank=int(trace.rank or 0), tensors=None,  # type: ignore[arg-type]  # set on every return
         boundary_ns=bounds[0].backward_ns if bounds else None, has_records=bool(len(records)),
         has_memory=not ledger.empty, boundaries=bounds,
     )  # fmt: skip
     out.layers_seen = _layers_seen(idx)
     if not bounds:
         out.shapes_seen = _shapes_seen(cpu, forward_start_ns(trace), None)
+        out.tensors = pd.DataFrame(columns=RETAINED_COLUMNS)
         return out
     for b in bounds:
         out.shapes_seen |= _shapes_seen(cpu, b.forward_ns, b.backward_ns, out.shape_dtypes)
@@ -329,22 +337,21 @@ def detect_retained(
         })  # fmt: skip
     if not ledger.empty:
         unrecorded = unrecorded_allocator_activity(trace)
-        in_backward = within(idx.backward_nodes, ledger["alloc_ns"].to_numpy(dtype=np.int64))
-        in_backward |= within(_backward_phases(idx), ledger["alloc_ns"].to_numpy(dtype=np.int64))
+        made, freed = at_address.alloc, at_address.free
+        in_backward = within(idx.backward_nodes, made) | within(_backward_phases(idx), made)
         for b in bounds:
-            made = ledger["alloc_ns"]
-            window = ledger[(made >= b.forward_ns) & (made < b.window_end_ns) & ~in_backward]
-            alive = window[window["free_ns"].isna() | (window["free_ns"] >= b.backward_ns)]
-            for row_number, *values in alive[["_row", *LEDGER_COLUMNS]].itertuples(index=False, name=None):
-                if int(row_number) in covered:
+            alive = (made >= b.forward_ns) & (made < b.window_end_ns) & ~in_backward
+            alive &= np.isnan(freed) | (freed >= b.backward_ns)
+            for row_number in np.flatnonzero(alive).tolist():
+                if row_number in covered:
                     continue
-                rec = Allocation(*values)
+                rec = at_address.record(row_number)
                 row = _retained_from_memory(rec, b, idx, ops, collectives, nodes, unrecorded, slack, element_size)
                 if row is None:  # a backend's own buffer inside an in-place collective
                     continue
                 if row["unseen_free"]:
                     out.unseen_frees += 1
-                origin = origins.of_row(int(row_number), row["producer"], b.forward_ns)
+                origin = origins.of_row(row_number, row["producer"], b.forward_ns)
                 rows.append({"rank": trace.rank, **row, **where(b), "origin": origin.kind,
                              "origin_text": origin.text})  # fmt: skip
     if out.has_records and not out.has_memory:
@@ -482,11 +489,15 @@ class _AddressIndex:
         if not len(hit):
             return None
         last = int(hit[-1])
-        return int(self.ledger.index[last]), Allocation(*self._records[last])
+        return last, self.record(last)
+
+    def record(self, row: int) -> Allocation:
+        """Ledger row ``row`` (a position: the ledger's index is 0..n-1)."""
+        return Allocation(*self._records[row])
 
     @cached_property
     def _records(self) -> list[tuple]:
-        return list(self.ledger[LEDGER_COLUMNS].itertuples(index=False, name=None))
+        return list(zip(*(self.ledger[c].tolist() for c in LEDGER_COLUMNS)))
 
 
 def _freed_in(nodes: Intervals, free_ns: Any) -> str | None:

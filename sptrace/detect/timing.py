@@ -70,13 +70,11 @@ def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, f
     if not len(starts):
         return []
     order = np.argsort(starts, kind="stable")
-    out: list[list[float]] = []
-    for s, e in zip(np.asarray(starts, dtype=float)[order], np.asarray(ends, dtype=float)[order]):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(a, b) for a, b in out]
+    s, e = np.asarray(starts, dtype=float)[order], np.asarray(ends, dtype=float)[order]
+    reach = np.maximum.accumulate(e)  # the latest end so far: a range starting after it begins anew
+    first = np.concatenate(([True], s[1:] > reach[:-1]))
+    last = np.concatenate((first[1:], [True]))
+    return list(zip(s[first].tolist(), reach[last].tolist()))
 
 
 def subtract(keep: list[tuple[float, float]], remove: list[tuple[float, float]]) -> list[tuple[float, float]]:
