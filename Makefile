@@ -14,8 +14,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# pip byte-compiles every module it installs on one core (a minute of the install here): it is told
+# not to, and compileall does it on every core instead (its status ignored as pip ignores it: torch
+# ships test files in newer Python syntax)
 $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py sptrace/load/_kineto.c constraints/cpu.txt
-	$(BIN)/python -m pip install --quiet -e '.[dev]' $(CONSTRAINTS)
+	$(BIN)/python -m pip install --quiet --no-compile -e '.[dev]' $(CONSTRAINTS)
+	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') >/dev/null || true
 	touch $@
 
 demo: $(VENV)/.installed
