@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from sptrace import __version__, result_cache
-from sptrace.cli import analyze, cache, check, collectives, info, initconfig, model, reference, views
+from sptrace.cli import analyze, cache, check, collectives, diff, info, initconfig, model, reference, views
 from sptrace.cli.common import Parser
 from sptrace.vocab.errors import SptraceError, TraceError
 
@@ -21,6 +21,7 @@ def build_parser() -> Parser:
     collectives.add_parser(sub)
     analyze.add_parser(sub)
     check.add_parser(sub)
+    diff.add_parser(sub)
     views.add_parsers(sub)  # dash, report
     info.add_parser(sub)
     initconfig.add_parser(sub)

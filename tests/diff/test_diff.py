@@ -1,0 +1,151 @@
+"""GIVEN pairs of small committed runs (2 ranks each: tests/golden/runs/ and tests/diff/runs/, all
+profiled with the same model but for what the pair changes; run.json records each run's
+configuration and the fault the reference model injected, and where)
+WHEN `sptrace diff BASE NEW` compares them
+THEN it names what the change did: the module that began keeping a full-size tensor (the one the
+fault generator says it put there), the collectives added, removed or resized by layer, phase and
+kind, the shape change before anything else, and it exits 1 on a regression, 0 otherwise; a run
+against itself reports no change at all.
+
+tests/diff/runs/ was profiled with `sptrace profile --matrix tests/diff/runs/matrix.json --out DIR
+--warmup 1` (each run's rank*.pt.trace.json.gz and run.json copied), with the defaults the golden
+runs have (tests/golden/make_golden.py's RUNS_MATRIX).
+
+Expected values come from run.json (the generator's record of its fault and the declared shape)
+and from the tensors' own sizes (B x S/P x H elements), never from sptrace's cost model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sptrace.cli import main
+from tests.golden.make_golden import corpus_runs, reference_runs
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = {name: path for name, path in reference_runs().items()}
+MORE = {p.name: p for p in sorted((HERE / "runs").iterdir()) if p.is_dir()}
+RUNS = {**GOLDEN, **MORE}
+
+
+def config(name: str) -> dict:
+    return json.loads((RUNS[name] / "run.json").read_text())["config"]
+
+
+def diff(base: str | Path, new: str | Path, cache: Path, *flags: str, capsys) -> tuple[int, dict]:
+    base = RUNS.get(base, base) if isinstance(base, str) else base
+    new = RUNS.get(new, new) if isinstance(new, str) else new
+    code = main(["diff", str(base), str(new), "--format", "json", "--cache-dir", str(cache), *flags])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def changes(report: dict) -> dict[tuple, dict]:
+    return {(c["phase"], c["layer"], c["kind"]): c for c in report["communication"]}
+
+
+def test_a_stray_full_save_is_named_where_the_generator_put_it(private_cache, capsys):
+    code, report = diff("megatron", "megatron-stray-full-save", private_cache, capsys=capsys)
+    planted = config("megatron-stray-full-save")["fault_modules"]
+    assert code == 1 and report["regression"]
+    full = [k for k in report["retained"] if k["became_full"]]
+    assert [k["module"] for k in full] == planted
+    assert all(k["new"]["layer"] == int(m.split(".")[1]) for k, m in zip(full, planted))
+    b, s, h = (config("megatron")[k] for k in ("batch", "seq", "hidden"))
+    shapes = [json.loads(text[: text.index("]") + 1]) for k in full for text in k["new"]["full_shapes"]]
+    assert shapes and all(shape in ([b * s, h], [b, s, h]) for shape in shapes)  # the whole sequence
+    # the fault saves the gathered input instead of gathering it again in backward: one re-gather
+    # fewer there, and nothing else about communication changed
+    (key, change), *rest = changes(report).items()
+    assert not rest and key == ("backward", 0, "all_gather") and change["changed"] == ["count"]
+    assert change["new"]["count"] == change["base"]["count"] - 1
+    # the text says it first, with the module
+    main(["diff", str(RUNS["megatron"]), str(RUNS["megatron-stray-full-save"]), "--cache-dir", str(private_cache)])
+    text = capsys.readouterr().out.splitlines()
+    headline = next(line for line in text if line and not line.startswith(("sptrace diff", "run.json")))
+    assert headline.startswith(f"NEW FULL-SIZE SAVE {planted[0]}:")
+    assert text[-1].startswith("REGRESSION:") and planted[0] in text[-1]
+
+
+def test_a_missing_reduce_scatter_is_an_all_reduce_in_its_layer(private_cache, capsys):
+    code, report = diff("megatron", "megatron-missing-reduce-scatter", private_cache, capsys=capsys)
+    planted = config("megatron-missing-reduce-scatter")["fault_modules"]  # the MLP left out of SP
+    layer = int(planted[0].split(".")[1])
+    assert code == 1
+    found = changes(report)
+    added = {key for key, c in found.items() if c["changed"] == ["added"]}
+    assert added and all(kind == "all_reduce" and lay == layer for _, lay, kind in added)
+    fewer = found[("forward", layer, "reduce_scatter")]
+    assert fewer["new"]["count"] < fewer["base"]["count"]
+    # its replicated residual is kept whole: the planted module among the new full-size saves
+    full = {k["module"] for k in report["retained"] if k["became_full"]}
+    assert set(planted) <= full and all(m.startswith(f"layers.{layer}.") for m in full)
+
+
+def test_zero3_names_the_gathers_and_reduce_scatters_that_replace_the_all_reduce(private_cache, capsys):
+    assert config("ulysses-zero3")["zero3"] and not config("ulysses")["zero3"]
+    code, report = diff("ulysses", "ulysses-zero3", private_cache, capsys=capsys)
+    found = changes(report)
+    removed = [key for key, c in found.items() if c["changed"] == ["removed"]]
+    added = [key for key, c in found.items() if c["changed"] == ["added"]]
+    assert [kind for _, _, kind in removed] == ["all_reduce"]
+    assert {kind for _, _, kind in added} == {"all_gather", "reduce_scatter"}
+    assert {phase for phase, _, kind in added if kind == "all_gather"} == {"forward", "backward"}
+    assert report["config_changes"] == [{"key": "zero3", "base": False, "new": True}]
+    # ZeRO-3 moves more bytes than an all-reduce: a regression of bytes, and said so
+    assert code == 1 and any("wire bytes" in r for r in report["regressions"])
+
+
+def test_a_longer_sequence_is_a_shape_change_compared_per_token(private_cache, capsys):
+    code, report = diff("megatron", "megatron-seq64", private_cache, capsys=capsys)
+    base, new = config("megatron"), config("megatron-seq64")
+    assert report["shape_changes"] == [{"field": "seq", "base": base["seq"], "new": new["seq"]}]
+    assert report["per_token"] and report["tokens"] == [base["batch"] * base["seq"], new["batch"] * new["seq"]]
+    # the sequence collectives move a [B, S/P, H] fp32 shard each: their size from the tensors
+    for phase in ("forward", "backward"):
+        c = changes(report)[(phase, 0, "all_gather")]
+        for side, cfg in (("base", base), ("new", new)):
+            each = c[side]["in_bytes"] / c[side]["count"]
+            assert each == cfg["batch"] * cfg["seq"] // cfg["sp_size"] * cfg["hidden"] * 4
+    assert code == 0 and not report["regressions"]
+    # the text says the shape changed before any change it explains
+    main(["diff", str(RUNS["megatron"]), str(RUNS["megatron-seq64"]), "--cache-dir", str(private_cache)])
+    text = capsys.readouterr().out.splitlines()
+    assert text[1] == f"the job changed: seq {base['seq']} -> {new['seq']} (bytes and time compared per token)"
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_a_run_against_itself_changes_nothing(name, private_cache, capsys):
+    code, report = diff(name, name, private_cache, capsys=capsys)
+    assert code == 0 and report["same"] and not report["regressions"]
+    assert report["communication"] == [] and report["retained"] == [] and report["shape_changes"] == []
+    assert all(t["relative"] in (0, None) for t in report["time"])
+
+
+def test_every_corpus_trace_against_itself_changes_nothing(corpus, private_cache, capsys):
+    for name, run in corpus_runs(corpus).items():
+        code, report = diff(run, run, private_cache, "--skip-bad", capsys=capsys)
+        assert code == 0 and report["same"], (name, report["regressions"])
+
+
+def test_markdown_for_a_pull_request(private_cache, capsys):
+    planted = config("megatron-stray-full-save")["fault_modules"][0]
+    code = main(["diff", str(RUNS["megatron"]), str(RUNS["megatron-stray-full-save"]), "--format", "markdown",
+                 "--cache-dir", str(private_cache)])  # fmt: skip
+    md = capsys.readouterr().out
+    assert code == 1 and md.startswith("### REGRESSION:")
+    assert f"| `{planted}` | 1 |" in md and "| phase | layer | kind | change | count | wire each | wire delta |" in md
+
+
+def test_what_cannot_be_compared_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["diff", str(tmp_path / "nothing"), str(RUNS["megatron"])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nothing" in err
+    assert main(["diff", str(RUNS["megatron"]), str(RUNS["megatron"]), "--time-tolerance", "-1"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main(["diff", str(RUNS["megatron"]), str(tmp_path / "bad.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.json" in err
