@@ -133,11 +133,12 @@ def check_collectives(
     rank_rows, layer_rows = [], []
     for rank in ranks:
         obs = frame[frame["rank"] == rank]
+        observed = list(obs.itertuples())  # once per rank, split by layer below: itertuples costs per column
         missing: list[tuple[Sig, int | None]] = []
         extra: list[tuple[Sig, int | None, str | None]] = []
         unsized: list[tuple[Sig, int | None, str | None]] = []
         for layer in range(L):
-            rows = list(obs[obs["layer"] == layer].itertuples())
+            rows = [r for r in observed if not pd.isna(r.layer) and r.layer == layer]
             used = [False] * len(rows)
             unmet: list[int] = list(range(len(per_layer_specs)))
             # passes, strictest first: the observed collective from the module the model names
@@ -179,7 +180,7 @@ def check_collectives(
         step_left = list(per_step)
         miss = list(missing)
         extras: list[tuple[Sig, int | None, str | None]] = []
-        leftovers = [(_sig(r), None, r.module) for r in obs[obs["layer"].isna() | (obs["layer"] >= L)].itertuples()]
+        leftovers = [(_sig(r), None, r.module) for r in observed if pd.isna(r.layer) or r.layer >= L]
         for exact in (True, False):
             pending, leftovers = leftovers, []
             for sig, layer, module in pending:
