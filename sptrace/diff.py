@@ -200,6 +200,11 @@ class RunDiff:
     """Wire bytes per rank and step of each run (None: no collective recorded its size)."""
     kept: list[KeptChange]
     time: list[TimeChange]
+    module_wire: dict[str, tuple[float, float]]
+    """Per module (the collectives' module, "(no module)" without one): wire bytes per rank and
+    step in each run (0 where it issued none)."""
+    classes: tuple[bool, bool]
+    """Whether each run's retained tensors were classed (B, S and H declared)."""
     bytes_tolerance: float
     time_tolerance: float
     notes: list[str] = field(default_factory=list)
@@ -269,6 +274,7 @@ class RunDiff:
             "communication": [c.to_dict() for c in self.comm if c.changed],
             "retained": [k.to_dict() for k in self.kept if k.base != k.new],
             "time": [t.to_dict() for t in self.time],
+            "wire_bytes_per_module": [{"module": m, "base": b, "new": n} for m, (b, n) in self.module_wire.items()],
             "tolerances": {"bytes": self.bytes_tolerance, "time": self.time_tolerance},
             "notes": self.notes,
         }  # fmt: skip
@@ -297,12 +303,103 @@ def diff_runs(
     if any(x is None for x in tokens) and shape:
         notes.append("B or S is undeclared in a run whose shape changed: bytes and time are compared as they are, "
                      "not per token")  # fmt: skip
+    wb, wn = _module_wire(base), _module_wire(new)
+    module_wire = {m: (wb.get(m, 0.0), wn.get(m, 0.0)) for m in sorted(set(wb) | set(wn))}
     return RunDiff(
         base=base.name if base.path is None else str(base.path), new=new.name if new.path is None else str(new.path),
         shape_changes=shape, config_changes=_config_changes(base, new), tokens=tokens, comm=comm, wire=wire,
-        kept=kept, time=[t for t in time if t is not None], bytes_tolerance=bytes_tolerance,
+        kept=kept, time=[t for t in time if t is not None], module_wire=module_wire,
+        classes=(base.sharding is not None, new.sharding is not None), bytes_tolerance=bytes_tolerance,
         time_tolerance=time_tolerance, notes=notes,
     )  # fmt: skip
+
+
+NO_MODULE = "(no module)"
+
+
+def _module_wire(a: RunAnalysis) -> dict[str, float]:
+    frame = a.collectives
+    if frame is None or not len(frame):
+        return {}
+    per = max(len(a.run), 1) * _steps(frame)
+    wire = pd.to_numeric(frame["wire_bytes"], errors="coerce").fillna(0.0)
+    module = frame["module"].fillna(NO_MODULE).astype(str)
+    return {str(m): float(v) / per for m, v in wire.groupby(module).sum().items()}
+
+
+@dataclass(frozen=True)
+class ModuleCase:
+    """One module's case of the baseline gate (check/analyze --baseline)."""
+
+    module: str
+    failures: tuple[str, ...]
+
+    def to_dict(self) -> JSONObject:
+        return {"module": self.module, "ok": not self.failures, "failures": list(self.failures)}
+
+
+@dataclass(frozen=True)
+class BaselineGate:
+    """A run against its baseline, per module: a full-size tensor the baseline did not keep, or
+    more wire bytes than the baseline sent (per rank and step, per token when B or S changed).
+    ``undecided``: what could not be judged (the retained tensors' classes need B, S and H)."""
+
+    diff: RunDiff
+    cases: tuple[ModuleCase, ...]
+    undecided: str | None
+
+    @property
+    def failed(self) -> list[ModuleCase]:
+        return [c for c in self.cases if c.failures]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 2 if self.undecided else 0
+
+    def line(self) -> str:
+        if self.failed:
+            return f"FAIL: {len(self.failed)} module(s) worse than the baseline: " + ", ".join(
+                c.module for c in self.failed
+            )
+        if self.undecided:
+            return f"CANNOT DECIDE: {self.undecided}"
+        n = len(self.cases)
+        return f"PASS: no module keeps a full-size tensor or sends more bytes than the baseline ({n} modules)"
+
+    def to_dict(self) -> JSONObject:
+        status = "fail" if self.failed else "undecided" if self.undecided else "pass"
+        return {
+            "status": status, "line": self.line(), "baseline": self.diff.base, "run": self.diff.new,
+            "modules": [c.to_dict() for c in self.cases], "undecided": self.undecided,
+            "shape_changes": [{"field": f, "base": a, "new": b} for f, a, b in self.diff.shape_changes],
+            "notes": self.diff.notes,
+        }  # fmt: skip
+
+
+def baseline_gate(d: RunDiff) -> BaselineGate:
+    failures: dict[str, list[str]] = {}
+    for k in d.kept:
+        failures.setdefault(k.module, [])
+        if k.became_full and k.new is not None:
+            shapes = ", ".join(k.new.full_shapes) or "shape unknown"
+            failures[k.module].append(f"keeps {k.new.full} full-size tensor(s) ({shapes}) the baseline did not keep")
+    scale = (1 / d.tokens[0], 1 / d.tokens[1]) if d.per_token else (1.0, 1.0)  # type: ignore[operator]
+    unit = " a token" if d.per_token else ""
+    for module, (base, new) in d.module_wire.items():
+        failures.setdefault(module, [])
+        b, n = base * scale[0], new * scale[1]
+        if n > b * (1 + d.bytes_tolerance) + 1e-9 * max(b, 1.0):
+            failures[module].append(
+                f"sends {human_bytes(new)} on the wire per rank and step, the baseline {human_bytes(base)}"
+                + (f" ({n:.2f} B{unit} against {b:.2f} B)" if d.per_token else "")
+            )
+    undecided = None
+    if not all(d.classes):
+        which = " and ".join(w for w, ok in zip(("the baseline", "the run"), d.classes) if not ok)
+        undecided = (f"the retained tensors of {which} are not classed: declare B, S and H (run.json, --config or "
+                     "flags) to compare full-size saves")  # fmt: skip
+    cases = tuple(ModuleCase(m, tuple(f)) for m, f in sorted(failures.items()))
+    return BaselineGate(d, cases, undecided)
 
 
 def _tokens(a: RunAnalysis) -> int | None:

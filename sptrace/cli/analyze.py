@@ -13,6 +13,7 @@ import json
 from typing import TYPE_CHECKING
 
 from sptrace.cli.common import add_load_flags, add_shape_flags, analyse, by_rank_set, fixed_width, spread
+from sptrace.cli.diff import add_baseline_flag, run_baseline
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.units import count, human_bytes, rank_ranges
 
@@ -37,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "only)")  # fmt: skip
     p.add_argument("--format", choices=("text", "json"), default="text", help="text, or JSON with every finding")
     p.add_argument("--max-findings", type=int, default=30, help="findings shown in text (default 30)")
+    add_baseline_flag(p)
     add_load_flags(p)
     p.set_defaults(func=run)
 
@@ -44,6 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.k not in (1, 2):
         raise UsageError("--k must be 1 or 2")
+    if args.baseline:
+        return run_baseline(args, args.format)
     analysis = analyse(args, k=args.k, parts=("collectives",), grad_dtype=args.grad_dtype,
                        attention_only=args.attention_only, grad_sync=not args.no_grad_sync)  # fmt: skip
     report = analysis.comm

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sptrace.cli.common import add_load_flags, add_shape_flags, analyse, by_rank_set, fixed_width, log
+from sptrace.cli.diff import add_baseline_flag, run_baseline
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.units import count, human_bytes, rank_ranges
 
@@ -29,6 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("text", "json", "junit"), default="text",
                    help="text, JSON (every retained tensor) or JUnit XML (a case per module, for CI)")  # fmt: skip
     p.add_argument("--output", help="write the report here (atomically) instead of stdout")
+    add_baseline_flag(p)
     add_load_flags(p)
     p.set_defaults(func=run)
 
@@ -39,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
     from sptrace.fileio import write_atomic
 
+    if args.baseline:
+        return run_baseline(args, args.format)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
     # a bad --config, then any of B, S and H declared nowhere, are named before a trace is parsed

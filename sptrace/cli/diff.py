@@ -31,7 +31,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sptrace.analysis import analyse_run
     from sptrace.diff import diff_runs
     from sptrace.fileio import write_atomic
     from sptrace.report.diff import render_markdown, render_text
@@ -43,14 +42,8 @@ def run(args: argparse.Namespace) -> int:
     for path in (args.base, args.new):
         if not Path(path).exists():
             raise TraceError(path, "no such file or directory")
-    options = load_options(args)
-    analyses = []
-    for path in (args.base, args.new):
-        a = analyse_run(path, parts=("collectives", "sharding"), load_options=options)
-        for w in a.warnings:
-            log(f"warning: {path}: {w}")
-        analyses.append(a)
-    d = diff_runs(*analyses, bytes_tolerance=args.bytes_tolerance, time_tolerance=args.time_tolerance)
+    d = diff_runs(*_analyses(args, args.base, args.new), bytes_tolerance=args.bytes_tolerance,
+                  time_tolerance=args.time_tolerance)  # fmt: skip
     if args.format == "json":
         text = json.dumps(d.to_dict(), indent=1, default=str) + "\n"
     elif args.format == "markdown":
@@ -63,3 +56,59 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return d.exit_code
+
+
+def _analyses(args: argparse.Namespace, base: str, new: str, flags=None):
+    """Both runs' analyses, each with its own run.json and ``flags`` (what the user declared, of
+    both: a baseline is the same job); the loader's warnings on stderr, each naming its run."""
+    from sptrace.analysis import analyse_run
+
+    options = load_options(args)
+    out = []
+    for path in (base, new):
+        a = analyse_run(path, flags=flags, parts=("collectives", "sharding"), load_options=options)
+        for w in a.warnings:
+            log(f"warning: {path}: {w}")
+        out.append(a)
+    return out
+
+
+def add_baseline_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--baseline", metavar="BASE", help="judge the run against this run instead: fail on a module "
+                   "keeping a full-size tensor BASE did not keep, or sending more bytes than BASE (JUnit: a case per "
+                   "module)")  # fmt: skip
+
+
+def run_baseline(args: argparse.Namespace, fmt: str) -> int:
+    """``check``/``analyze RUN --baseline BASE``: the run against its baseline, per module."""
+    import time
+
+    from sptrace.cli.common import declarations
+    from sptrace.diff import baseline_gate, diff_runs
+    from sptrace.fileio import write_atomic
+    from sptrace.vocab.errors import TraceError
+
+    if not Path(args.baseline).exists():
+        raise TraceError(args.baseline, "no such file or directory")
+    clock = time.perf_counter()
+    base, run_ = _analyses(args, args.baseline, args.path, declarations(args))
+    gate = baseline_gate(diff_runs(base, run_))
+    if fmt == "json":
+        text = json.dumps(gate.to_dict(), indent=1, default=str) + "\n"
+    elif fmt == "junit":
+        from sptrace.report.junit import render_baseline_junit
+
+        text = render_baseline_junit(gate, seconds=time.perf_counter() - clock)
+    else:
+        lines = [f"{args.path} against the baseline {args.baseline}"]
+        lines += [f"the job changed: {f} {a} -> {b}" for f, a, b in gate.diff.shape_changes]
+        lines += [f"FAIL {c.module}: {'; '.join(c.failures)}" for c in gate.failed]
+        lines += [f"note: {n}" for n in gate.diff.notes]
+        lines.append(gate.line())
+        text = "\n".join(lines) + "\n"
+    if getattr(args, "output", None):
+        write_atomic(Path(args.output), text.encode())
+        log(f"wrote {args.output}: {gate.line()}")
+    else:
+        sys.stdout.write(text)
+    return gate.exit_code

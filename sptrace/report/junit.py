@@ -8,6 +8,7 @@ from xml.sax.saxutils import quoteattr
 
 if TYPE_CHECKING:
     from sptrace.checks.sharding_verdict import ShardingReport
+    from sptrace.diff import BaselineGate
 
 
 def render_junit(report: ShardingReport, run: str | None = None, seconds: float | None = None,
@@ -42,6 +43,31 @@ def render_junit(report: ShardingReport, run: str | None = None, seconds: float 
     stamp = "" if started is None else f" timestamp={quoteattr(started)}"
     head = (f'  <testsuite name={suite} tests="{len(cases)}" failures="{failures}" errors="{errors}"'
             f"{timed}{stamp}>")  # fmt: skip
+    return "\n".join(
+        ['<?xml version="1.0" encoding="UTF-8"?>', "<testsuites>", head, *cases, "  </testsuite>", "</testsuites>", ""]
+    )
+
+
+def render_baseline_junit(gate: BaselineGate, seconds: float | None = None) -> str:
+    """``check``/``analyze --baseline`` as JUnit XML: a case per module, failed when it keeps a
+    full-size tensor the baseline did not keep or sends more bytes; one case for the verdict (an
+    error when part of it could not be decided)."""
+    cases = []
+    for c in gate.cases:
+        name = quoteattr(c.module)
+        if c.failures:
+            text = quoteattr("; ".join(c.failures))
+            cases.append(f'    <testcase classname="sptrace.baseline" name={name}><failure message={text}/></testcase>')
+        else:
+            cases.append(f'    <testcase classname="sptrace.baseline" name={name}/>')
+    timed = "" if seconds is None else f' time="{seconds:.3f}"'
+    verdict = quoteattr("verdict")
+    error = f"<error message={quoteattr(gate.line())}/>" if gate.exit_code == 2 else ""
+    cases.append(f'    <testcase classname="sptrace.baseline" name={verdict}{timed}>{error}</testcase>'
+                 if error else f'    <testcase classname="sptrace.baseline" name={verdict}{timed}/>')  # fmt: skip
+    suite = quoteattr(f"sptrace baseline {gate.diff.base} -> {gate.diff.new}")
+    head = (f'  <testsuite name={suite} tests="{len(cases)}" failures="{len(gate.failed)}" '
+            f'errors="{int(bool(error))}"{timed}>')  # fmt: skip
     return "\n".join(
         ['<?xml version="1.0" encoding="UTF-8"?>', "<testsuites>", head, *cases, "  </testsuite>", "</testsuites>", ""]
     )

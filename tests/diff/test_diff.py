@@ -149,3 +149,53 @@ def test_what_cannot_be_compared_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["diff", str(RUNS["megatron"]), str(tmp_path / "bad.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bad.json" in err
+
+
+def junit_cases(xml: str) -> dict[str, str | None]:
+    """testcase name -> its failure message (None: passed), from the JUnit XML."""
+    from xml.etree import ElementTree
+
+    out = {}
+    for case in ElementTree.fromstring(xml).iter("testcase"):
+        failure = case.find("failure")
+        out[case.get("name")] = None if failure is None else failure.get("message")
+    return out
+
+
+def test_check_against_a_baseline_fails_the_module_that_began_a_full_size_save(private_cache, capsys):
+    planted = config("megatron-stray-full-save")["fault_modules"]
+    args = [
+        str(RUNS["megatron-stray-full-save"]),
+        "--baseline",
+        str(RUNS["megatron"]),
+        "--cache-dir",
+        str(private_cache),
+    ]
+    assert main(["check", *args, "--format", "junit"]) == 1
+    cases = junit_cases(capsys.readouterr().out)
+    failed = {name for name, message in cases.items() if message}
+    assert failed == set(planted) and "full-size" in cases[planted[0]] and "verdict" in cases
+    # a clean repeat of the baseline's job passes, every module a case
+    assert main(["check", str(RUNS["megatron-again"]), "--baseline", str(RUNS["megatron"]), "--format", "junit",
+                 "--cache-dir", str(private_cache)]) == 0  # fmt: skip
+    cases = junit_cases(capsys.readouterr().out)
+    assert len(cases) > 5 and not any(cases.values())
+
+
+def test_analyze_against_a_baseline_fails_the_modules_that_send_more(private_cache, capsys):
+    args = ["analyze", str(RUNS["ulysses-zero3"]), "--baseline", str(RUNS["ulysses"]), "--format", "json",
+            "--cache-dir", str(private_cache)]  # fmt: skip
+    assert main(args) == 1
+    report = json.loads(capsys.readouterr().out)
+    failed = [m for m in report["modules"] if not m["ok"]]
+    assert failed and all("on the wire" in f for m in failed for f in m["failures"])
+    # consistent with the diff: the modules that send more issue the collectives ZeRO-3 added
+    _, diff_report = diff("ulysses", "ulysses-zero3", private_cache, capsys=capsys)
+    added = {m for c in diff_report["communication"] if c["changed"] == ["added"] for m in c["new"]["modules"]}
+    assert {m["module"] for m in failed} <= added | {"(no module)"}
+
+
+def test_a_baseline_whose_tensors_cannot_be_classed_is_undecided(corpus, private_cache, capsys):
+    run = corpus / "param_dlrm_kineto"  # no run.json: B, S and H declared nowhere
+    assert main(["check", str(run), "--baseline", str(run), "--cache-dir", str(private_cache)]) == 2
+    assert capsys.readouterr().out.splitlines()[-1].startswith("CANNOT DECIDE: the retained tensors of")
