@@ -28,7 +28,7 @@ from sptrace.costmodel import CommEstimate, activation_bytes_per_layer, estimate
 from sptrace.costmodel.comm import undeclared_sizes
 from sptrace.detect.allocations import Retention
 from sptrace.detect.infer import layers_dtype
-from sptrace.detect.timing import RankTiming, step_sources
+from sptrace.detect.timing import MODULE_TIME_COLUMNS, RankTiming, step_sources
 from sptrace.load.trace import RunFiles, RunTrace
 from sptrace.reduce.matching import Matching, match_collectives
 from sptrace.reduce.p2p import P2PReport, analyse_point_to_point
@@ -108,6 +108,8 @@ class RunAnalysis:
     """Per rank, the largest allocated memory a [memory] event recorded (bytes)."""
     p2p: P2PReport | None = None
     """Sends paired with receives, ring steps, overlap and balance (None without point-to-point)."""
+    module_times: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
+    """Each rank's own time per module, forward and backward (MODULE_TIME_COLUMNS, ms)."""
 
     @property
     def offsets_us(self) -> dict[int, float]:
@@ -447,6 +449,7 @@ def reduce_run(
         phases=_concat([r.phases for r in ranked if r.phases is not None], PHASE_COLUMNS),
         memory=_concat([r.memory for r in ranked if r.memory is not None], MEMORY_COLUMNS),
         compute=_concat(compute, COMPUTE_COLUMNS), crossrank=crossrank, p2p=p2p,
+        module_times=_concat([r.module_times for r in ranked if r.module_times is not None], MODULE_TIME_COLUMNS),
         peak_allocated={r.trace.rank: r.peak_allocated for r in ranked if r.peak_allocated is not None},
     )  # fmt: skip
 

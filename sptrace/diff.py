@@ -158,6 +158,9 @@ class TimeChange:
     new: Spread | None
     tolerance: float
     per_token: bool = False
+    of_step: float | None = None
+    """For a part of the step (a module's own time): the baseline's step (ms, as scaled), which
+    its change is measured against; a module's change matters by its share of the step."""
 
     @property
     def relative(self) -> float | None:
@@ -168,11 +171,16 @@ class TimeChange:
     @property
     def outside_noise(self) -> bool:
         """Beyond the tolerance and outside both runs' spread across ranks."""
+        b, n = self.base, self.new
+        if b is None or n is None:
+            return False
+        if self.of_step is not None:
+            if not self.of_step or abs(n.median - b.median) <= self.tolerance * self.of_step:
+                return False
+            return n.low > b.high if n.median > b.median else n.high < b.low
         rel = self.relative
         if rel is None or abs(rel) <= self.tolerance:
             return False
-        b, n = self.base, self.new
-        assert b is not None and n is not None
         return n.low > b.high if rel > 0 else n.high < b.low
 
     @property
@@ -183,7 +191,7 @@ class TimeChange:
         return {
             "what": self.what, "base_ms": self.base.to_dict() if self.base else None,
             "new_ms": self.new.to_dict() if self.new else None, "relative": self.relative,
-            "outside_noise": self.outside_noise, "per_token": self.per_token,
+            "outside_noise": self.outside_noise, "per_token": self.per_token, "of_step_ms": self.of_step,
         }  # fmt: skip
 
 
@@ -200,6 +208,9 @@ class RunDiff:
     """Wire bytes per rank and step of each run (None: no collective recorded its size)."""
     kept: list[KeptChange]
     time: list[TimeChange]
+    module_time: list[TimeChange]
+    """Each module's own time, forward and backward (what: "forward layers.0.mlp.fc1"), the
+    largest change outside the noise first."""
     module_wire: dict[str, tuple[float, float]]
     """Per module (the collectives' module, "(no module)" without one): wire bytes per rank and
     step in each run (0 where it issued none)."""
@@ -257,6 +268,7 @@ class RunDiff:
         return not (
             self.shape_changes or self.config_changes or any(c.changed for c in self.comm)
             or any(k.base != k.new for k in self.kept) or any(t.outside_noise for t in self.time)
+            or any(t.outside_noise for t in self.module_time)
         )  # fmt: skip
 
     @property
@@ -274,6 +286,7 @@ class RunDiff:
             "communication": [c.to_dict() for c in self.comm if c.changed],
             "retained": [k.to_dict() for k in self.kept if k.base != k.new],
             "time": [t.to_dict() for t in self.time],
+            "module_time": [t.to_dict() for t in self.module_time if t.outside_noise],
             "wire_bytes_per_module": [{"module": m, "base": b, "new": n} for m, (b, n) in self.module_wire.items()],
             "tolerances": {"bytes": self.bytes_tolerance, "time": self.time_tolerance},
             "notes": self.notes,
@@ -308,13 +321,40 @@ def diff_runs(
     return RunDiff(
         base=base.name if base.path is None else str(base.path), new=new.name if new.path is None else str(new.path),
         shape_changes=shape, config_changes=_config_changes(base, new), tokens=tokens, comm=comm, wire=wire,
-        kept=kept, time=[t for t in time if t is not None], module_wire=module_wire,
+        kept=kept, time=[t for t in time if t is not None], module_time=_module_time(base, new, time_tolerance, scale),
+        module_wire=module_wire,
         classes=(base.sharding is not None, new.sharding is not None), bytes_tolerance=bytes_tolerance,
         time_tolerance=time_tolerance, notes=notes,
     )  # fmt: skip
 
 
 NO_MODULE = "(no module)"
+
+
+def _module_time(
+    base: RunAnalysis, new: RunAnalysis, tolerance: float, scale: tuple[float, float] | None
+) -> list[TimeChange]:
+    """Per (phase, module): the ranks' own time in each run, as TimeChanges, those outside the
+    noise first and the largest of them first (then the rest, by size). A module's change counts
+    beyond the tolerance of the baseline's step (its share of the step), outside both spreads."""
+    sides = []
+    for a in (base, new):
+        frame = a.module_times
+        per: dict[tuple[str, str], list[float]] = {}
+        if frame is not None and len(frame):
+            for (module, phase), g in frame.groupby(["module", "phase"], sort=False):
+                per[(str(phase), str(module))] = g.groupby("rank")["ms"].sum().tolist()
+        sides.append(per)
+    step = Spread.of(t.step_ms for t in base.timing)
+    of_step = None if step is None else step.median * (scale[0] if scale is not None else 1.0)
+    out = []
+    for phase, module in sorted(set(sides[0]) | set(sides[1])):
+        b, n = Spread.of(sides[0].get((phase, module), [])), Spread.of(sides[1].get((phase, module), []))
+        if scale is not None and b is not None and n is not None:
+            b, n = b.scaled(scale[0]), n.scaled(scale[1])
+        out.append(TimeChange(f"{phase} {module}", b or Spread(0.0, 0.0, 0.0, 0), n or Spread(0.0, 0.0, 0.0, 0),
+                              tolerance, per_token=scale is not None, of_step=of_step or 0.0))  # fmt: skip
+    return sorted(out, key=lambda t: (not t.outside_noise, -abs(t.new.median - t.base.median)))  # type: ignore[union-attr]
 
 
 def _module_wire(a: RunAnalysis) -> dict[str, float]:

@@ -20,6 +20,7 @@ import pandas as pd
 
 from sptrace.detect.index import RankIndex, has_prefix, is_one_of, take_columns
 from sptrace.load.trace import RankTrace
+from sptrace.vocab import markers
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,3 +200,53 @@ def detect_compute(trace: RankTrace, index: RankIndex | None = None, max_segment
 _NOT_COMPUTE = ("c10d::", "_c10d_functional", "record_param_comms", "nccl:", "gloo:", "ProfilerStep", "sptrace.",
                 "Optimizer.", "aten::wait", "_c10d_functional::wait")  # fmt: skip
 """CPU ops that are not computation: communication, and the step's and sptrace's own ranges."""
+
+
+MODULE_TIME_COLUMNS = ["rank", "module", "phase", "ms"]
+
+
+def detect_module_times(trace: RankTrace, index: RankIndex | None = None) -> pd.DataFrame:
+    """Each module's own time (its range less the ranges of the modules it called), forward and
+    backward: forward from the module ranges sptrace's markers record, else the Python stacks'
+    ``nn.Module`` frames (named as ``RankIndex.python_module`` names them); backward from
+    autograd's nodes, each charged to the module of the forward op it differentiates (its
+    sequence number, RankIndex.module_of). Columns: MODULE_TIME_COLUMNS (ms)."""
+    idx = index or RankIndex(trace)
+    rank = int(trace.rank) if trace.rank is not None else 0
+    totals: dict[tuple[str, str], float] = {}
+    ranges = idx.module_markers
+    if len(ranges):
+        names = [ranges.name(i)[len(markers.MODULE) :] for i in range(len(ranges))]
+    else:  # the Python stacks' module frames, by the path python_module gives them
+        frames = idx.python
+        keep = [i for i in range(len(frames)) if frames.name(i).startswith("nn.Module: ")]
+        ranges = frames.subset(keep)
+        names = [idx.python_module(int(ranges.start[i]), int(ranges.end[i]), int(ranges.tid[i])) or "?"
+                 for i in range(len(ranges))]  # fmt: skip
+    for name, own in zip(names, _own_times(ranges.start, ranges.end, ranges.tid)):
+        phase = "forward"  # a module range is its forward call (backward runs in autograd's nodes)
+        totals[(name, phase)] = totals.get((name, phase), 0.0) + own
+    nodes = idx.backward_nodes
+    outer = _own_times(nodes.start, nodes.end, nodes.tid) if len(nodes) else []
+    for i, own in enumerate(outer):
+        module, _, _ = idx.module_of(int(nodes.start[i]), int(nodes.end[i]), int(nodes.tid[i]))
+        key = (module or "(no module)", "backward")
+        totals[key] = totals.get(key, 0.0) + own
+    rows = [(rank, m, p, ns / 1e6) for (m, p), ns in totals.items()]
+    return pd.DataFrame(rows, columns=MODULE_TIME_COLUMNS)
+
+
+def _own_times(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> list[float]:
+    """Each range's duration less its direct children's (ranges nested in it on its thread), in
+    the ranges' order. Hand-written: one pass over the ranges sorted by thread, start and longest
+    first, with a stack of the open ranges (pandas has no interval-nesting operation)."""
+    own = (np.asarray(end) - np.asarray(start)).astype(float)
+    order = np.lexsort((-(np.asarray(end) - np.asarray(start)), start, tid))
+    stack: list[int] = []
+    for i in order.tolist():
+        while stack and (tid[stack[-1]] != tid[i] or end[stack[-1]] < end[i] or start[i] >= end[stack[-1]]):
+            stack.pop()
+        if stack:
+            own[stack[-1]] -= end[i] - start[i]
+        stack.append(i)
+    return own.tolist()

@@ -6,6 +6,9 @@ from __future__ import annotations
 from sptrace.diff import CommChange, KeptChange, RunDiff, Spread, TimeChange
 from sptrace.vocab.units import human_bytes
 
+MODULE_LINES = 10
+"""Modules' own-time changes shown in text, the largest first."""
+
 
 def _count(x: float) -> str:
     return f"{x:.0f}" if abs(x - round(x)) < 1e-9 else f"{x:.2f}"
@@ -69,10 +72,13 @@ def time_line(t: TimeChange) -> str:
         return value(s.median) + band
 
     rel = t.relative
+    share = (
+        f" of the step ({t.of_step:.2f} ms)" if t.of_step and not t.per_token else " of the step" if t.of_step else ""
+    )
     judged = (
         "" if rel is None
         else f" ({rel:+.1%}, " + ("outside both runs' spread across ranks" if t.outside_noise else "within the noise")
-        + f", tolerance {t.tolerance:.0%})"
+        + f", tolerance {t.tolerance:.0%}{share})"
     )  # fmt: skip
     return f"{t.what} time{unit}: {ms(t.base)} -> {ms(t.new)}{judged}"
 
@@ -113,6 +119,10 @@ def render_text(d: RunDiff) -> str:
     kept = sorted((k for k in d.kept if k.base != k.new and not k.became_full), key=lambda k: -abs(k.bytes_delta))
     lines += [kept_line(k) for k in kept]
     lines += [time_line(t) for t in sorted(d.time, key=lambda t: -abs(t.relative or 0))]
+    moved = [t for t in d.module_time if t.outside_noise]
+    lines += [f"own time, {time_line(t)}" for t in moved[:MODULE_LINES]]
+    if len(moved) > MODULE_LINES:
+        lines.append(f"  ... and {len(moved) - MODULE_LINES} more modules' own time (--format json lists all)")
     lines += [f"note: {n}" for n in d.notes]
     lines.append("")
     lines.append(verdict_line(d))
@@ -175,6 +185,7 @@ def render_markdown(d: RunDiff) -> str:
     if d.time:
         lines += ["", "**Time** (median over ranks [least-most])", ""]
         lines += [f"- {time_line(t)}" for t in d.time]
+        lines += [f"- own time, {time_line(t)}" for t in [t for t in d.module_time if t.outside_noise][:MODULE_LINES]]
     if d.notes:
         lines += [""] + [f"> note: {n}" for n in d.notes]
     return "\n".join(lines) + "\n"

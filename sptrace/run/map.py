@@ -62,6 +62,8 @@ class RankResult:
     timing: Any = None
     """sptrace.detect.timing.RankTiming"""
     compute: pd.DataFrame | None = None
+    module_times: pd.DataFrame | None = None
+    """Each module's own forward and backward time (sptrace.detect.timing.detect_module_times)."""
     phases: pd.DataFrame | None = None
     memory: pd.DataFrame | None = None
     peak_allocated: int | None = None
@@ -84,11 +86,12 @@ def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
     result.memory, result.peak_allocated = rank_memory(trace)
     index = RankIndex(trace)
     if "collectives" in spec.parts:
-        from sptrace.detect.timing import detect_compute, detect_timing
+        from sptrace.detect.timing import detect_compute, detect_module_times, detect_timing
 
         result.collectives = detect_collectives(trace, index, for_reduce=True)
         result.timing = detect_timing(trace, result.collectives, index)
         result.compute = detect_compute(trace, index)
+        result.module_times = detect_module_times(trace, index)
     if "sharding" in spec.parts:
         from sptrace.detect.allocations import detect_retained
 

@@ -8,20 +8,24 @@ kind, the shape change before anything else, and it exits 1 on a regression, 0 o
 against itself reports no change at all.
 
 tests/diff/runs/ was profiled with `sptrace profile --matrix tests/diff/runs/matrix.json --out DIR
---warmup 1` (each run's rank*.pt.trace.json.gz and run.json copied), with the defaults the golden
-runs have (tests/golden/make_golden.py's RUNS_MATRIX).
+--warmup 1`, and matrix-repeat.json (two clean runs back to back, in one launch of their own);
+each run's rank*.pt.trace.json.gz and run.json copied. Both have the defaults the golden runs have
+(tests/golden/make_golden.py's RUNS_MATRIX).
 
 Expected values come from run.json (the generator's record of its fault and the declared shape)
 and from the tensors' own sizes (B x S/P x H elements), never from sptrace's cost model."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from sptrace.cli import main
+from sptrace.vocab import markers
 from tests.golden.make_golden import corpus_runs, reference_runs
 
 HERE = Path(__file__).resolve().parent
@@ -121,7 +125,7 @@ def test_a_run_against_itself_changes_nothing(name, private_cache, capsys):
     code, report = diff(name, name, private_cache, capsys=capsys)
     assert code == 0 and report["same"] and not report["regressions"]
     assert report["communication"] == [] and report["retained"] == [] and report["shape_changes"] == []
-    assert all(t["relative"] in (0, None) for t in report["time"])
+    assert all(t["relative"] in (0, None) for t in report["time"]) and report["module_time"] == []
 
 
 def test_every_corpus_trace_against_itself_changes_nothing(corpus, private_cache, capsys):
@@ -199,3 +203,47 @@ def test_a_baseline_whose_tensors_cannot_be_classed_is_undecided(corpus, private
     run = corpus / "param_dlrm_kineto"  # no run.json: B, S and H declared nowhere
     assert main(["check", str(run), "--baseline", str(run), "--cache-dir", str(private_cache)]) == 2
     assert capsys.readouterr().out.splitlines()[-1].startswith("CANNOT DECIDE: the retained tensors of")
+
+
+def slowed_down(src: Path, dst: Path, module: str, delay_us: float) -> Path:
+    """A copy of run ``src`` whose ``module`` takes ``delay_us`` longer in its forward on every
+    rank, as if it computed more: its range, and every range around its end, grows by the delay
+    and everything that starts at or after its end moves by it. The generator's record: the
+    module and the delay."""
+    dst.mkdir(parents=True)
+    shutil.copy(src / "run.json", dst / "run.json")
+    for trace in sorted(src.glob("rank*.pt.trace.json.gz")):
+        doc = json.loads(gzip.decompress(trace.read_bytes()))
+        events = doc["traceEvents"]
+        target = next(e for e in events if e.get("ph") == "X" and e.get("name") == markers.MODULE + module)
+        end = target["ts"] + target["dur"]
+        for e in events:
+            ts = e.get("ts")
+            if not isinstance(ts, (int, float)):
+                continue
+            if ts >= end:
+                e["ts"] = ts + delay_us
+            elif e.get("ph") == "X" and ts + e.get("dur", 0) >= end:
+                e["dur"] += delay_us
+        (dst / trace.name).write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return dst
+
+
+def test_a_module_made_slower_is_the_largest_time_change(tmp_path, private_cache, capsys):
+    module, delay_ms = "layers.0.mlp.fc2", 40.0
+    slow = slowed_down(RUNS["megatron-again"], tmp_path / "slow", module, delay_ms * 1e3)
+    code, report = diff("megatron-again", slow, private_cache, capsys=capsys)
+    largest = report["module_time"][0]
+    assert largest["what"] == f"forward {module}" and largest["outside_noise"]
+    grew = largest["new_ms"]["median"] - largest["base_ms"]["median"]
+    assert abs(grew - delay_ms) < 0.01 * delay_ms
+    assert all(abs(t["new_ms"]["median"] - t["base_ms"]["median"]) < 0.01 * delay_ms for t in report["module_time"][1:])
+    step = next(t for t in report["time"] if t["what"] == "step")
+    assert step["outside_noise"] and code == 1 and any("slower step" in r for r in report["regressions"])
+
+
+def test_two_clean_runs_back_to_back_are_no_time_regression(private_cache, capsys):
+    # profiled one after the other in one launch (tests/diff/runs/matrix-repeat.json)
+    code, report = diff("megatron-again", "megatron-repeat", private_cache, capsys=capsys)
+    assert code == 0 and not report["regressions"]
+    assert report["communication"] == [] and report["shape_changes"] == []
