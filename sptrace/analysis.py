@@ -52,8 +52,8 @@ from sptrace.vocab.shape import FIELDS, Declarations, ModelShape, ShapeValues
 from sptrace.vocab.units import count, rank_ranges
 
 PARTS = ("collectives", "sharding")
-"""What analyse_run can compute: collectives (with matching, timing and the cost-model check) and
-the sharding check."""
+"""What analyse_run computes by default: collectives (with matching, timing and the cost-model
+check) and the sharding check; ``modules`` (each module's own time, for sptrace diff) on request."""
 
 
 @dataclass(frozen=True)

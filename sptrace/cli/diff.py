@@ -66,7 +66,7 @@ def _analyses(args: argparse.Namespace, base: str, new: str, flags=None):
     options = load_options(args)
     out = []
     for path in (base, new):
-        a = analyse_run(path, flags=flags, parts=("collectives", "sharding"), load_options=options)
+        a = analyse_run(path, flags=flags, parts=("collectives", "sharding", "modules"), load_options=options)
         for w in a.warnings:
             log(f"warning: {path}: {w}")
         out.append(a)

@@ -36,7 +36,7 @@ COMPUTE_COLUMNS = ["rank", "start_us", "dur_us"]
 
 @dataclass(frozen=True)
 class MapSpec:
-    """What each rank computes: ``parts`` of collectives / sharding (none: only the trace's
+    """What each rank computes: ``parts`` of collectives, sharding, modules (none: only the trace's
     description, for ``sptrace info``); ``element_size`` the declared activation element size
     for shape inference of retained tensors."""
 
@@ -86,11 +86,14 @@ def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
     result.memory, result.peak_allocated = rank_memory(trace)
     index = RankIndex(trace)
     if "collectives" in spec.parts:
-        from sptrace.detect.timing import detect_compute, detect_module_times, detect_timing
+        from sptrace.detect.timing import detect_compute, detect_timing
 
         result.collectives = detect_collectives(trace, index, for_reduce=True)
         result.timing = detect_timing(trace, result.collectives, index)
         result.compute = detect_compute(trace, index)
+    if "modules" in spec.parts:  # (what sptrace diff compares: a few ms a rank that analyze need not pay)
+        from sptrace.detect.timing import detect_module_times
+
         result.module_times = detect_module_times(trace, index)
     if "sharding" in spec.parts:
         from sptrace.detect.allocations import detect_retained
