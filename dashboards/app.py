@@ -21,7 +21,7 @@ from urllib.parse import parse_qs
 
 import dash_mantine_components as dmc
 from dash import MATCH, Dash, Input, Output, ctx, dcc, html, no_update
-from sptrace.dashboards.pages import collectives, compare, gpu, memory, overview, timeline
+from sptrace.dashboards.pages import collectives, compare, diff, gpu, memory, overview, timeline
 from sptrace.dashboards.pages.common import View, error_box, href
 from sptrace.dashboards.store import RunStore
 
@@ -33,6 +33,7 @@ PAGES = {
     "/collectives": ("collectives", "Collectives", collectives),
     "/memory": ("memory", "Memory", memory),
     "/compare": ("compare", "Compare", compare),
+    "/diff": ("diff", "Diff", diff),
     "/gpu": ("gpu", "GPU (HTA)", gpu),
 }
 ASSETS = Path(__file__).parent / "assets"
@@ -164,12 +165,13 @@ def create_app(
                 content = error_box(f"{type(exc).__name__}: {exc}", title="this view failed")
         current = view or View("overview")
         on_compare = current.page == "compare"
+        on_diff = current.page == "diff"  # its pair is chosen on the page
         return (
             content,
             new_search,
             str(current.run),
             [str(r) for r in current.chosen(len(store))],
-            {"display": "none"} if on_compare else {},
+            {"display": "none"} if on_compare or on_diff else {},
             {} if on_compare else {"display": "none"},
             f"{len(current.chosen(len(store)))} of {len(store)} runs",
             *[href(k, current.run) for k in keys],
@@ -211,7 +213,7 @@ def _serve_404(app: Dash, store: RunStore) -> None:
         if path not in PAGES:
             problem = f"{path} is not a page of this dashboard"
         else:
-            for key in ("run", "runs"):
+            for key in ("run", "runs", "base", "new"):
                 for value in request.args.getlist(key):
                     if any(_index(v, len(store)) is None for v in value.split(",")):
                         problem = f"no run {value!r}: this dashboard serves runs 0 to {len(store) - 1}"

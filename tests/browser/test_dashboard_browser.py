@@ -184,6 +184,7 @@ def choose_run(page, label):
         ("/collectives?run=1", "#collectives-wire .main-svg", "collectives"),
         ("/memory?run=1", "#memory-graph .main-svg", "memory"),
         ("/compare", "#compare-runs .main-svg", "compare"),
+        ("/diff?base=0&new=1", "#diff-retained tr.diff-worse", "diff"),
         ("/gpu?run=4", "#gpu-temporal .main-svg", "gpu"),
     ],
 )

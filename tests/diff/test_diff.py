@@ -247,3 +247,43 @@ def test_two_clean_runs_back_to_back_are_no_time_regression(private_cache, capsy
     code, report = diff("megatron-again", "megatron-repeat", private_cache, capsys=capsys)
     assert code == 0 and not report["regressions"]
     assert report["communication"] == [] and report["shape_changes"] == []
+
+
+def test_the_diff_page_draws_the_same_comparison(private_cache):
+    from plotly.utils import PlotlyJSONEncoder
+    from sptrace.dashboards.app import create_app, parse_view
+    from sptrace.dashboards.pages import diff as diff_page
+
+    planted = config("megatron-stray-full-save")["fault_modules"][0]
+    app = create_app([RUNS["megatron"], RUNS["megatron-stray-full-save"]],
+                     options={"load_options": {"cache_dir": private_cache}})  # fmt: skip
+    store = app.sptrace_store
+    page = json.loads(json.dumps(diff_page.render(store, parse_view(store, "/diff", "?base=0&new=1")),
+                                 cls=PlotlyJSONEncoder))  # fmt: skip
+
+    def find(node, pred):
+        if isinstance(node, dict):
+            if pred(node):
+                yield node
+            for v in node.values():
+                yield from find(v, pred)
+        elif isinstance(node, list):
+            for v in node:
+                yield from find(v, pred)
+
+    def rows(table_id):
+        table = next(find(page, lambda n: n.get("props", {}).get("id") == table_id))
+        body = next(find(table, lambda n: n.get("type") == "Tbody"))
+        return [(r["props"].get("className"), [c["props"]["children"] for c in r["props"]["children"]])
+                for r in body["props"]["children"]]  # fmt: skip
+
+    verdict = next(find(page, lambda n: n.get("props", {}).get("id") == "diff-verdict"))["props"]
+    assert verdict["title"] == "REGRESSION" and verdict["color"] == "red"
+    retained = rows("diff-retained")
+    assert retained[0][0] == "diff-worse" and retained[0][1][0] == planted and retained[0][1][3] == "0 -> 1"
+    (cls, cells), *rest = rows("diff-comm")
+    assert not rest and cls == "diff-better" and cells[:3] == ["backward", "0", "all_gather"]
+    # the pair is in the URL; a run the dashboard does not serve is a 404
+    client = app.server.test_client()
+    assert client.get("/diff?base=1&new=0").status_code == 200
+    assert client.get("/diff?base=0&new=7").status_code == 404
