@@ -27,6 +27,9 @@ from sptrace.vocab.units import human_bytes
 if TYPE_CHECKING:
     from sptrace.analysis import RunAnalysis
 
+FULL_CLASSES = ("full", "full-unknown-life")
+"""The sharding check's classes of a full-size tensor (one whose free the trace does not show is
+never passed by the gate, so never by the diff either)."""
 SHAPE_FIELDS = ("scheme", "batch", "seq", "hidden", "sp_size", "heads", "kv_heads", "ffn", "layers", "dtype")
 """ModelShape fields whose change is a change of the job itself, said before anything else."""
 
@@ -528,7 +531,7 @@ def _kept_sides(a: RunAnalysis, notes: list[str], which: str) -> dict[str, KeptS
     out: dict[str, KeptSide] = {}
     for module, g in frame.groupby("module", sort=True):
         per = g.groupby(where, dropna=False)["storage_bytes"].agg(["size", "sum"]) if where else None
-        full = g[g["class"] == "full"] if "class" in g else g.iloc[:0]
+        full = g[g["class"].isin(FULL_CLASSES)] if "class" in g else g.iloc[:0]
         full_per = full.groupby(where, dropna=False).size() if where and len(full) else pd.Series(dtype=int)
         layers = g["layer"].dropna()
         out[str(module)] = KeptSide(

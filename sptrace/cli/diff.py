@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from sptrace.cli.common import add_load_flags, load_options, log
+from sptrace.cli.common import add_load_flags, add_shape_flags, declarations, load_options, log
 from sptrace.vocab.errors import UsageError
 
 
@@ -26,6 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a step slower by more than this fraction (and outside both runs' spread across ranks) is a "
                    "regression (default 0.05)")  # fmt: skip
     p.add_argument("--output", help="write the report here (atomically) instead of stdout")
+    add_shape_flags(p)  # (of both runs: each run's own run.json first, then these)
     add_load_flags(p)
     p.set_defaults(func=run)
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     for path in (args.base, args.new):
         if not Path(path).exists():
             raise TraceError(path, "no such file or directory")
-    d = diff_runs(*_analyses(args, args.base, args.new), bytes_tolerance=args.bytes_tolerance,
+    d = diff_runs(*_analyses(args, args.base, args.new, declarations(args)), bytes_tolerance=args.bytes_tolerance,
                   time_tolerance=args.time_tolerance)  # fmt: skip
     if args.format == "json":
         text = json.dumps(d.to_dict(), indent=1, default=str) + "\n"
@@ -83,7 +84,6 @@ def run_baseline(args: argparse.Namespace, fmt: str) -> int:
     """``check``/``analyze RUN --baseline BASE``: the run against its baseline, per module."""
     import time
 
-    from sptrace.cli.common import declarations
     from sptrace.diff import baseline_gate, diff_runs
     from sptrace.fileio import write_atomic
     from sptrace.vocab.errors import TraceError

@@ -309,9 +309,10 @@ def ring_isend(root: Path) -> None:
     })  # fmt: skip
 
 
-def stray_list(root: Path) -> None:
+def stray_list(root: Path, name: str = "stray_list", keep: bool = True) -> None:
     """Megatron-style SP that saves shards correctly, plus a debug list that keeps each layer's
-    gathered [B, S, H] activation until the optimizer step is done."""
+    gathered [B, S, H] activation until the optimizer step is done (``keep=False``: the same model
+    and step without the list, its clean twin for sptrace diff)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(4)
     model = models.MegatronStack(2, H, 2 * H, dist.group.WORLD)
@@ -327,7 +328,7 @@ def stray_list(root: Path) -> None:
 
     def step() -> None:
         for layer in model.layers:
-            layer.debug_store = store
+            layer.debug_store = store if keep else None
         loss = forward()
         loss.backward()
         opt.step()
@@ -336,8 +337,8 @@ def stray_list(root: Path) -> None:
         store.clear()  # "logged": dropped once the step is done
         step.held = held  # type: ignore[attr-defined]
 
-    profiled(root / "stray_list", step)
-    write_oracle(root, "stray_list", {
+    profiled(root / name, step)
+    write_oracle(root, name, {
         "comm_counts": counts, "saved": saved, "held": step.held,  # type: ignore[attr-defined]
         "config": {"batch": B, "seq": S, "hidden": H, "ffn": 2 * H, "sp": world, "layers": 2},
     })  # fmt: skip
@@ -567,6 +568,7 @@ SCENARIOS = {
     "stray_list": stray_list,
     "ffn4h_p4": ffn4h_p4,
     "forward_only": forward_only,
+    "stray_list_clean": lambda root: stray_list(root, "stray_list_clean", keep=False),
     "sac": sac,
     "sac_clean": lambda root: sac(root, "sac_clean", keep_gathered=False),
     "accumulation": accumulation,

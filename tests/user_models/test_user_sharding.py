@@ -257,3 +257,28 @@ def test_a_stray_in_the_second_profiled_step_fails_and_names_it(user_runs, capsy
     assert {s["storage_bytes"] for s in full} >= {s["storage_bytes"] for s in truth["full_saved"]}
     findings = [f for f in report["findings"] if f["code"] == "full-size-save"]
     assert findings and all(f"step {truth['step']}" in f["message"] for f in findings)
+
+
+def test_diff_names_the_stray_a_user_model_added(user_runs, capsys, private_cache):
+    """The same user model and step twice, once with the debug list that keeps each layer's
+    gathered sequence: `sptrace diff` names each layer that began keeping a full-size tensor, with
+    the held tensors' size (as the model recorded what its list held), and the list's own
+    all-gathers as the only collectives added. A gather buffer whose free the CPU trace does not
+    show counts as full-size too, as the gate counts it (see the test above): at least the held
+    tensors, never fewer."""
+    held = oracle(user_runs, "stray_list")["held"]
+    assert oracle(user_runs, "stray_list_clean")["held"] == []
+    code = main(["diff", str(user_runs / "stray_list_clean"), str(user_runs / "stray_list"), "--format", "json",
+                 "--cache-dir", str(private_cache), *SHAPE, "--ffn", "96"])  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1
+    new_full = [k for k in report["retained"] if k["became_full"]]
+    assert sorted(k["new"]["layer"] for k in new_full) == list(range(len(held)))  # one module per layer
+    added = sum(k["new"]["full"] - (k["base"]["full"] if k["base"] else 0) for k in new_full)
+    assert added >= len(held), json.dumps(new_full, indent=1)
+    sizes = {math.prod(json.loads(t[: t.index("]") + 1])) for k in new_full for t in k["new"]["full_shapes"]}
+    assert sizes == {math.prod(s) for s in held}
+    # the list's own all-gathers (one per layer, in forward) are the only collectives added
+    changed = {(c["phase"], c["layer"], c["kind"]): c for c in report["communication"]}
+    assert set(changed) == {("forward", layer, "all_gather") for layer in range(len(held))}
+    assert all(c["new"]["count"] - c["base"]["count"] == 1 for c in changed.values())
