@@ -90,9 +90,19 @@ def header(store: RunStore) -> Any:
                    dmc.Text("sequence-parallel trace analyzer", size="xs", c="dimmed")], gap=8, align="baseline"),
         href="/", style={"textDecoration": "none"},
     )  # fmt: skip
+    # the Diff page's pair: its baseline and its new run
+    pair = dmc.Group([
+        dmc.Select(id="diff-base", data=options, value="0" if options else None, allowDeselect=False, w=230,
+                   size="sm", leftSection=dmc.Text("base", size="xs", c="dimmed"), leftSectionWidth=44,
+                   comboboxProps={"width": "max-content"}, **{"aria-label": "baseline"}),
+        dmc.Select(id="diff-new", data=options, value="1" if len(options) > 1 else "0" if options else None,
+                   allowDeselect=False, w=230, size="sm", leftSection=dmc.Text("new", size="xs", c="dimmed"),
+                   leftSectionWidth=40, comboboxProps={"width": "max-content"}, **{"aria-label": "new run"}),
+    ], gap=6)  # fmt: skip
     selectors = dmc.Group([
         html.Div(run_select, id="header-run-wrap"),
         html.Div(runs_select, id="header-runs-wrap", style={"display": "none"}),
+        html.Div(pair, id="header-diff-wrap", style={"display": "none"}),
     ], gap="sm")  # fmt: skip
     return dmc.AppShellHeader(dmc.Group([dmc.Group([brand, nav], gap="xl"), selectors], justify="space-between",
                                         h="100%", px="lg", wrap="nowrap"))  # fmt: skip
@@ -136,6 +146,9 @@ def create_app(
         Output("header-run-wrap", "style"),
         Output("header-runs-wrap", "style"),
         Output("header-runs-label", "children"),
+        Output("header-diff-wrap", "style"),
+        Output("diff-base", "value"),
+        Output("diff-new", "value"),
         *[Output(f"nav-{k}", "href") for k in keys],
         *[Output(f"nav-{k}", "className") for k in keys],
         Input("url", "pathname"),
@@ -174,6 +187,8 @@ def create_app(
             {"display": "none"} if on_compare or on_diff else {},
             {} if on_compare else {"display": "none"},
             f"{len(current.chosen(len(store)))} of {len(store)} runs",
+            {} if on_diff else {"display": "none"},
+            *((str(i) for i in diff.pair(current, len(store))) if on_diff and len(store) else (no_update, no_update)),
             *[href(k, current.run) for k in keys],
             *["nav-link active" if k == current.page else "nav-link" for k in keys],
         )

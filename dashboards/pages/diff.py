@@ -1,7 +1,7 @@
-"""Diff: what a change did, from one served run (the baseline) to another (``/diff?base=0&new=1``):
-the verdict and the job's changes first, then communication by layer, phase and kind, retained
-tensors by module, and time; rows that got worse in red, better in green. The same comparison
-``sptrace diff`` prints (sptrace.diff.diff_runs), drawn, never recomputed here."""
+"""Diff: what a change did, from one served run (the baseline) to another, the pair chosen in the
+header (``/diff?base=0&new=1``): the verdict and the job's changes first, then communication by
+layer, phase and kind, retained tensors by module, and time; rows that got worse in red, better in
+green. The comparison ``sptrace diff`` prints (sptrace.diff.diff_runs), drawn here."""
 
 from __future__ import annotations
 
@@ -37,13 +37,8 @@ def render(store: RunStore, view: View) -> Any:
     n = len(store)
     if n < 2:
         return [head, note_box("serve two runs to compare them: sptrace dash BASE NEW", color="gray")]
-    b, new = pair(view, n)
-    options = store.options()
-    selectors = dmc.Group([
-        dmc.Select(id="diff-base", data=options, value=str(b), label="baseline", w=320, allowDeselect=False),
-        dmc.Select(id="diff-new", data=options, value=str(new), label="new run", w=320, allowDeselect=False),
-    ], gap="md", mb="md")  # fmt: skip
-    parts: list[Any] = [head, selectors]
+    b, new = pair(view, n)  # (chosen in the header: base and new)
+    parts: list[Any] = [head, dmc.Text(f"{store.name(b)} -> {store.name(new)}", fw=600, mb="sm", id="diff-pair")]
     analyses = [store.get(b), store.get(new)]
     bad = [(i, a) for i, a in zip((b, new), analyses) if not isinstance(a, RunAnalysis)]
     if bad:

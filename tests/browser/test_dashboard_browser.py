@@ -278,6 +278,18 @@ def test_url_round_trip_and_back_button(open_page, server):
     assert errors == []
 
 
+def test_diff_pair_is_chosen_in_the_header(open_page):
+    page, errors = open_page("/diff?base=0&new=1")
+    page.wait_for_selector("#diff-verdict >> text=REGRESSION", timeout=TIMEOUT_MS)
+    assert page.input_value("#diff-base") == "megatron" and page.input_value("#diff-new") == "megatron-stray-full-save"
+    page.click("#diff-new")
+    page.get_by_role("option", name="megatron", exact=True).click()  # the baseline against itself
+    page.wait_for_url("**/diff?base=0&new=0", timeout=TIMEOUT_MS)
+    page.wait_for_selector("#diff-verdict >> text=NO CHANGE", timeout=TIMEOUT_MS)
+    assert page.locator("#diff-retained").count() == 0 and page.locator("tr.diff-worse").count() == 0
+    assert errors == []
+
+
 def test_bar_click_filters_the_table_and_csv_downloads(open_page):
     page, errors = open_page("/collectives?run=1")  # the tab accepts downloads
     page.wait_for_selector("#collectives-grid .ag-row", timeout=TIMEOUT_MS)

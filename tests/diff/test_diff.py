@@ -283,7 +283,9 @@ def test_the_diff_page_draws_the_same_comparison(private_cache):
     assert retained[0][0] == "diff-worse" and retained[0][1][0] == planted and retained[0][1][3] == "0 -> 1"
     (cls, cells), *rest = rows("diff-comm")
     assert not rest and cls == "diff-better" and cells[:3] == ["backward", "0", "all_gather"]
-    # the pair is in the URL; a run the dashboard does not serve is a 404
+    # the pair is chosen in the header and kept in the URL; a run the dashboard does not serve is a 404
     client = app.server.test_client()
+    layout = client.get("/_dash-layout").data.decode()
+    assert '"id": "diff-base"' in layout.replace('"id":"', '"id": "') and "header-diff-wrap" in layout
     assert client.get("/diff?base=1&new=0").status_code == 200
     assert client.get("/diff?base=0&new=7").status_code == 404
