@@ -210,6 +210,8 @@ class RunDiff:
     wire: tuple[float | None, float | None]
     """Wire bytes per rank and step of each run (None: no collective recorded its size)."""
     kept: list[KeptChange]
+    kept_layers: dict[int, tuple[float, float]]
+    """Per layer: bytes kept at its largest rank and boundary, in each run."""
     time: list[TimeChange]
     module_time: list[TimeChange]
     """Each module's own time, forward and backward (what: "forward layers.0.mlp.fc1"), the
@@ -288,6 +290,7 @@ class RunDiff:
             "wire_bytes_per_rank_step": {"base": self.wire[0], "new": self.wire[1]},
             "communication": [c.to_dict() for c in self.comm if c.changed],
             "retained": [k.to_dict() for k in self.kept if k.base != k.new],
+            "retained_per_layer": [{"layer": layer, "base": b, "new": n} for layer, (b, n) in self.kept_layers.items()],
             "time": [t.to_dict() for t in self.time],
             "module_time": [t.to_dict() for t in self.module_time if t.outside_noise],
             "wire_bytes_per_module": [{"module": m, "base": b, "new": n} for m, (b, n) in self.module_wire.items()],
@@ -308,7 +311,10 @@ def diff_runs(
     tokens = (_tokens(base), _tokens(new))
     comm_base, comm_new = _comm_sides(base), _comm_sides(new)
     comm = [_comm_change(key, comm_base.get(key), comm_new.get(key)) for key in _ordered(comm_base, comm_new)]
-    kept_base, kept_new = _kept_sides(base, notes, "baseline"), _kept_sides(new, notes, "new run")
+    retained_base, retained_new = _retained(base, notes, "baseline"), _retained(new, notes, "new run")
+    kept_base, kept_new = _kept_sides(retained_base), _kept_sides(retained_new)
+    lb, ln = _kept_layers(retained_base), _kept_layers(retained_new)
+    kept_layers = {layer: (lb.get(layer, 0.0), ln.get(layer, 0.0)) for layer in sorted(set(lb) | set(ln))}
     kept = [KeptChange(m, kept_base.get(m), kept_new.get(m)) for m in sorted(set(kept_base) | set(kept_new))]
     scale = (1 / tokens[0], 1 / tokens[1]) if None not in tokens and tokens[0] != tokens[1] else None
     time = [_time_change(what, base, new, time_tolerance, scale) for what in ("step", "transfer", "exposed transfer")]
@@ -324,7 +330,8 @@ def diff_runs(
     return RunDiff(
         base=base.name if base.path is None else str(base.path), new=new.name if new.path is None else str(new.path),
         shape_changes=shape, config_changes=_config_changes(base, new), tokens=tokens, comm=comm, wire=wire,
-        kept=kept, time=[t for t in time if t is not None], module_time=_module_time(base, new, time_tolerance, scale),
+        kept=kept, kept_layers=kept_layers, time=[t for t in time if t is not None],
+        module_time=_module_time(base, new, time_tolerance, scale),
         module_wire=module_wire,
         classes=(base.sharding is not None, new.sharding is not None), bytes_tolerance=bytes_tolerance,
         time_tolerance=time_tolerance, notes=notes,
@@ -513,17 +520,32 @@ def _wire(a: RunAnalysis, sides: dict[_Key, CommSide]) -> float | None:
     return sum(s.wire_bytes for s in sides.values())
 
 
-def _kept_sides(a: RunAnalysis, notes: list[str], which: str) -> dict[str, KeptSide]:
+def _retained(a: RunAnalysis, notes: list[str], which: str) -> pd.DataFrame:
+    """Every tensor the run kept across a boundary, with the sharding check's class when the run
+    declares the model it needs."""
+    if a.sharding is not None:
+        return a.sharding.saved
+    frames = [r.tensors for r in a.retained if r.tensors is not None and len(r.tensors)]
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if len(frame):
+        reason = a.sharding_unavailable or "no model declared"
+        notes.append(f"full-size tensors of the {which} are not judged: {reason}")
+    return frame
+
+
+def _kept_layers(frame: pd.DataFrame) -> dict[int, float]:
+    """Per layer: the bytes it kept at its largest rank and boundary."""
+    if not len(frame):
+        return {}
+    where = [c for c in ("rank", "step", "micro_batch") if c in frame]
+    layered = frame[frame["layer"].notna()]
+    sums = layered.groupby([layered["layer"].astype(int), *where], dropna=False)["storage_bytes"].sum()
+    return {int(layer): float(v) for layer, v in sums.groupby(level=0).max().items()}
+
+
+def _kept_sides(frame: pd.DataFrame) -> dict[str, KeptSide]:
     """Per module: the largest (rank, boundary) count and bytes it kept, and its full-size
     tensors by the sharding check's classes (when the run declares the model they need)."""
-    if a.sharding is not None:
-        frame = a.sharding.saved
-    else:
-        frames = [r.tensors for r in a.retained if r.tensors is not None and len(r.tensors)]
-        frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-        if len(frame):
-            reason = a.sharding_unavailable or "no model declared"
-            notes.append(f"full-size tensors of the {which} are not judged: {reason}")
     if not len(frame):
         return {}
     frame = frame.assign(module=frame["module"].fillna("(no module)").astype(str))

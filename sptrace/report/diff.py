@@ -118,6 +118,8 @@ def render_text(d: RunDiff) -> str:
     lines += [comm_line(c) for c in changed]
     kept = sorted((k for k in d.kept if k.base != k.new and not k.became_full), key=lambda k: -abs(k.bytes_delta))
     lines += [kept_line(k) for k in kept]
+    lines += [f"~ kept in layer {layer}: {human_bytes(b)} -> {human_bytes(n)} at its largest rank and boundary"
+              for layer, (b, n) in d.kept_layers.items() if b != n]  # fmt: skip
     lines += [time_line(t) for t in sorted(d.time, key=lambda t: -abs(t.relative or 0))]
     moved = [t for t in d.module_time if t.outside_noise]
     lines += [f"own time, {time_line(t)}" for t in moved[:MODULE_LINES]]
@@ -182,6 +184,10 @@ def render_markdown(d: RunDiff) -> str:
                 f"{human_bytes(b.bytes) if b else '-'} -> {human_bytes(n.bytes) if n else '-'} | "
                 f"{b.full if b else 0} -> {n.full if n else 0} |"
             )
+        moved = [(layer, b, n) for layer, (b, n) in d.kept_layers.items() if b != n]
+        if moved:
+            lines += ["", "Kept per layer: " + "; ".join(f"layer {x}: {human_bytes(b)} -> {human_bytes(n)}"
+                                                         for x, b, n in moved)]  # fmt: skip
     if d.time:
         lines += ["", "**Time** (median over ranks [least-most])", ""]
         lines += [f"- {time_line(t)}" for t in d.time]

@@ -88,6 +88,21 @@ def test_a_missing_reduce_scatter_is_an_all_reduce_in_its_layer(private_cache, c
     assert set(planted) <= full and all(m.startswith(f"layers.{layer}.") for m in full)
 
 
+def test_a_debug_hook_that_gathers_is_a_full_save_and_an_all_gather_in_its_layer(private_cache, capsys):
+    cfg = config("megatron-debug-hook")
+    code, report = diff("megatron", "megatron-debug-hook", private_cache, capsys=capsys)
+    assert code == 1
+    assert [k["module"] for k in report["retained"] if k["became_full"]] == cfg["fault_modules"]
+    (key, change), *rest = changes(report).items()  # the hook's gather of the block's output
+    assert not rest and key == ("forward", cfg["fault_layer"], "all_gather") and change["changed"] == ["count"]
+    assert change["new"]["count"] == change["base"]["count"] + 1
+    # what it keeps is the whole block output, [B, S, H], and its layer keeps more
+    full = next(k for k in report["retained"] if k["became_full"])
+    assert full["new"]["full_shapes"] == [f"[{cfg['batch']}, {cfg['seq']}, {cfg['hidden']}] float32"]
+    layer = next(r for r in report["retained_per_layer"] if r["layer"] == cfg["fault_layer"])
+    assert layer["new"] > layer["base"]
+
+
 def test_zero3_names_the_gathers_and_reduce_scatters_that_replace_the_all_reduce(private_cache, capsys):
     assert config("ulysses-zero3")["zero3"] and not config("ulysses")["zero3"]
     code, report = diff("ulysses", "ulysses-zero3", private_cache, capsys=capsys)
