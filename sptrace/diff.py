@@ -15,12 +15,12 @@ declared for the sharding classes, bytes a collective did not record) is said, n
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from sptrace.timechange import TimeChange, module_time_changes, time_change
 from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.units import human_bytes
 
@@ -125,76 +125,6 @@ class KeptChange:
             "module": self.module, "base": self.base.to_dict() if self.base else None,
             "new": self.new.to_dict() if self.new else None, "became_full": self.became_full,
             "bytes_delta": self.bytes_delta,
-        }  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Spread:
-    """A per-rank quantity over a run's ranks: median, least, most (ms)."""
-
-    median: float
-    low: float
-    high: float
-    ranks: int
-
-    @classmethod
-    def of(cls, values: Iterable[float | None]) -> Spread | None:
-        known = sorted(v for v in values if v is not None and not math.isnan(v))
-        if not known:
-            return None
-        n = len(known)
-        median = known[n // 2] if n % 2 else (known[n // 2 - 1] + known[n // 2]) / 2
-        return cls(median, known[0], known[-1], n)
-
-    def scaled(self, factor: float) -> Spread:
-        return Spread(self.median * factor, self.low * factor, self.high * factor, self.ranks)
-
-    def to_dict(self) -> JSONObject:
-        return {"median": self.median, "low": self.low, "high": self.high, "ranks": self.ranks}
-
-
-@dataclass(frozen=True)
-class TimeChange:
-    what: str
-    """step, transfer, exposed transfer."""
-    base: Spread | None
-    new: Spread | None
-    tolerance: float
-    per_token: bool = False
-    of_step: float | None = None
-    """For a part of the step (a module's own time): the baseline's step (ms, as scaled), which
-    its change is measured against; a module's change matters by its share of the step."""
-
-    @property
-    def relative(self) -> float | None:
-        if self.base is None or self.new is None or not self.base.median:
-            return None
-        return self.new.median / self.base.median - 1
-
-    @property
-    def outside_noise(self) -> bool:
-        """Beyond the tolerance and outside both runs' spread across ranks."""
-        b, n = self.base, self.new
-        if b is None or n is None:
-            return False
-        if self.of_step is not None:
-            if not self.of_step or abs(n.median - b.median) <= self.tolerance * self.of_step:
-                return False
-            return n.low > b.high if n.median > b.median else n.high < b.low
-        rel = self.relative
-        if rel is None or abs(rel) <= self.tolerance:
-            return False
-        return n.low > b.high if rel > 0 else n.high < b.low
-
-    @property
-    def slower(self) -> bool:
-        return self.outside_noise and (self.relative or 0) > 0
-
-    def to_dict(self) -> JSONObject:
-        return {
-            "what": self.what, "base_ms": self.base.to_dict() if self.base else None,
-            "new_ms": self.new.to_dict() if self.new else None, "relative": self.relative,
-            "outside_noise": self.outside_noise, "per_token": self.per_token, "of_step_ms": self.of_step,
         }  # fmt: skip
 
 
@@ -317,7 +247,7 @@ def diff_runs(
     kept_layers = {layer: (lb.get(layer, 0.0), ln.get(layer, 0.0)) for layer in sorted(set(lb) | set(ln))}
     kept = [KeptChange(m, kept_base.get(m), kept_new.get(m)) for m in sorted(set(kept_base) | set(kept_new))]
     scale = (1 / tokens[0], 1 / tokens[1]) if None not in tokens and tokens[0] != tokens[1] else None
-    time = [_time_change(what, base, new, time_tolerance, scale) for what in ("step", "transfer", "exposed transfer")]
+    time = [time_change(what, base, new, time_tolerance, scale) for what in ("step", "transfer", "exposed transfer")]
     wire = (_wire(base, comm_base), _wire(new, comm_new))
     if None in wire:
         notes.append("wire bytes: no collective of the " + ("baseline" if wire[0] is None else "new run") +
@@ -331,7 +261,7 @@ def diff_runs(
         base=base.name if base.path is None else str(base.path), new=new.name if new.path is None else str(new.path),
         shape_changes=shape, config_changes=_config_changes(base, new), tokens=tokens, comm=comm, wire=wire,
         kept=kept, kept_layers=kept_layers, time=[t for t in time if t is not None],
-        module_time=_module_time(base, new, time_tolerance, scale),
+        module_time=module_time_changes(base, new, time_tolerance, scale),
         module_wire=module_wire,
         classes=(base.sharding is not None, new.sharding is not None), bytes_tolerance=bytes_tolerance,
         time_tolerance=time_tolerance, notes=notes,
@@ -339,32 +269,6 @@ def diff_runs(
 
 
 NO_MODULE = "(no module)"
-
-
-def _module_time(
-    base: RunAnalysis, new: RunAnalysis, tolerance: float, scale: tuple[float, float] | None
-) -> list[TimeChange]:
-    """Per (phase, module): the ranks' own time in each run, as TimeChanges, those outside the
-    noise first and the largest of them first (then the rest, by size). A module's change counts
-    beyond the tolerance of the baseline's step (its share of the step), outside both spreads."""
-    sides = []
-    for a in (base, new):
-        frame = a.module_times
-        per: dict[tuple[str, str], list[float]] = {}
-        if frame is not None and len(frame):
-            for (module, phase), g in frame.groupby(["module", "phase"], sort=False):
-                per[(str(phase), str(module))] = g.groupby("rank")["ms"].sum().tolist()
-        sides.append(per)
-    step = Spread.of(t.step_ms for t in base.timing)
-    of_step = None if step is None else step.median * (scale[0] if scale is not None else 1.0)
-    out = []
-    for phase, module in sorted(set(sides[0]) | set(sides[1])):
-        b, n = Spread.of(sides[0].get((phase, module), [])), Spread.of(sides[1].get((phase, module), []))
-        if scale is not None and b is not None and n is not None:
-            b, n = b.scaled(scale[0]), n.scaled(scale[1])
-        out.append(TimeChange(f"{phase} {module}", b or Spread(0.0, 0.0, 0.0, 0), n or Spread(0.0, 0.0, 0.0, 0),
-                              tolerance, per_token=scale is not None, of_step=of_step or 0.0))  # fmt: skip
-    return sorted(out, key=lambda t: (not t.outside_noise, -abs(t.new.median - t.base.median)))  # type: ignore[union-attr]
 
 
 def _module_wire(a: RunAnalysis) -> dict[str, float]:
@@ -375,81 +279,6 @@ def _module_wire(a: RunAnalysis) -> dict[str, float]:
     wire = pd.to_numeric(frame["wire_bytes"], errors="coerce").fillna(0.0)
     module = frame["module"].fillna(NO_MODULE).astype(str)
     return {str(m): float(v) / per for m, v in wire.groupby(module).sum().items()}
-
-
-@dataclass(frozen=True)
-class ModuleCase:
-    """One module's case of the baseline gate (check/analyze --baseline)."""
-
-    module: str
-    failures: tuple[str, ...]
-
-    def to_dict(self) -> JSONObject:
-        return {"module": self.module, "ok": not self.failures, "failures": list(self.failures)}
-
-
-@dataclass(frozen=True)
-class BaselineGate:
-    """A run against its baseline, per module: a full-size tensor the baseline did not keep, or
-    more wire bytes than the baseline sent (per rank and step, per token when B or S changed).
-    ``undecided``: what could not be judged (the retained tensors' classes need B, S and H)."""
-
-    diff: RunDiff
-    cases: tuple[ModuleCase, ...]
-    undecided: str | None
-
-    @property
-    def failed(self) -> list[ModuleCase]:
-        return [c for c in self.cases if c.failures]
-
-    @property
-    def exit_code(self) -> int:
-        return 1 if self.failed else 2 if self.undecided else 0
-
-    def line(self) -> str:
-        if self.failed:
-            return f"FAIL: {len(self.failed)} module(s) worse than the baseline: " + ", ".join(
-                c.module for c in self.failed
-            )
-        if self.undecided:
-            return f"CANNOT DECIDE: {self.undecided}"
-        n = len(self.cases)
-        return f"PASS: no module keeps a full-size tensor or sends more bytes than the baseline ({n} modules)"
-
-    def to_dict(self) -> JSONObject:
-        status = "fail" if self.failed else "undecided" if self.undecided else "pass"
-        return {
-            "status": status, "line": self.line(), "baseline": self.diff.base, "run": self.diff.new,
-            "modules": [c.to_dict() for c in self.cases], "undecided": self.undecided,
-            "shape_changes": [{"field": f, "base": a, "new": b} for f, a, b in self.diff.shape_changes],
-            "notes": self.diff.notes,
-        }  # fmt: skip
-
-
-def baseline_gate(d: RunDiff) -> BaselineGate:
-    failures: dict[str, list[str]] = {}
-    for k in d.kept:
-        failures.setdefault(k.module, [])
-        if k.became_full and k.new is not None:
-            shapes = ", ".join(k.new.full_shapes) or "shape unknown"
-            failures[k.module].append(f"keeps {k.new.full} full-size tensor(s) ({shapes}) the baseline did not keep")
-    scale = (1 / d.tokens[0], 1 / d.tokens[1]) if d.per_token else (1.0, 1.0)  # type: ignore[operator]
-    unit = " a token" if d.per_token else ""
-    for module, (base, new) in d.module_wire.items():
-        failures.setdefault(module, [])
-        b, n = base * scale[0], new * scale[1]
-        if n > b * (1 + d.bytes_tolerance) + 1e-9 * max(b, 1.0):
-            failures[module].append(
-                f"sends {human_bytes(new)} on the wire per rank and step, the baseline {human_bytes(base)}"
-                + (f" ({n:.2f} B{unit} against {b:.2f} B)" if d.per_token else "")
-            )
-    undecided = None
-    if not all(d.classes):
-        which = " and ".join(w for w, ok in zip(("the baseline", "the run"), d.classes) if not ok)
-        undecided = (f"the retained tensors of {which} are not classed: declare B, S and H (run.json, --config or "
-                     "flags) to compare full-size saves")  # fmt: skip
-    cases = tuple(ModuleCase(m, tuple(f)) for m, f in sorted(failures.items()))
-    return BaselineGate(d, cases, undecided)
 
 
 def _tokens(a: RunAnalysis) -> int | None:
@@ -571,19 +400,6 @@ def _shape_text(shape: object, dtype: object) -> str:
     dims = list(shape) if isinstance(shape, (tuple, list)) else None
     text = "[" + ", ".join(map(str, dims)) + "]" if dims is not None else "(shape unknown)"
     return f"{text} {dtype}" if isinstance(dtype, str) and dtype else text
-
-
-def _time_change(
-    what: str, base: RunAnalysis, new: RunAnalysis, tolerance: float, scale: tuple[float, float] | None
-) -> TimeChange | None:
-    field_of = {"step": "step_ms", "transfer": "comm_ms", "exposed transfer": "exposed_ms"}[what]
-    b = Spread.of(getattr(t, field_of) for t in base.timing)
-    n = Spread.of(getattr(t, field_of) for t in new.timing)
-    if b is None and n is None:
-        return None
-    if scale is not None and b is not None and n is not None:
-        b, n = b.scaled(scale[0]), n.scaled(scale[1])
-    return TimeChange(what, b, n, tolerance, per_token=scale is not None)
 
 
 def _config_changes(base: RunAnalysis, new: RunAnalysis) -> list[tuple[str, object, object]]:

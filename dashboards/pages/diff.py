@@ -13,8 +13,9 @@ from sptrace.dashboards.pages.common import View, error_box, note_box, page_titl
 from sptrace.dashboards.store import RunStore
 
 from sptrace.analysis import RunAnalysis
-from sptrace.diff import RunDiff, Spread, diff_runs
+from sptrace.diff import RunDiff, diff_runs
 from sptrace.report.diff import verdict_line
+from sptrace.timechange import Spread
 from sptrace.vocab.units import human_bytes
 
 

@@ -84,7 +84,8 @@ def run_baseline(args: argparse.Namespace, fmt: str) -> int:
     """``check``/``analyze RUN --baseline BASE``: the run against its baseline, per module."""
     import time
 
-    from sptrace.diff import baseline_gate, diff_runs
+    from sptrace.checks.baseline import baseline_gate
+    from sptrace.diff import diff_runs
     from sptrace.fileio import write_atomic
     from sptrace.vocab.errors import TraceError
 

@@ -18,7 +18,7 @@ from sptrace.detect.provenance import FACTORIES
 from sptrace.vocab import dtypes
 
 if TYPE_CHECKING:
-    from sptrace.detect.allocations import Allocation
+    from sptrace.detect.ledger import Allocation
 
 
 def producing_collective(

@@ -3,7 +3,8 @@ Markdown (for a pull-request comment or a CI job summary). Computes nothing."""
 
 from __future__ import annotations
 
-from sptrace.diff import CommChange, KeptChange, RunDiff, Spread, TimeChange
+from sptrace.diff import CommChange, KeptChange, RunDiff
+from sptrace.timechange import Spread, TimeChange
 from sptrace.vocab.units import human_bytes
 
 MODULE_LINES = 10

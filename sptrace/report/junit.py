@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from xml.sax.saxutils import quoteattr
 
 if TYPE_CHECKING:
+    from sptrace.checks.baseline import BaselineGate
     from sptrace.checks.sharding_verdict import ShardingReport
-    from sptrace.diff import BaselineGate
 
 
 def render_junit(report: ShardingReport, run: str | None = None, seconds: float | None = None,

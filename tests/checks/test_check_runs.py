@@ -166,7 +166,8 @@ def test_full_size_buffers_that_are_not_kept_pass(profiled, private_cache):
     # the gathered [S, B, H] input between all-gather and matmul, and reduce-scatter inputs,
     # are full-size allocations in forward; none is kept for backward, so none is flagged
     import sptrace
-    from sptrace.detect.allocations import backward_start_ns, detect_ledger, detect_retained
+    from sptrace.detect.allocations import backward_start_ns, detect_retained
+    from sptrace.detect.ledger import detect_ledger
 
     trace = sptrace.load_run(profiled("megatron-uninstrumented"), cache_dir=private_cache).ranks[3]
     ledger = detect_ledger(trace)
@@ -181,7 +182,7 @@ def test_cuda_memory_ledger_on_a_real_trace(corpus, private_cache):
     import json
 
     import sptrace
-    from sptrace.detect.allocations import detect_ledger
+    from sptrace.detect.ledger import detect_ledger
 
     path = corpus / "hta_tests_data/df_index_resolver/df_index_resolver.json.gz"
     ledger = detect_ledger(sptrace.load_trace(path, cache_dir=private_cache))
