@@ -156,12 +156,12 @@ def detect_retained(
     first = ev["ts_ns"].min()  # (missing times skipped)
     bounds = find_boundaries(idx, int(first) if pd.notna(first) else 0)
     nodes = idx.backward_nodes
-    # (tests on the distinct names, not on every row turned into a Python string: see value_passes)
-    records = take_columns(ev, has_prefix(ev["name"], markers.SAVED), ["name", "ts_ns", "tid"])
-    is_op = is_one_of(ev["cat"], ["cpu_op"]) & is_one_of(ev["ph"], ["X"])
+    # (tests on the distinct names, not on every row turned into a Python string: see Distinct)
+    records = take_columns(ev, idx.by_name.prefix(markers.SAVED), ["name", "ts_ns", "tid"])
+    is_op = idx.by_cat.one_of(["cpu_op"]) & idx.is_x
     cpu = take_columns(ev, is_op, ["ts_ns", "input_dims", "input_types"])  # what _shapes_seen reads
-    ops = Intervals.of(idx.table, is_op & ~has_prefix(ev["name"], markers.PREFIX))
-    collectives = Intervals.of(idx.table, is_op & has_prefix(ev["name"], _COLLECTIVE_PREFIXES))
+    ops = Intervals.of(idx.table, is_op & ~idx.by_name.prefix(markers.PREFIX))
+    collectives = Intervals.of(idx.table, is_op & idx.by_name.prefix(_COLLECTIVE_PREFIXES))
     cuda = bool((ledger["device_type"] == 1).any())
     slack = CUDA_SLACK if cuda else 0
     origins = Provenance(ledger, ops, collectives, hidden)

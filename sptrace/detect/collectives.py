@@ -34,7 +34,7 @@ import pandas as pd
 from sptrace.detect import forms
 from sptrace.detect.args import load_list, present
 from sptrace.detect.groups import GroupTable, PeerCandidate
-from sptrace.detect.index import RankIndex, has_prefix, is_one_of
+from sptrace.detect.index import RankIndex
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.kinds import COLL_NAME_KINDS, GLOO_KINDS, KERNEL_PATTERNS, NCCL_ANNOTATION_KINDS, SYMM_MEM_KINDS
 from sptrace.load.trace import RankTrace
@@ -77,7 +77,7 @@ def detect_collectives(trace: RankTrace, index: RankIndex | None = None, *, for_
     RankIndex when the caller has built it already. ``for_reduce``: keep the ``peer_candidates``
     column that ``resolve_peers`` settles once every rank's table is there (RANK_COLUMNS)."""
     idx = index or RankIndex(trace)
-    is_anchor = is_one_of(idx.events["name"], forms.FORMS) | has_prefix(idx.events["name"], "symm_mem::")
+    is_anchor = idx.by_name.one_of(forms.FORMS) | idx.by_name.prefix("symm_mem::")
     anchors = Intervals.of(idx.table, idx.is_cpu & is_anchor)
     rows: list[_Row] = []
     claimed_rpc: set[int] = set()

@@ -91,11 +91,6 @@ def has_prefix(column: pd.Series, prefix: str | tuple[str, ...]) -> np.ndarray:
     return Distinct(column).prefix(prefix)
 
 
-def value_passes(column: pd.Series, test: Callable[[str], bool]) -> np.ndarray:
-    """Rows whose value passes ``test`` (Distinct.passes)."""
-    return Distinct(column).passes(test)
-
-
 class Distinct:
     """A column's distinct values, read once for the tests made on it. Each test runs once per
     distinct value, in Python: an event table has a few hundred distinct names among 200k events,
@@ -166,8 +161,10 @@ class RankIndex:
         ev = trace.events
         names, cat = ev["name"], ev["cat"]
 
-        by_name, by_cat = Distinct(names), Distinct(cat)
-        is_x = is_one_of(ev["ph"], ["X"])
+        # the distinct values of name, cat and ph, kept for the rank's other detections to test
+        self.by_name, self.by_cat = by_name, by_cat = Distinct(names), Distinct(cat)
+        by_ph = Distinct(ev["ph"])
+        self.is_x = is_x = by_ph.one_of(["X"])
 
         def starts(prefix: str) -> np.ndarray:
             return by_name.prefix(prefix)
@@ -198,8 +195,8 @@ class RankIndex:
         self._is_launch = is_x & of_cat(LAUNCH_CATEGORIES) & ev["correlation"].notna().to_numpy()
         # ac2g flows: the start ("s") sits on the launch, the end ("f") on the kernel
         is_flow = of_cat(["ac2g"]) & ev["flow_id"].notna().to_numpy()
-        self._is_flow_start = is_flow & is_one_of(ev["ph"], ["s"])
-        self._is_flow_end = is_flow & is_one_of(ev["ph"], ["f"])
+        self._is_flow_start = is_flow & by_ph.one_of(["s"])
+        self._is_flow_end = is_flow & by_ph.one_of(["f"])
         with_seq = is_cpu & ev["seq_num"].notna().to_numpy() & ~starts("autograd::engine")
         # forward ops by autograd sequence number (for backward attribution)
         in_backward = with_seq & within(self.backward_nodes, table.start)

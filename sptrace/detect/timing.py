@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.index import RankIndex, has_prefix, is_one_of, take_columns
+from sptrace.detect.index import RankIndex, has_prefix, take_columns
 from sptrace.load.trace import RankTrace
 from sptrace.vocab import markers
 
@@ -166,7 +166,7 @@ def detect_compute(trace: RankTrace, index: RankIndex | None = None, max_segment
         merged = merge_intervals(starts, ends)
     else:
         ev = idx.events
-        cpu = take_columns(ev, idx.is_cpu & is_one_of(ev["cat"], ["cpu_op"]), ["tid", "name", "ts_ns", "dur_ns"])
+        cpu = take_columns(ev, idx.is_cpu & idx.by_cat.one_of(["cpu_op"]), ["tid", "name", "ts_ns", "dur_ns"])
         if cpu.empty:
             return pd.DataFrame(columns=["rank", "start_us", "dur_us"])
         busiest = cpu["tid"].value_counts().index[0]
