@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 FULL_CLASSES = ("full", "full-unknown-life")
 """The sharding check's classes of a full-size tensor (one whose free the trace does not show is
 never passed by the gate, so never by the diff either)."""
+NO_MODULE = "(no module)"
+"""What a collective or a retained tensor no module claims is filed under."""
 SHAPE_FIELDS = ("scheme", "batch", "seq", "hidden", "sp_size", "heads", "kv_heads", "ffn", "layers", "dtype")
 """ModelShape fields whose change is a change of the job itself, said before anything else."""
 
@@ -180,6 +182,22 @@ class RunDiff:
         return new > base * (1 + self.bytes_tolerance) + 1e-9 * max(base, 1.0)
 
     @property
+    def comm_changed(self) -> list[CommChange]:
+        """The collectives that changed, the most wire bytes added or saved first."""
+        return sorted((c for c in self.comm if c.changed), key=lambda c: -abs(c.wire_delta))
+
+    @property
+    def kept_changed(self) -> list[KeptChange]:
+        """The modules whose retained tensors changed: new full-size saves first, then the most
+        bytes."""
+        return sorted((k for k in self.kept if k.base != k.new), key=lambda k: (not k.became_full, -abs(k.bytes_delta)))
+
+    @property
+    def module_time_moved(self) -> list[TimeChange]:
+        """Modules' own time changes beyond the noise, the largest first."""
+        return [t for t in self.module_time if t.outside_noise]
+
+    @property
     def new_full(self) -> list[KeptChange]:
         return [k for k in self.kept if k.became_full]
 
@@ -203,7 +221,7 @@ class RunDiff:
         return not (
             self.shape_changes or self.config_changes or any(c.changed for c in self.comm)
             or any(k.base != k.new for k in self.kept) or any(t.outside_noise for t in self.time)
-            or any(t.outside_noise for t in self.module_time)
+            or bool(self.module_time_moved)
         )  # fmt: skip
 
     @property
@@ -222,7 +240,7 @@ class RunDiff:
             "retained": [k.to_dict() for k in self.kept if k.base != k.new],
             "retained_per_layer": [{"layer": layer, "base": b, "new": n} for layer, (b, n) in self.kept_layers.items()],
             "time": [t.to_dict() for t in self.time],
-            "module_time": [t.to_dict() for t in self.module_time if t.outside_noise],
+            "module_time": [t.to_dict() for t in self.module_time_moved],
             "wire_bytes_per_module": [{"module": m, "base": b, "new": n} for m, (b, n) in self.module_wire.items()],
             "tolerances": {"bytes": self.bytes_tolerance, "time": self.time_tolerance},
             "notes": self.notes,
@@ -266,9 +284,6 @@ def diff_runs(
         classes=(base.sharding is not None, new.sharding is not None), bytes_tolerance=bytes_tolerance,
         time_tolerance=time_tolerance, notes=notes,
     )  # fmt: skip
-
-
-NO_MODULE = "(no module)"
 
 
 def _module_wire(a: RunAnalysis) -> dict[str, float]:
@@ -377,7 +392,7 @@ def _kept_sides(frame: pd.DataFrame) -> dict[str, KeptSide]:
     tensors by the sharding check's classes (when the run declares the model they need)."""
     if not len(frame):
         return {}
-    frame = frame.assign(module=frame["module"].fillna("(no module)").astype(str))
+    frame = frame.assign(module=frame["module"].fillna(NO_MODULE).astype(str))
     where = [c for c in ("rank", "step", "micro_batch") if c in frame]
     out: dict[str, KeptSide] = {}
     for module, g in frame.groupby("module", sort=True):

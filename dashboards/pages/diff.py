@@ -70,7 +70,7 @@ def _table(table_id: str, header: list[str], rows: list[tuple[str, list[str]]]) 
 
 
 def _communication(d: RunDiff) -> list[Any]:
-    changed = sorted((c for c in d.comm if c.changed), key=lambda c: -abs(c.wire_delta))
+    changed = d.comm_changed
     out: list[Any] = [dmc.Title("communication, per rank and step", order=3, mt="md")]
     wb, wn = d.wire
     if wb is not None and wn is not None:
@@ -91,7 +91,7 @@ def _communication(d: RunDiff) -> list[Any]:
 
 
 def _retained(d: RunDiff) -> list[Any]:
-    kept = sorted((k for k in d.kept if k.base != k.new), key=lambda k: (not k.became_full, -abs(k.bytes_delta)))
+    kept = d.kept_changed
     out: list[Any] = [dmc.Title("retained for backward (the largest rank and boundary)", order=3, mt="md")]
     if not kept:
         return [*out, dmc.Text("no module keeps more, less or other tensors", size="sm", c="dimmed", mb="md")]
@@ -114,7 +114,7 @@ def _time(d: RunDiff) -> list[Any]:
     def ms(s: Spread | None) -> str:
         return "?" if s is None else f"{s.median * k:.2f} [{s.low * k:.2f}-{s.high * k:.2f}]"
 
-    changes = [*d.time, *(t for t in d.module_time if t.outside_noise)]
+    changes = [*d.time, *d.module_time_moved]
     rows = []
     for t in changes:
         rel = t.relative

@@ -115,14 +115,12 @@ def render_text(d: RunDiff) -> str:
         judged = d.wire_judged
         if d.per_token and judged is not None:
             lines.append(f"  per token: {judged[0]:.2f} B -> {judged[1]:.2f} B")
-    changed = sorted((c for c in d.comm if c.changed), key=lambda c: -abs(c.wire_delta))
-    lines += [comm_line(c) for c in changed]
-    kept = sorted((k for k in d.kept if k.base != k.new and not k.became_full), key=lambda k: -abs(k.bytes_delta))
-    lines += [kept_line(k) for k in kept]
+    lines += [comm_line(c) for c in d.comm_changed]
+    lines += [kept_line(k) for k in d.kept_changed if not k.became_full]
     lines += [f"~ kept in layer {layer}: {human_bytes(b)} -> {human_bytes(n)} at its largest rank and boundary"
               for layer, (b, n) in d.kept_layers.items() if b != n]  # fmt: skip
     lines += [time_line(t) for t in sorted(d.time, key=lambda t: -abs(t.relative or 0))]
-    moved = [t for t in d.module_time if t.outside_noise]
+    moved = d.module_time_moved
     lines += [f"own time, {time_line(t)}" for t in moved[:MODULE_LINES]]
     if len(moved) > MODULE_LINES:
         lines.append(f"  ... and {len(moved) - MODULE_LINES} more modules' own time (--format json lists all)")
@@ -157,7 +155,7 @@ def render_markdown(d: RunDiff) -> str:
             n = k.new
             assert n is not None
             lines.append(f"| `{k.module}` | {n.full} | {', '.join(n.full_shapes)} | {'; '.join(n.holders)} |")
-    changed = sorted((c for c in d.comm if c.changed), key=lambda c: -abs(c.wire_delta))
+    changed = d.comm_changed
     wb, wn = d.wire
     if changed or (wb is not None and wn is not None):
         lines += ["", "**Communication** (per rank and step)", ""]
@@ -175,11 +173,11 @@ def render_markdown(d: RunDiff) -> str:
                 layer = "-" if c.layer is None else str(c.layer)
                 lines.append(f"| {c.phase} | {layer} | {c.kind} | {', '.join(c.changed)} | {count} | {each} | "
                              f"{_signed_bytes(c.wire_delta)} |")  # fmt: skip
-    kept = [k for k in d.kept if k.base != k.new]
+    kept = d.kept_changed
     if kept:
         lines += ["", "**Retained for backward** (the largest rank and boundary)", "",
                   "| module | tensors | kept | full-size |", "|---|---|---|---|"]  # fmt: skip
-        for k in sorted(kept, key=lambda k: -abs(k.bytes_delta)):
+        for k in kept:
             b, n = k.base, k.new
             lines.append(
                 f"| `{k.module}` | {b.tensors if b else 0} -> {n.tensors if n else 0} | "
@@ -193,7 +191,7 @@ def render_markdown(d: RunDiff) -> str:
     if d.time:
         lines += ["", "**Time** (median over ranks [least-most])", ""]
         lines += [f"- {time_line(t)}" for t in d.time]
-        lines += [f"- own time, {time_line(t)}" for t in [t for t in d.module_time if t.outside_noise][:MODULE_LINES]]
+        lines += [f"- own time, {time_line(t)}" for t in d.module_time_moved[:MODULE_LINES]]
     if d.notes:
         lines += [""] + [f"> note: {n}" for n in d.notes]
     return "\n".join(lines) + "\n"
