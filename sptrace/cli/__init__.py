@@ -46,12 +46,14 @@ def _arrow_memory_pool() -> None:
 
 
 def _check_path(args) -> None:
-    """A run path that is not there is said at once, before pandas is imported."""
+    """A run path that is not there (the run, diff's two, a --baseline) is said at once, before
+    pandas is imported."""
     import os
 
-    path = getattr(args, "path", None)
-    if isinstance(path, str) and not os.path.exists(path):
-        raise TraceError(path, "no such file or directory")
+    for name in ("path", "base", "new", "baseline"):
+        path = getattr(args, name, None)
+        if isinstance(path, str) and not os.path.exists(path):
+            raise TraceError(path, "no such file or directory")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,14 +35,10 @@ def run(args: argparse.Namespace) -> int:
     from sptrace.diff import diff_runs
     from sptrace.fileio import write_atomic
     from sptrace.report.diff import render_markdown, render_text
-    from sptrace.vocab.errors import TraceError
 
     for name in ("bytes_tolerance", "time_tolerance"):
         if not getattr(args, name) >= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 0, not {getattr(args, name)}")
-    for path in (args.base, args.new):
-        if not Path(path).exists():
-            raise TraceError(path, "no such file or directory")
     d = diff_runs(*_analyses(args, args.base, args.new, declarations(args)), bytes_tolerance=args.bytes_tolerance,
                   time_tolerance=args.time_tolerance)  # fmt: skip
     if args.format == "json":
@@ -87,10 +83,7 @@ def run_baseline(args: argparse.Namespace, fmt: str) -> int:
     from sptrace.checks.baseline import baseline_gate
     from sptrace.diff import diff_runs
     from sptrace.fileio import write_atomic
-    from sptrace.vocab.errors import TraceError
 
-    if not Path(args.baseline).exists():
-        raise TraceError(args.baseline, "no such file or directory")
     clock = time.perf_counter()
     base, run_ = _analyses(args, args.baseline, args.path, declarations(args))
     gate = baseline_gate(diff_runs(base, run_))
