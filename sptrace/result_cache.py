@@ -97,9 +97,10 @@ def key_of(args: argparse.Namespace) -> str | None:
     try:
         run = Path(args.path)
         config = getattr(args, "config", None)
+        baseline = getattr(args, "baseline", None)  # analyze --baseline: that run's files count too
         inputs = {
             "path": [str(run), str(run.resolve())],
-            "run": _fingerprint(run),
+            "run": [_fingerprint(run), baseline and _fingerprint(Path(baseline))],
             "config": config and hashlib.sha256(Path(config).read_bytes()).hexdigest(),
         }
     except (OSError, ValueError):

@@ -116,3 +116,23 @@ def test_a_missing_path_is_said_before_anything_is_imported(tmp_path):
     code, out, err, pandas = sptrace("collectives", str(tmp_path / "nothing"), cache=tmp_path / "xdg")
     assert (code, out, pandas) == (2, "", False)
     assert err.strip() == f"sptrace: error: {tmp_path / 'nothing'}: no such file or directory"
+
+
+def test_analyze_against_a_baseline_is_keyed_by_the_baselines_files_too(tmp_path):
+    """`analyze RUN --baseline BASE` prints what BASE holds as much as RUN: a touched baseline trace
+    is another key, so its kept result is never printed again for a changed baseline."""
+    import shutil
+
+    from sptrace import result_cache
+    from sptrace.cli import build_parser
+    from tests.golden.make_golden import reference_runs
+
+    runs = reference_runs()
+    base = tmp_path / "base"
+    shutil.copytree(runs["megatron"], base)
+    args = build_parser().parse_args(["analyze", str(runs["megatron-stray-full-save"]), "--baseline", str(base)])
+    before = result_cache.key_of(args)
+    assert before is not None
+    trace = next(base.glob("rank0*"))
+    os.utime(trace, ns=(trace.stat().st_atime_ns, trace.stat().st_mtime_ns + 10**9))
+    assert result_cache.key_of(args) != before
