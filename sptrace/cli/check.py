@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sptrace.cli.common import add_load_flags, add_shape_flags, analyse, by_rank_set, fixed_width, log
+from sptrace.cli.common import add_load_flags, add_shape_flags, analyse, by_rank_set, emit, fixed_width
 from sptrace.cli.diff import add_baseline_flag, run_baseline
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.units import count, human_bytes, rank_ranges
@@ -39,8 +37,6 @@ def run(args: argparse.Namespace) -> int:
     import time
     from datetime import datetime, timezone
 
-    from sptrace.fileio import write_atomic
-
     if args.baseline:
         return run_baseline(args, args.format)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -58,11 +54,7 @@ def run(args: argparse.Namespace) -> int:
         text = render_junit(report, run=str(args.path), seconds=time.perf_counter() - clock, started=started)
     else:
         text = render_text(analysis, report)
-    if args.output:
-        write_atomic(Path(args.output), text.encode())
-        log(f"wrote {args.output}: {report.verdict.line()}")
-    else:
-        sys.stdout.write(text)
+    emit(args, text, report.verdict.line())
     return report.verdict.exit_code
 
 

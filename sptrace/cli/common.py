@@ -28,6 +28,18 @@ def log(msg: str) -> None:
     print(f"sptrace: {msg}", file=sys.stderr, flush=True)
 
 
+def emit(args: argparse.Namespace, text: str, summary: str | None = None) -> None:
+    """A command's report: into ``--output`` (atomically; a line on stderr says so, with
+    ``summary``), else on stdout."""
+    if getattr(args, "output", None):
+        from sptrace.fileio import write_atomic
+
+        write_atomic(Path(args.output), text.encode())
+        log(f"wrote {args.output}" + (f": {summary}" if summary else ""))
+    else:
+        sys.stdout.write(text)
+
+
 SHAPE_FLAGS = ("layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "ulysses_degree")
 
 

@@ -5,11 +5,9 @@ what the trace showed of them, to fill in."""
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 from typing import Any
 
-from sptrace.cli.common import add_load_flags, log, map_quietly
+from sptrace.cli.common import add_load_flags, emit, map_quietly
 from sptrace.vocab.shape import ShapeValues
 
 ORDER = ("scheme", "sp_size", "layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "dtype")
@@ -40,15 +38,9 @@ def run(args: argparse.Namespace) -> int:
     collectives = merge_collectives(results[r].collectives for r in sorted(results))
     inferred = infer_model(collectives, first.trace.process_groups, table)
     text = render(str(args.path), inferred)
-    if args.output:
-        from sptrace.fileio import write_atomic
-
-        write_atomic(Path(args.output), text.encode())
-        known = [n for n in ORDER if n in inferred.values]
-        log(f"wrote {args.output}: {len(known)} of {len(ORDER)} values read from the trace"
-            f" ({', '.join(known) or 'none'}); fill in the nulls")  # fmt: skip
-    else:
-        sys.stdout.write(text)
+    known = [n for n in ORDER if n in inferred.values]
+    emit(args, text, f"{len(known)} of {len(ORDER)} values read from the trace ({', '.join(known) or 'none'}); "
+         "fill in the nulls")  # fmt: skip
     return 0
 
 
