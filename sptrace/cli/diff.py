@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
-from sptrace.cli.common import add_load_flags, add_shape_flags, declarations, load_options, log
+from sptrace.cli.common import add_load_flags, add_shape_flags, declarations, emit, load_options, log
 from sptrace.vocab.errors import UsageError
 
 
@@ -33,7 +31,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sptrace.diff import diff_runs
-    from sptrace.fileio import write_atomic
     from sptrace.report.diff import render_markdown, render_text
 
     for name in ("bytes_tolerance", "time_tolerance"):
@@ -47,23 +44,20 @@ def run(args: argparse.Namespace) -> int:
         text = render_markdown(d)
     else:
         text = render_text(d)
-    if args.output:
-        write_atomic(Path(args.output), text.encode())
-        log(f"wrote {args.output}")
-    else:
-        sys.stdout.write(text)
+    emit(args, text)
     return d.exit_code
 
 
-def _analyses(args: argparse.Namespace, base: str, new: str, flags=None):
+def _analyses(args: argparse.Namespace, base: str, new: str, flags=None, parts=("collectives", "sharding", "modules")):
     """Both runs' analyses, each with its own run.json and ``flags`` (what the user declared, of
-    both: a baseline is the same job); the loader's warnings on stderr, each naming its run."""
+    both: a baseline is the same job); the loader's warnings on stderr, each naming its run.
+    ``parts``: the diff's (modules: each module's own time), the baseline gate's fewer."""
     from sptrace.analysis import analyse_run
 
     options = load_options(args)
     out = []
     for path in (base, new):
-        a = analyse_run(path, flags=flags, parts=("collectives", "sharding", "modules"), load_options=options)
+        a = analyse_run(path, flags=flags, parts=parts, load_options=options)
         for w in a.warnings:
             log(f"warning: {path}: {w}")
         out.append(a)
@@ -82,10 +76,9 @@ def run_baseline(args: argparse.Namespace, fmt: str) -> int:
 
     from sptrace.checks.baseline import baseline_gate
     from sptrace.diff import diff_runs
-    from sptrace.fileio import write_atomic
 
     clock = time.perf_counter()
-    base, run_ = _analyses(args, args.baseline, args.path, declarations(args))
+    base, run_ = _analyses(args, args.baseline, args.path, declarations(args), parts=("collectives", "sharding"))
     gate = baseline_gate(diff_runs(base, run_))
     if fmt == "json":
         text = json.dumps(gate.to_dict(), indent=1, default=str) + "\n"
@@ -100,9 +93,5 @@ def run_baseline(args: argparse.Namespace, fmt: str) -> int:
         lines += [f"note: {n}" for n in gate.diff.notes]
         lines.append(gate.line())
         text = "\n".join(lines) + "\n"
-    if getattr(args, "output", None):
-        write_atomic(Path(args.output), text.encode())
-        log(f"wrote {args.output}: {gate.line()}")
-    else:
-        sys.stdout.write(text)
+    emit(args, text, gate.line())
     return gate.exit_code
