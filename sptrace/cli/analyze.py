@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
                 out["clock_offsets_us"] = analysis.matching.offsets_us
             if analysis.p2p is not None:
                 out["point_to_point"] = analysis.p2p.to_dict()
+            out["critical_path"] = analysis.critical_path.to_dict() if analysis.critical_path else None
             print(json.dumps(out, indent=1, default=str))
         else:
             print(render_cross_rank(analysis, args.max_findings))
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         out = {**report.to_dict(), "model": analysis.model.to_dict(), "timing": [t.to_dict() for t in analysis.timing]}
         if analysis.p2p is not None:
             out["point_to_point"] = analysis.p2p.to_dict()
+        out["critical_path"] = analysis.critical_path.to_dict() if analysis.critical_path else None
         print(json.dumps(out, indent=1, default=str))
         return report.verdict.exit_code
     print(render_text(analysis, args.max_findings))
@@ -98,6 +100,7 @@ def render_text(analysis: RunAnalysis, max_findings: int = 30) -> str:
             for r in off.head(40).itertuples():
                 lines.append(f"  rank {r.rank}, layer {r.layer}, {r.phase}: {r.observed} / {r.expected}")
     lines += render_point_to_point(analysis)
+    lines += render_critical_path(analysis)
     lines += _findings_and_notes(analysis, report.findings, report.notes, max_findings)
     lines.append("\n" + report.verdict.line())
     return "\n".join(lines)
@@ -126,6 +129,28 @@ def render_point_to_point(analysis: RunAnalysis, max_rows: int = 24) -> list[str
     if len(p2p.steps) > max_rows:
         lines.append(f"  ... and {len(p2p.steps) - max_rows} more steps (--format json lists all)")
     lines.append("  (hidden: the share of the step's transfer time the rank spent computing)")
+    return lines
+
+
+def render_critical_path(analysis: RunAnalysis, max_rows: int = 8) -> list[str]:
+    """The critical path across ranks: its culprit, its time by kind and by module."""
+    path = analysis.critical_path
+    if path is None:
+        return []
+    step = path.step_us
+    kinds = ", ".join(f"{k} {v / step:.0%}" for k, v in path.by_kind().items() if step > 0)
+    seg = path.segments
+    ranks = sorted(int(r) for r in seg["rank"].unique())
+    lines = [f"\ncritical path: {step / 1e3:.3g} ms through {count(len(ranks), 'rank')} ({rank_ranges(ranks)}): "
+             f"{kinds}"]  # fmt: skip
+    culprit = path.culprit
+    if culprit is not None:
+        lines.append("  " + culprit.line(step))
+    lines.append("  by module (its time on the path):")
+    for module, phase, kind, dur in path.by_module(max_rows).itertuples(index=False):
+        where = " ".join(x for x in (module, phase, kind) if x)
+        lines.append(f"    {where:<48} {dur / 1e3:9.3f} ms {dur / step:5.0%}")
+    lines.append("  (--format json lists every segment)")
     return lines
 
 
@@ -177,6 +202,7 @@ def render_cross_rank(analysis: RunAnalysis, max_findings: int = 30) -> str:
         lines.append("  (wire +?: some collectives' size or group is not in the trace)")
     lines.append("  (disagree: collectives whose kind or size differs from the rest of their group's)")
     lines += render_point_to_point(analysis)
+    lines += render_critical_path(analysis)
     lines += _findings_and_notes(analysis, cross.findings, cross.notes, max_findings)
     lines.append("\n" + cross.verdict.line())
     return "\n".join(lines)

@@ -62,6 +62,8 @@ class RankResult:
     timing: Any = None
     """sptrace.detect.timing.RankTiming"""
     compute: pd.DataFrame | None = None
+    work: pd.DataFrame | None = None
+    """The rank's work lane, labelled by module (sptrace.detect.work): the critical path's input."""
     module_times: pd.DataFrame | None = None
     """Each module's own forward and backward time (sptrace.detect.timing.detect_module_times)."""
     phases: pd.DataFrame | None = None
@@ -87,10 +89,12 @@ def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
     index = RankIndex(trace)
     if "collectives" in spec.parts:
         from sptrace.detect.timing import detect_compute, detect_timing
+        from sptrace.detect.work import detect_work
 
         result.collectives = detect_collectives(trace, index, for_reduce=True)
         result.timing = detect_timing(trace, result.collectives, index)
         result.compute = detect_compute(trace, index)
+        result.work = detect_work(trace, index, result.collectives)
     if "modules" in spec.parts:  # (what sptrace diff compares: a few ms a rank that analyze need not pay)
         from sptrace.detect.timing import detect_module_times
 

@@ -1,0 +1,294 @@
+"""The critical path across ranks: the chain of work, transfers and waiting that set the step
+time, walked back from the step's end.
+
+The dependencies, on clocks aligned across ranks (sptrace.reduce.timebase):
+* within a rank, its work lane (sptrace.detect.work: its GPU compute, else its busiest thread)
+  runs in order; while the lane is busy, the rank is working in a module;
+* where the lane is idle, the rank was held by what ended there: the collective (or send or
+  receive) it was waiting on, else nothing the trace records (``idle``);
+* a collective completes only once its last member has arrived, and a receive once its send
+  has: before that moment the path is on the member that arrived last.
+
+So from the end of the step of the rank that finished last, the walk goes back along the lane
+while it is busy (``compute``), through the collective that ended where it was idle
+(``transfer``: from its last member's arrival to its end), and on the last-arriving member from
+its arrival, until it reaches the step's start on the rank it is on. A collective whose group
+holds members the trace lacks cannot name who arrived last: its span is ``wait``, as far as the
+trace can tell. The segments tile the path exactly.
+
+Hand-written: HTA's critical path covers one rank's trace, and no library walks dependencies
+across ranks' clocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from sptrace.detect.index import layer_of as path_layer
+from sptrace.reduce.timebase import aligned, arrival_us, end_us
+from sptrace.vocab.jsontypes import JSONObject
+
+SEGMENT_COLUMNS = ["rank", "kind", "module", "layer", "phase", "start_us", "dur_us", "collective", "waiting"]
+"""One segment of the path. ``start_us`` is on the aligned clock (the reference rank's trace
+clock, the clock sptrace.reduce.timebase.aligned gives), ``dur_us`` its length. ``kind``:
+compute (the rank worked, in ``module``), transfer (a collective's data moved once its last
+member arrived; ``collective`` names it, ``rank`` is the member that arrived last), wait (the
+rank waited on a member the trace does not hold), idle (the rank did nothing the trace records).
+``waiting``: at a transfer, how many of the collective's other members had arrived earlier and
+waited for ``rank``."""
+
+KINDS = ("compute", "transfer", "wait", "idle")
+EPS_US = 0.5
+"""Times closer than this (us) are one instant: traces round to 1 us or 1 ns."""
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """The rank and module that cost the path the most wall time, and the collective where the
+    rank then made others wait (None when the path reached no such collective after it)."""
+
+    rank: int
+    module: str | None
+    phase: str | None
+    dur_us: float
+    collective: str | None
+    waiting: int
+
+    def line(self, step_us: float) -> str:
+        where = f"rank {self.rank} {self.module or '(no module)'}" + (f" {self.phase}" if self.phase else "")
+        share = f" of {step_us / 1e3:.3g} ms ({self.dur_us / step_us:.0%})" if step_us > 0 else ""
+        text = f"critical path: {where}, {self.dur_us / 1e3:.3g} ms{share}"
+        if self.collective and self.waiting:
+            ranks = "rank" if self.waiting == 1 else "ranks"
+            text += f", made {self.waiting} {ranks} wait at {self.collective}"
+        return text
+
+
+@dataclass(frozen=True)
+class CriticalPath:
+    step_us: float
+    start_us: float
+    """The path's start on the aligned clock (``segments`` tile [start_us, start_us + step_us])."""
+    segments: pd.DataFrame = field(repr=False)
+    notes: tuple[str, ...] = ()
+
+    def by_kind(self) -> dict[str, float]:
+        """us of the path in each kind of segment (every kind, 0 where none)."""
+        sums = self.segments.groupby("kind")["dur_us"].sum() if len(self.segments) else pd.Series(dtype=float)
+        return {k: float(sums.get(k, 0.0)) for k in KINDS}
+
+    def by_module(self, limit: int | None = None) -> pd.DataFrame:
+        """us of the path per (module, phase, kind), longest first."""
+        seg = self.segments.assign(module=self.segments["module"].fillna("(no module)"))
+        seg = seg.assign(phase=seg["phase"].fillna(""))
+        out = seg.groupby(["module", "phase", "kind"], sort=False)["dur_us"].sum().reset_index()
+        out = out.sort_values("dur_us", ascending=False, kind="stable").reset_index(drop=True)
+        return out.head(limit) if limit else out
+
+    @property
+    def culprit(self) -> Culprit | None:
+        """The (rank, module, phase) of compute that cost the most wall time on the path, and the
+        collective right after its longest stretch where others waited for that rank."""
+        seg = self.segments
+        work = seg[seg["kind"] == "compute"]
+        if work.empty:
+            return None
+        keyed = work.assign(module=work["module"].fillna(""), phase=work["phase"].fillna(""))
+        sums = keyed.groupby(["rank", "module", "phase"], sort=False)["dur_us"].sum()
+        (rank, module, phase), total = sums.idxmax(), float(sums.max())
+        mine = keyed[(keyed["rank"] == rank) & (keyed["module"] == module) & (keyed["phase"] == phase)]
+        longest = mine.loc[mine["dur_us"].idxmax(), "start_us"]
+        after = seg[(seg["start_us"] >= longest) & (seg["kind"] == "transfer") & (seg["rank"] == rank)
+                    & (seg["waiting"] > 0)]  # fmt: skip
+        first = after.iloc[0] if len(after) else None
+        return Culprit(
+            rank=int(rank), module=module or None, phase=phase or None, dur_us=total,
+            collective=None if first is None else str(first["collective"]),
+            waiting=0 if first is None else int(first["waiting"]),
+        )  # fmt: skip
+
+    def to_dict(self) -> JSONObject:
+        """The JSON ``critical_path`` object: segments from the path's start (us), summaries."""
+        seg = self.segments
+        culprit = self.culprit
+        rows = [
+            {
+                "rank": int(r.rank), "kind": r.kind, "module": _none(r.module), "layer": _int(r.layer),
+                "phase": _none(r.phase), "start_us": round(float(r.start_us) - self.start_us, 3),
+                "dur_us": round(float(r.dur_us), 3), "collective": _none(r.collective), "waiting": int(r.waiting),
+            }
+            for r in seg.itertuples(index=False)
+        ]  # fmt: skip
+        modules = self.by_module()
+        return {
+            "step_us": round(self.step_us, 3),
+            "summary": culprit.line(self.step_us) if culprit else None,
+            "culprit": None if culprit is None else {
+                "rank": culprit.rank, "module": culprit.module, "phase": culprit.phase,
+                "dur_us": round(culprit.dur_us, 3), "collective": culprit.collective, "waiting": culprit.waiting,
+            },
+            "by_kind_us": {k: round(v, 3) for k, v in self.by_kind().items()},
+            "by_module_us": [
+                {"module": m, "phase": p or None, "kind": k, "dur_us": round(float(d), 3)}
+                for m, p, k, d in modules.itertuples(index=False)
+            ],
+            "segments": rows,
+            "notes": list(self.notes),
+        }  # fmt: skip
+
+
+def _none(value: object) -> object:
+    return None if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA else value
+
+
+def _int(value: object) -> int | None:
+    value = _none(value)
+    return None if value is None else int(value)  # type: ignore[call-overload]
+
+
+class _Rank:
+    """One rank's lane and collectives on the aligned clock, for the walk (built when the walk
+    first reaches the rank: it visits few of a large run's ranks)."""
+
+    def __init__(self, work: pd.DataFrame, colls: pd.DataFrame, start: float) -> None:
+        work = work.sort_values("start_us", kind="stable")
+        self.ws = work["start_us"].to_numpy(dtype=float)
+        self.we = self.ws + work["dur_us"].to_numpy(dtype=float)
+        self.module = work["module"].tolist()
+        self.phase = work["phase"].tolist()
+        self.colls = colls.sort_values("end", kind="stable").reset_index(drop=True)
+        self.ends = self.colls["end"].to_numpy(dtype=float)
+        self.used = np.zeros(len(self.colls), dtype=bool)
+        self.start = start
+
+
+def critical_path(
+    collectives: pd.DataFrame,
+    members: pd.DataFrame | None,
+    offsets: dict[int, float],
+    steps: dict[int, tuple[float, float]],
+    work: pd.DataFrame,
+    layer_of: dict[str, int] | None = None,
+) -> CriticalPath | None:
+    """The path (module docstring). ``members``: sptrace.reduce.matching.Matching.members (which
+    rank's collective, by issue time, is which matched one); ``steps``: each rank's step
+    [start, end] in us on its own clock; ``work``: the ranks' lanes (sptrace.detect.work);
+    ``layer_of``: module path -> layer. None when no rank has a step."""
+    steps = {r: (s - offsets.get(r, 0.0), e - offsets.get(r, 0.0)) for r, (s, e) in steps.items() if e > s}
+    if not steps:
+        return None
+    colls = _collectives(collectives, members, offsets)
+    by_rank = dict(tuple(colls.groupby("rank"))) if len(colls) else {}
+    lanes = dict(tuple(work.groupby("rank"))) if len(work) else {}
+    empty_work = pd.DataFrame(columns=["start_us", "dur_us", "module", "phase"])
+    ranks: dict[int, _Rank] = {}
+
+    def lane(r: int) -> _Rank:
+        if r not in ranks:
+            w = lanes.get(r)
+            w = empty_work if w is None else w.assign(start_us=w["start_us"].astype(float) - offsets.get(r, 0.0))
+            ranks[r] = _Rank(w, by_rank.get(r, colls.iloc[:0]), steps[r][0])
+        return ranks[r]
+
+    rank = max(steps, key=lambda r: steps[r][1])
+    end_of_step = t = steps[rank][1]
+    rows: list[tuple] = []
+    layers = layer_of or {}
+
+    def emit(r: int, kind: str, lo: float, hi: float, module=None, phase=None, coll: str | None = None,
+             waiting: int = 0, layer=None) -> None:  # fmt: skip
+        if hi - lo > 0:
+            if layer is None or pd.isna(layer):
+                layer = (
+                    (layers.get(module) if module in layers else path_layer(module))
+                    if isinstance(module, str)
+                    else None
+                )
+            rows.append((r, kind, module, layer, phase, lo, hi - lo, coll, waiting))
+
+    for _ in range(10_000_000):  # a bound never reached: every turn moves t back or uses a collective up
+        state = lane(rank)
+        if t <= state.start + EPS_US:
+            break
+        i = int(np.searchsorted(state.ws, t, side="left")) - 1
+        if i >= 0 and state.we[i] >= t - EPS_US:  # the lane was busy up to t: the rank worked
+            lo = max(state.ws[i], state.start)
+            emit(rank, "compute", lo, t, state.module[i], state.phase[i])
+            t = lo
+            continue
+        gap = max(state.we[i] if i >= 0 else state.start, state.start)
+        j = int(np.searchsorted(state.ends, t + EPS_US, side="right")) - 1
+        while j >= 0 and state.used[j]:
+            j -= 1
+        if j < 0 or state.ends[j] < gap - EPS_US:  # nothing the trace records held the rank
+            emit(rank, "idle", gap, t)
+            t = gap
+            continue
+        state.used[j] = True
+        c = state.colls.iloc[j]
+        end = min(float(c["end"]), t)
+        emit(rank, "idle", end, t)
+        arrival = min(max(float(c["arr"]), state.start), end)
+        last = min(max(float(c["last"]), arrival), end)
+        what = (c["module"], c["phase"], c["name"])
+        if c["unseen"]:  # a member the trace lacks may have been the last: who held it is unknown
+            emit(rank, "wait", arrival, end, *what, layer=c["layer"])
+            t = arrival
+            continue
+        emit(int(c["last_rank"]), "transfer", last, end, *what, int(c["waiting"]), layer=c["layer"])
+        if int(c["last_rank"]) != rank and int(c["last_rank"]) in steps:
+            rank, t = int(c["last_rank"]), last
+        else:  # this rank arrived last, or the last one has no step in the trace
+            emit(rank, "wait", arrival, last, *what, layer=c["layer"])
+            t = arrival
+    if not rows:
+        return None
+    seg = pd.DataFrame(rows[::-1], columns=SEGMENT_COLUMNS)
+    return CriticalPath(step_us=end_of_step - t, start_us=t, segments=seg)
+
+
+def _collectives(frame: pd.DataFrame, members: pd.DataFrame | None, offsets: dict[int, float]) -> pd.DataFrame:
+    """Each rank's collectives on the aligned clock (arr, end), each with its matched group's last
+    arrival (last), the rank that arrived last, how many members waited for it, whether members
+    the trace lacks may have been later (unseen), and how the text names it."""
+    columns = ["rank", "arr", "end", "last", "last_rank", "waiting", "unseen", "name", "module", "layer", "phase"]
+    if frame is None or frame.empty:
+        return pd.DataFrame(columns=columns)
+    f = frame.assign(arr=aligned(arrival_us(frame), frame["rank"], offsets).to_numpy(),
+                     end=aligned(end_us(frame), frame["rank"], offsets).to_numpy())  # fmt: skip
+    f = f[f["arr"].notna() & f["end"].notna()]
+    if members is not None and len(members):
+        keys = members[["rank", "start_us", "group", "key"]].drop_duplicates(["rank", "start_us"])
+        keys = keys.rename(columns={"group": "m_group", "key": "m_key"})
+        f = f.merge(keys.assign(m_key=keys["m_key"].astype(str)), on=["rank", "start_us"], how="left")
+    else:
+        f = f.assign(m_group=None, m_key=None)
+    f = f.assign(m_group=f["m_group"].fillna("").astype(str), alone=f["m_key"].isna())
+    # a collective no other rank's matched stands alone: its own key
+    own = "alone:" + pd.Series(np.arange(len(f)), index=f.index).astype(str)
+    f = f.assign(m_key=f["m_key"].where(~f["alone"], own))
+    by = f.groupby(["m_group", "m_key"], sort=False)["arr"]
+    last = by.transform("max")
+    f = f.assign(last=last, n=by.transform("count"), late=(f["arr"] < last - EPS_US).astype(int))
+    f = f.assign(waiting=f.groupby(["m_group", "m_key"], sort=False)["late"].transform("sum"))
+    who = f.loc[by.idxmax().to_numpy(), ["m_group", "m_key", "rank"]].rename(columns={"rank": "last_rank"})
+    f = f.merge(who, on=["m_group", "m_key"], how="left")
+    size = pd.to_numeric(f["group_size"], errors="coerce")
+    f = f.assign(unseen=(size.notna() & (f["n"] < size) & ~f["kind"].isin(["send", "recv"])).to_numpy())
+    names = [_name(*row) for row in zip(f["kind"], f["seq"], f["m_group"], f["m_key"])]
+    return f.assign(name=names)[columns]
+
+
+def _name(kind: str, seq: object, group: str, key: str) -> str:
+    """How the text names a collective: ``reduce_scatter #88`` (its sequence number, else its
+    place in its group), ``send 0->1 #2``."""
+    if key.startswith("p2p:"):
+        return f"{kind} {key[4:].replace('#', ' #')}"
+    if seq is not None and not pd.isna(seq):
+        return f"{kind} #{int(seq)}"
+    if key.startswith("alone:"):
+        return str(kind)
+    return f"{kind} #{key}" + (f" (group {group})" if group not in ("?", "") else "")
