@@ -31,7 +31,7 @@ from sptrace.detect.infer import layers_dtype
 from sptrace.detect.timing import MODULE_TIME_COLUMNS, RankTiming, step_sources
 from sptrace.detect.work import WORK_COLUMNS
 from sptrace.load.trace import RunFiles, RunTrace
-from sptrace.reduce.critical import CriticalPath, critical_path
+from sptrace.reduce.critical import CriticalPath, run_critical_path
 from sptrace.reduce.matching import Matching, match_collectives
 from sptrace.reduce.p2p import P2PReport, analyse_point_to_point
 from sptrace.reduce.peers import merge_collectives
@@ -428,7 +428,7 @@ def reduce_run(
                                      notes=[*notes, *p2p_notes], scope=over)  # fmt: skip
         crossrank = check_cross_rank(collectives, matching, sorted(run.ranks), comm_unavailable, also=p2p_found,
                                      notes=[*([missing] if missing else []), *p2p_notes])  # fmt: skip
-        path = _critical_path(collectives, matching, timing, work)
+        path = run_critical_path(collectives, matching, timing, work)
     expected_act = activation_bytes_per_layer(model)
     if expected_act is not None and model.dtype_bytes:
         expected_act = expected_act * model.dtype_bytes / 2  # Korthikanti counts 2-byte activations
@@ -460,23 +460,6 @@ def reduce_run(
         module_times=_concat([r.module_times for r in ranked if r.module_times is not None], MODULE_TIME_COLUMNS),
         peak_allocated={r.trace.rank: r.peak_allocated for r in ranked if r.peak_allocated is not None},
         work=work, critical_path=path,
-    )  # fmt: skip
-
-
-def _critical_path(
-    collectives: pd.DataFrame, matching: Matching | None, timing: list[RankTiming], work: pd.DataFrame
-) -> CriticalPath | None:
-    """The critical path over the ranks' measured steps (sptrace.reduce.critical); module paths
-    name their layer as the collectives inside them do."""
-    steps = {t.rank: (t.step_start_us, t.step_start_us + t.step_ms * 1e3) for t in timing
-             if t.step_start_us is not None and t.step_ms is not None}  # fmt: skip
-    layers: dict[str, int] = {}
-    if len(collectives):
-        known = collectives[collectives["module"].notna() & collectives["layer"].notna()]
-        layers = dict(zip(known["module"].astype(str), known["layer"].astype(int)))
-    return critical_path(
-        collectives, matching.members if matching is not None else None,
-        matching.offsets_us if matching is not None else {}, steps, work, layers,
     )  # fmt: skip
 
 

@@ -22,7 +22,9 @@ across ranks' clocks.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -31,14 +33,18 @@ from sptrace.detect.index import layer_of as path_layer
 from sptrace.reduce.timebase import aligned, arrival_us, end_us
 from sptrace.vocab.jsontypes import JSONObject
 
-SEGMENT_COLUMNS = ["rank", "kind", "module", "layer", "phase", "start_us", "dur_us", "collective", "waiting"]
+if TYPE_CHECKING:
+    from sptrace.detect.timing import RankTiming
+    from sptrace.reduce.matching import Matching
+
+SEGMENT_COLUMNS = ["rank", "kind", "module", "layer", "phase", "start_us", "dur_us", "collective", "waiting", "lane"]
 """One segment of the path. ``start_us`` is on the aligned clock (the reference rank's trace
 clock, the clock sptrace.reduce.timebase.aligned gives), ``dur_us`` its length. ``kind``:
 compute (the rank worked, in ``module``), transfer (a collective's data moved once its last
 member arrived; ``collective`` names it, ``rank`` is the member that arrived last), wait (the
 rank waited on a member the trace does not hold), idle (the rank did nothing the trace records).
 ``waiting``: at a transfer, how many of the collective's other members had arrived earlier and
-waited for ``rank``."""
+waited for ``rank``. ``lane``: where compute ran, gpu (kernels) or cpu (a thread)."""
 
 KINDS = ("compute", "transfer", "wait", "idle")
 EPS_US = 0.5
@@ -119,6 +125,7 @@ class CriticalPath:
                 "rank": int(r.rank), "kind": r.kind, "module": _none(r.module), "layer": _int(r.layer),
                 "phase": _none(r.phase), "start_us": round(float(r.start_us) - self.start_us, 3),
                 "dur_us": round(float(r.dur_us), 3), "collective": _none(r.collective), "waiting": int(r.waiting),
+                "lane": _none(r.lane),
             }
             for r in seg.itertuples(index=False)
         ]  # fmt: skip
@@ -159,10 +166,28 @@ class _Rank:
         self.we = self.ws + work["dur_us"].to_numpy(dtype=float)
         self.module = work["module"].tolist()
         self.phase = work["phase"].tolist()
+        self.lane = work["lane"].tolist() if "lane" in work else [None] * len(work)
         self.colls = colls.sort_values("end", kind="stable").reset_index(drop=True)
         self.ends = self.colls["end"].to_numpy(dtype=float)
         self.used = np.zeros(len(self.colls), dtype=bool)
         self.start = start
+
+
+def run_critical_path(
+    collectives: pd.DataFrame, matching: Matching | None, timing: Iterable[RankTiming], work: pd.DataFrame
+) -> CriticalPath | None:
+    """The critical path over the ranks' measured steps (RankTiming's windows); module paths name
+    their layer as the collectives inside them do."""
+    steps = {t.rank: (t.step_start_us, t.step_start_us + t.step_ms * 1e3) for t in timing
+             if t.step_start_us is not None and t.step_ms is not None}  # fmt: skip
+    layers: dict[str, int] = {}
+    if len(collectives):
+        known = collectives[collectives["module"].notna() & collectives["layer"].notna()]
+        layers = dict(zip(known["module"].astype(str), known["layer"].astype(int)))
+    return critical_path(
+        collectives, matching.members if matching is not None else None,
+        matching.offsets_us if matching is not None else {}, steps, work, layers,
+    )  # fmt: skip
 
 
 def critical_path(
@@ -183,7 +208,7 @@ def critical_path(
     colls = _collectives(collectives, members, offsets)
     by_rank = dict(tuple(colls.groupby("rank"))) if len(colls) else {}
     lanes = dict(tuple(work.groupby("rank"))) if len(work) else {}
-    empty_work = pd.DataFrame(columns=["start_us", "dur_us", "module", "phase"])
+    empty_work = pd.DataFrame(columns=["start_us", "dur_us", "module", "phase", "lane"])
     ranks: dict[int, _Rank] = {}
 
     def lane(r: int) -> _Rank:
@@ -199,7 +224,7 @@ def critical_path(
     layers = layer_of or {}
 
     def emit(r: int, kind: str, lo: float, hi: float, module=None, phase=None, coll: str | None = None,
-             waiting: int = 0, layer=None) -> None:  # fmt: skip
+             waiting: int = 0, layer=None, lane: str | None = None) -> None:  # fmt: skip
         if hi - lo > 0:
             if layer is None or pd.isna(layer):
                 layer = (
@@ -207,7 +232,7 @@ def critical_path(
                     if isinstance(module, str)
                     else None
                 )
-            rows.append((r, kind, module, layer, phase, lo, hi - lo, coll, waiting))
+            rows.append((r, kind, module, layer, phase, lo, hi - lo, coll, waiting, lane))
 
     for _ in range(10_000_000):  # a bound never reached: every turn moves t back or uses a collective up
         state = lane(rank)
@@ -216,7 +241,7 @@ def critical_path(
         i = int(np.searchsorted(state.ws, t, side="left")) - 1
         if i >= 0 and state.we[i] >= t - EPS_US:  # the lane was busy up to t: the rank worked
             lo = max(state.ws[i], state.start)
-            emit(rank, "compute", lo, t, state.module[i], state.phase[i])
+            emit(rank, "compute", lo, t, state.module[i], state.phase[i], lane=state.lane[i])
             t = lo
             continue
         gap = max(state.we[i] if i >= 0 else state.start, state.start)

@@ -558,6 +558,27 @@ def pp2_sp4(root: Path) -> None:
     })  # fmt: skip
 
 
+def slow_rank(root: Path) -> None:
+    """One rank computes more than the others inside one layer (an auxiliary statistic on rank
+    world-3's layer 1 MLP, before its up-projection): every other rank then waits for it at that
+    layer's next collective, the all-gather before fc1. The oracle is where the extra work was
+    put and how long it took, timed around it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    slow, layer = world - 3, 1
+    torch.manual_seed(12)
+    model = models.MegatronStack(3, H, 2 * H, dist.group.WORLD)
+    extra = model.layers[layer]
+    extra.aux_steps = 200 if rank == slow else 0
+    x = shard_of(torch.randn(B, S, H), rank, world)
+    step = sgd_step(model, lambda: model(x).square().mean())
+    profiled(root / "slow_rank", step)
+    write_oracle(root, "slow_rank", {
+        "slow": {"rank": slow, "layer": layer, "phase": "forward", "next_collective": "all_gather",
+                 "extra_us": extra.aux_seconds[-1] * 1e6 if extra.aux_seconds else 0.0},
+        "config": {"batch": B, "seq": S, "hidden": H, "sp": world, "layers": 3},
+    })  # fmt: skip
+
+
 SCENARIOS = {
     "tp_sp_native": tp_sp_native,
     "tp_sp_instrumented": tp_sp_instrumented,
@@ -573,6 +594,7 @@ SCENARIOS = {
     "sac_clean": lambda root: sac(root, "sac_clean", keep_gathered=False),
     "accumulation": accumulation,
     "two_steps": two_steps,
+    "slow_rank": slow_rank,
     # last: their groups stay in every later trace's process groups, where the other scenarios'
     # checks read P from "the run's only process group"
     "ring_isend": ring_isend,

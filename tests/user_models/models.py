@@ -6,6 +6,8 @@ Every model takes and returns this rank's [B, S/P, H] sequence shard (torchtitan
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
@@ -232,12 +234,24 @@ class MegatronMlp(nn.Module):
         self.fc1 = nn.Parameter(torch.randn(ffn // p, hidden) / hidden**0.5)  # column-parallel
         self.fc2 = nn.Parameter(torch.randn(hidden, ffn // p) / ffn**0.5)  # row-parallel
         self.debug_store: list[Tensor] | None = None
+        self.aux_steps = 0
+        """Matmuls of an auxiliary statistic computed before the up-projection (0: none): on one
+        rank, a load imbalance inside the layer. ``aux_seconds`` times each call's."""
+        self.aux_seconds: list[float] = []
         self.keep_gathered = False
         """fc1 as PyTorch-native ColwiseParallel after SequenceParallel has it: the gathered
         [B, S, H] input goes into a plain matmul, which saves it for backward."""
 
     def forward(self, x: Tensor) -> Tensor:  # [B, S/P, H]
         h = self.norm(x)
+        if self.aux_steps:
+            began = time.perf_counter()
+            with torch.no_grad():  # real compute, whose result is discarded
+                m = torch.randn(192, 192)
+                acc = m
+                for _ in range(self.aux_steps):
+                    acc = torch.tanh(acc @ m)
+            self.aux_seconds.append(time.perf_counter() - began)
         if self.debug_store is not None:  # "log the full activation later": a Python list holds it
             self.debug_store.append(_GatherSeq.apply(h, self.group).detach())
         if self.keep_gathered:

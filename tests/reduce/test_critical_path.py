@@ -1,0 +1,109 @@
+"""The critical path across ranks on the committed reference runs (gloo, CPU) and the corpus's
+8-rank DLRM (NCCL, V100): continuous from the path's start to the last rank's step end, its
+segments adding up to its step time, bounded by the ranks' own steps; on GPU traces it follows
+compute kernels and NCCL kernels across ranks. Where the path puts one rank's extra work is
+tested on a user model whose job records it (tests/user_models/test_user_critical_path.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sptrace.analysis import analyse_run
+from sptrace.reduce.critical import KINDS, critical_path
+
+RUNS = Path(__file__).resolve().parents[1] / "golden" / "runs"
+CLEAN = ("megatron", "ulysses", "hybrid", "ring", "usp", "ring-mha")
+
+
+def steps_aligned(a) -> dict[int, tuple[float, float]]:
+    """Each rank's step [start, end] on the aligned clock, from its timing (the step the
+    profiler or the phase markers measured) and the clock offsets matching gives."""
+    off = a.offsets_us
+    return {t.rank: (t.step_start_us - off.get(t.rank, 0.0), t.step_start_us + t.step_ms * 1e3 - off.get(t.rank, 0.0))
+            for t in a.timing}  # fmt: skip
+
+
+def assert_tiles(a) -> None:
+    path = a.critical_path
+    seg = path.segments
+    assert set(seg["kind"]) <= set(KINDS) and (seg["dur_us"] > 0).all()
+    starts, ends = seg["start_us"].to_numpy(), (seg["start_us"] + seg["dur_us"]).to_numpy()
+    np.testing.assert_allclose(starts[1:], ends[:-1], atol=1e-3)  # no gap, no overlap
+    assert starts[0] == pytest.approx(path.start_us) and seg["dur_us"].sum() == pytest.approx(path.step_us, rel=1e-9)
+    steps = steps_aligned(a)
+    # it ends where the last rank's step ends, and starts where some rank's step starts
+    assert ends[-1] == pytest.approx(max(e for _, e in steps.values()), abs=1e-3)
+    assert min(abs(path.start_us - s) for s, _ in steps.values()) <= 0.01 * path.step_us
+    # no shorter than the shortest rank's step, no longer than the run's whole span
+    lengths = [e - s for s, e in steps.values()]
+    assert (
+        0.99 * min(lengths)
+        <= path.step_us
+        <= 1.01 * (max(e for _, e in steps.values()) - min(s for s, _ in steps.values()))
+    )
+
+
+@pytest.mark.parametrize("name", CLEAN)
+def test_on_a_clean_reference_run_the_path_tiles_the_step(name, private_cache):
+    a = analyse_run(RUNS / name, load_options={"cache_dir": private_cache, "workers": 1})
+    assert_tiles(a)
+    seg = a.critical_path.segments
+    # compute in the model's layers and transfers of its collectives are on it
+    assert (seg[seg["kind"] == "compute"]["layer"].notna()).any()
+    assert (seg["kind"] == "transfer").any()
+    named = set(seg["collective"].dropna())
+    assert named <= {c for c in named if c.split()[0] in set(a.collectives["kind"])}
+    # a run whose step the last rank spent mostly on its own: the path is that rank's step, to 1%
+    last = max(steps_aligned(a).items(), key=lambda kv: kv[1][1])
+    if set(seg["rank"]) == {last[0]}:
+        assert a.critical_path.step_us == pytest.approx(last[1][1] - last[1][0], rel=0.01)
+
+
+def test_on_gpu_traces_the_path_follows_kernels_and_nccl_kernels_across_ranks(corpus, private_cache):
+    a = analyse_run(corpus / "param_dlrm_kineto", load_options={"cache_dir": private_cache, "workers": 1})
+    assert_tiles(a)
+    seg = a.critical_path.segments
+    compute = seg[seg["kind"] == "compute"]
+    assert (compute["lane"] == "gpu").any()  # kernels on the GPU's streams
+    transfers = seg[seg["kind"] == "transfer"]
+    assert {c.split()[0] for c in transfers["collective"]} <= {"all_to_all", "all_reduce"}
+    # each transfer is an NCCL kernel's span: its collective's rows carry linked kernels
+    assert a.collectives["transfer_start_us"].notna().all()
+    assert seg["rank"].nunique() >= 2  # it crossed ranks where one arrived last
+    culprit = a.critical_path.culprit
+    assert culprit is not None and culprit.waiting >= 1
+
+
+def test_the_walk_moves_to_the_member_that_arrived_last():
+    """Two ranks, one collective: rank 1 works 5 ms longer before it, so rank 0 waits; the path
+    is rank 1's work, the transfer, then rank 0's work after it (synthetic rows, known times)."""
+    coll = pd.DataFrame({
+        "rank": [0, 1], "kind": ["all_reduce"] * 2, "group": ["0"] * 2, "start_us": [1000.0, 6000.0],
+        "dur_us": [10.0, 10.0], "transfer_start_us": [1000.0, 6000.0], "transfer_dur_us": [5100.0, 100.0],
+        "group_size": [2, 2], "seq": [7, 7], "module": ["layers.3.mlp"] * 2, "layer": [3, 3],
+        "phase": ["forward"] * 2,
+    })  # fmt: skip
+    members = pd.DataFrame({"rank": [0, 1], "group": ["0", "0"], "key": [7, 7], "start_us": [1000.0, 6000.0]})
+    work = pd.DataFrame({
+        "rank": [0, 1, 0, 1], "start_us": [0.0, 0.0, 6100.0, 6100.0], "dur_us": [1000.0, 6000.0, 900.0, 400.0],
+        "module": ["layers.3.attn", "layers.3.attn", "layers.4.attn", "layers.4.attn"],
+        "phase": ["forward"] * 4, "lane": ["gpu"] * 4,
+    })  # fmt: skip
+    path = critical_path(coll, members, {}, {0: (0.0, 7000.0), 1: (0.0, 6500.0)}, work)
+    seg = path.segments
+    assert list(zip(seg["rank"], seg["kind"], seg["dur_us"].round(3))) == [
+        (1, "compute", 6000.0), (1, "transfer", 100.0), (0, "compute", 900.0),
+    ]  # fmt: skip
+    assert seg.iloc[1]["waiting"] == 1 and seg.iloc[1]["collective"] == "all_reduce #7"
+    assert path.step_us == 7000.0
+    culprit = path.culprit
+    assert (culprit.rank, culprit.module, culprit.collective, culprit.waiting) == (
+        1,
+        "layers.3.attn",
+        "all_reduce #7",
+        1,
+    )
