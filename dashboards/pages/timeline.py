@@ -9,6 +9,7 @@ from urllib.parse import parse_qs, urlencode
 
 import dash_mantine_components as dmc
 from dash import Input, Output, State, ctx, html, no_update
+from sptrace.dashboards.export_route import export_href
 from sptrace.dashboards.pages.common import View, error_box, graph, grid, page_title, verdict_badge
 from sptrace.dashboards.store import RunStore
 
@@ -48,6 +49,13 @@ def chosen_group(a: Any, view: View) -> tuple[list[list[int]], int | None]:
         first = int(top["rank"].iloc[0]) if len(top) else None
     index = next((i for i, g in enumerate(groups) if first in g), 0)
     return groups, index
+
+
+def export_link(a: Any, run: int, shown: list[int] | None) -> Any:
+    """A link that downloads the ranks shown as one merged trace (sptrace export) for Perfetto."""
+    ranks = shown if shown is not None else sorted(a.run.ranks)
+    return html.A("download merged trace", href=export_href(run, ranks), id="timeline-export", className="sptrace-link",
+                  title="these ranks on aligned clocks, with sptrace's tracks: open it in ui.perfetto.dev")  # fmt: skip
 
 
 def zoom(view: View) -> tuple[int | None, str | None]:
@@ -91,18 +99,40 @@ def render(store: RunStore, view: View) -> Any:
                  "ranks")  # fmt: skip
     shown = groups[index] if index is not None else None
     parts = [
-        head, controls, dmc.Text(" · ".join(facts), size="sm", c="dimmed"),
+        head, controls,
+        dmc.Group([dmc.Text(" · ".join(facts), size="sm", c="dimmed"), export_link(a, view.run, shown)], gap="lg"),
         graph("timeline-graph", timeline(a, layer=layer, phase=None if layer is not None else phase, ranks=shown,
                                          max_lanes=MAX_LANES)),
     ]  # fmt: skip
     parts.append(html.Div(dmc.Text("Click a collective to list the events around it on its rank (read from the "
                                    "run's table cache, that window only).", size="sm", c="dimmed", mt="xs"),
                           id="timeline-events"))  # fmt: skip
+    parts += critical_path_section(a)
     if index is not None:  # the whole run at a glance: who arrived late, at which collective
         from sptrace.dashboards.pages.collectives import skew_section
 
         parts += skew_section(a, "timeline")
     return parts
+
+
+def critical_path_section(a: Any) -> list[Any]:
+    """The critical path (the red line across the lanes): who cost the step the most, its time
+    by kind and by module."""
+    path = a.critical_path
+    if path is None:
+        return []
+    step = path.step_us
+    kinds = " · ".join(f"{k} {v / 1e3:.2f} ms ({v / step:.0%})" for k, v in path.by_kind().items() if step > 0)
+    culprit = path.culprit
+    modules = path.by_module(40)
+    modules = modules.assign(ms=(modules["dur_us"] / 1e3).round(3), share=(modules["dur_us"] / step).round(3))
+    return [
+        dmc.Title("Critical path", order=4, mt="lg"),
+        dmc.Text(culprit.line(step) if culprit else f"critical path: {step / 1e3:.3g} ms", id="critical-path-summary",
+                 fw=500),
+        dmc.Text(f"{step / 1e3:.2f} ms: {kinds}", size="sm", c="dimmed", mb="xs"),
+        grid(modules[["module", "phase", "kind", "ms", "share"]], "critical-path", "time on the path by module"),
+    ]  # fmt: skip
 
 
 EVENT_COLUMNS = ["rank", "name", "cat", "ph", "start_ms", "dur_ms", "tid", "input_dims", "input_types"]

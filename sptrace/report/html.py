@@ -89,6 +89,7 @@ def _run_section(anchor: str, name: str, a: RunAnalysis, verdicts: tuple[Any, ..
         ))  # fmt: skip
     frame = a.collectives
     parts.append(plot(timeline.timeline(a)))
+    parts += _critical_path(a)
     parts.append(plot(figures.wire_by_kind(frame, a.estimate)))
     parts.append(plot(figures.wire_by_layer(frame, a.estimate)))
     if a.p2p is not None and not a.p2p.pairs.empty:
@@ -119,6 +120,23 @@ def _run_section(anchor: str, name: str, a: RunAnalysis, verdicts: tuple[Any, ..
         parts.append(f'<p class="warning">{html.escape(w)}</p>')
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _critical_path(a: RunAnalysis) -> list[str]:
+    """The critical path's culprit, its time by kind and by module (the timeline's red line)."""
+    path = a.critical_path
+    if path is None or path.step_us <= 0:
+        return []
+    step = path.step_us
+    culprit = path.culprit
+    kinds = ", ".join(f"{k} {v / 1e3:.2f} ms ({v / step:.0%})" for k, v in path.by_kind().items())
+    modules = path.by_module(20)
+    modules = modules.assign(ms=(modules["dur_us"] / 1e3).round(3), share=(modules["dur_us"] / step).round(3))
+    return [
+        html_h3("critical path"),
+        html_p((culprit.line(step) if culprit else f"critical path: {step / 1e3:.3g} ms") + f"; {kinds}"),
+        render_html_table(modules[["module", "phase", "kind", "ms", "share"]], "time on the critical path by module"),
+    ]
 
 
 def _matched_rows(a: RunAnalysis, limit: int = 200) -> pd.DataFrame:

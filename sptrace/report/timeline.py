@@ -135,6 +135,7 @@ def timeline(
                 ),
             ))  # fmt: skip
         _links_and_stragglers(fig, a, f, lane, t0)
+    _critical_path(fig, a, lane, t0)
     fig.update_layout(
         xaxis={"title": "ms from the step start (clocks aligned across ranks)",
                "range": [(view[0] - t0) / 1e3 - span * 0.01 / 1e3, (view[1] - t0) / 1e3 + span * 0.01 / 1e3]},
@@ -209,6 +210,38 @@ def _links_and_stragglers(fig: go.Figure, a: RunAnalysis, f: pd.DataFrame, lane:
             name="straggler (arrived last)", marker={"symbol": "triangle-down", "size": 8, "color": COLORS["red"]},
             hovertemplate="rank %{y} arrived last<extra></extra>",
         ))  # fmt: skip
+
+
+def _critical_path(fig: go.Figure, a: RunAnalysis, lane: dict[int, int], t0: float) -> None:
+    """The critical path (sptrace.reduce.critical) as one line through the lanes: along a lane
+    while its rank is on the path, across lanes where it moves to the rank that arrived last.
+    Each point's hover names its segment."""
+    path = a.critical_path
+    if path is None or path.segments.empty:
+        return
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    text: list[str | None] = []
+    for s in path.segments.itertuples(index=False):
+        y = lane.get(int(s.rank))
+        if y is None:  # a rank not shown: the line breaks
+            if xs and xs[-1] is not None:
+                xs.append(None)
+                ys.append(None)
+                text.append(None)
+            continue
+        what = f"{s.kind} on rank {int(s.rank)}: " + " ".join(
+            str(v) for v in (s.module, s.phase, s.collective) if isinstance(v, str) and v
+        )
+        label = f"{what}<br>{s.dur_us / 1e3:.3f} ms" + (f", {int(s.waiting)} ranks waited" if s.waiting else "")
+        for x in (s.start_us, s.start_us + s.dur_us):
+            xs.append((x - t0) / 1e3)
+            ys.append(y + 0.36)
+            text.append(label)
+    fig.add_trace(go.Scatter(
+        x=xs, y=ys, mode="lines", name="critical path", text=text, hovertemplate="%{text}<extra>critical path</extra>",
+        line={"color": COLORS["red"], "width": 3}, opacity=0.8, connectgaps=False,
+    ))  # fmt: skip
 
 
 # ---- arrival skew and point-to-point -----------------------------------------------------------

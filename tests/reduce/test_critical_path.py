@@ -107,3 +107,23 @@ def test_the_walk_moves_to_the_member_that_arrived_last():
         "all_reduce #7",
         1,
     )
+
+
+def test_the_timeline_report_and_page_show_the_path(private_cache):
+    """The path is drawn as one line through the lanes (two points a segment), and the report
+    and the Timeline page name its culprit."""
+    from sptrace.dashboards.pages.timeline import critical_path_section
+
+    from sptrace.report.html import render_html
+    from sptrace.report.timeline import timeline
+
+    a = analyse_run(RUNS / "megatron", load_options={"cache_dir": private_cache, "workers": 1})
+    path = a.critical_path
+    line = next(t for t in timeline(a).data if t.name == "critical path")
+    assert len([x for x in line.x if x is not None]) == 2 * len(path.segments)
+    assert min(x for x in line.x if x is not None) == pytest.approx((path.start_us - a.step_zero_us) / 1e3)
+    summary = path.culprit.line(path.step_us)
+    assert summary.startswith("critical path: rank ")
+    assert summary in render_html([(RUNS / "megatron", a)])
+    section = critical_path_section(a)
+    assert any(getattr(c, "id", None) == "critical-path-summary" and c.children == summary for c in section)
