@@ -32,15 +32,23 @@ NOT_WORK = ("c10d::", "_c10d_functional", "record_param_comms", "nccl:", "gloo:"
             "_c10d_functional::wait", "c10d_functional::wait")  # fmt: skip
 """CPU ops whose time is communication (issue or wait), never the rank's work."""
 
+_NOT_THREAD_WORK = ("ProfilerStep#", "sptrace.")
+"""CPU ranges around the whole step, and sptrace's markers: labels, not work of their own."""
+
 OPTIMIZER = "optimizer"
 
 
 class ModuleClock:
     """The innermost labelled range at any time on any thread, flattened into disjoint pieces
-    per thread (``at`` looks a time up)."""
+    per thread (``at`` looks a time up); where none (or one without a name) covers a time, the
+    ``fallback`` clock's label."""
 
-    def __init__(self, start: np.ndarray, end: np.ndarray, tid: np.ndarray, labels: list[tuple[str | None, str]]):
-        self.labels = labels
+    def __init__(
+        self, start: np.ndarray, end: np.ndarray, tid: np.ndarray, labels: list[tuple[str | None, str]],
+        fallback: ModuleClock | None = None,
+    ) -> None:  # fmt: skip
+        self.fallback, self.offset = fallback, len(labels)
+        self.labels = list(labels) + (fallback.labels if fallback is not None else [])
         self.pieces: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for t in np.unique(tid).tolist():
             at = np.flatnonzero(tid == t)
@@ -57,6 +65,12 @@ class ModuleClock:
             i = np.searchsorted(s, ts[mine], side="right") - 1
             ok = (i >= 0) & (ts[mine] < e[np.maximum(i, 0)])
             out[mine[ok]] = lab[i[ok]]
+        if self.fallback is not None:
+            named = np.array([self.labels[x][0] is not None if x >= 0 else False for x in out.tolist()], dtype=bool)
+            ask = np.flatnonzero(~named)
+            if len(ask):
+                found = self.fallback.at(ts[ask], tid[ask])
+                out[ask[found >= 0]] = found[found >= 0] + self.offset
         return out
 
 
@@ -125,9 +139,31 @@ def module_clock(idx: RankIndex) -> ModuleClock:
         add(nodes, _backward_modules(idx, nodes, forward), "backward")
     if len(idx.optimizer):
         add(idx.optimizer, [OPTIMIZER] * len(idx.optimizer), OPTIMIZER)
+    outer = _outer_clock(idx)
     if not labels:
-        return ModuleClock(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64), [])
-    return ModuleClock(*_joined(starts, ends, tids), labels)
+        empty = np.empty(0, np.int64)
+        return ModuleClock(empty, empty, empty, [], fallback=outer)
+    return ModuleClock(*_joined(starts, ends, tids), labels, fallback=outer)
+
+
+def _outer_clock(idx: RankIndex) -> ModuleClock:
+    """Each thread's outermost CPU ranges inside the step (annotations such as ``## forward ##``,
+    or top-level ops): what names work that no module range covers (a trace without python
+    stacks or sptrace's markers)."""
+    cpu = take_columns(idx.events, idx.is_cpu, ["tid", "name", "ts_ns", "dur_ns"])
+    cpu = cpu[~has_prefix(cpu["name"], (*NOT_WORK, *_NOT_THREAD_WORK))] if len(cpu) else cpu
+    empty = np.empty(0, np.int64)
+    if cpu.empty:
+        return ModuleClock(empty, empty, empty, [])
+    cpu = cpu.assign(end=cpu["ts_ns"] + cpu["dur_ns"].fillna(0))
+    cpu = cpu.sort_values(["tid", "ts_ns", "end"], ascending=[True, True, False])
+    # top level: starts at or after every earlier range on its thread has ended
+    before = cpu.groupby("tid", sort=False)["end"].transform(lambda e: e.cummax().shift(1))
+    top = cpu[before.isna() | (cpu["ts_ns"] >= before)]
+    start = top["ts_ns"].to_numpy(dtype=np.int64, na_value=0)
+    end = top["end"].to_numpy(dtype=np.int64, na_value=0)
+    tid = top["tid"].to_numpy(dtype=np.int64, na_value=-1)
+    return ModuleClock(start, end, tid, [(str(n), "") for n in top["name"]])
 
 
 def _joined(starts, ends, tids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -257,10 +293,6 @@ def _gpu_lane(idx: RankIndex, clock: ModuleClock) -> tuple[np.ndarray, np.ndarra
     clipped = np.maximum(start, np.concatenate(([start[0]], reach[:-1])) if len(start) else start)
     keep = end > clipped
     return clipped[keep], end[keep], labels[keep]
-
-
-_NOT_THREAD_WORK = ("ProfilerStep#", "sptrace.")
-"""CPU ranges around the whole step, and sptrace's markers: labels, not work of their own."""
 
 
 def _in_flight(collectives: pd.DataFrame | None) -> list[tuple[float, float]]:

@@ -41,8 +41,9 @@ SEGMENT_COLUMNS = ["rank", "kind", "module", "layer", "phase", "start_us", "dur_
 """One segment of the path. ``start_us`` is on the aligned clock (the reference rank's trace
 clock, the clock sptrace.reduce.timebase.aligned gives), ``dur_us`` its length. ``kind``:
 compute (the rank worked, in ``module``), transfer (a collective's data moved once its last
-member arrived; ``collective`` names it, ``rank`` is the member that arrived last), wait (the
-rank waited on a member the trace does not hold), idle (the rank did nothing the trace records).
+member arrived, or the last member was in the collective's call before; ``collective`` names it,
+``rank`` is the member that arrived last), wait (the rank waited on a member the trace does not
+hold), idle (the rank did nothing the trace records).
 ``waiting``: at a transfer, how many of the collective's other members had arrived earlier and
 waited for ``rank``. ``lane``: where compute ran, gpu (kernels) or cpu (a thread)."""
 
@@ -167,9 +168,19 @@ class _Rank:
         self.module = work["module"].tolist()
         self.phase = work["phase"].tolist()
         self.lane = work["lane"].tolist() if "lane" in work else [None] * len(work)
-        self.colls = colls.sort_values("end", kind="stable").reset_index(drop=True)
-        self.ends = self.colls["end"].to_numpy(dtype=float)
-        self.used = np.zeros(len(self.colls), dtype=bool)
+        self.colls = colls.reset_index(drop=True)
+        # what held the rank: a collective's transfer (from its arrival to its end) and, where
+        # the call returned at another time (an async call, a blocking gloo send), the call itself
+        n = len(self.colls)
+        arr, end = self.colls["arr"].to_numpy(dtype=float), self.colls["end"].to_numpy(dtype=float)
+        op_s, op_e = self.colls["op_s"].to_numpy(dtype=float), self.colls["op_e"].to_numpy(dtype=float)
+        call = np.flatnonzero(np.abs(op_e - end) > EPS_US)
+        release = np.concatenate([end, op_e[call]])
+        order = np.argsort(release, kind="stable")
+        self.release = release[order]
+        self.held_from = np.concatenate([arr, op_s[call]])[order]
+        self.which = np.concatenate([np.arange(n), call])[order]
+        self.used = np.zeros(n, dtype=bool)
         self.start = start
 
 
@@ -245,30 +256,30 @@ def critical_path(
             t = lo
             continue
         gap = max(state.we[i] if i >= 0 else state.start, state.start)
-        j = int(np.searchsorted(state.ends, t + EPS_US, side="right")) - 1
-        while j >= 0 and state.used[j]:
+        j = int(np.searchsorted(state.release, t + EPS_US, side="right")) - 1
+        while j >= 0 and state.used[state.which[j]]:
             j -= 1
-        if j < 0 or state.ends[j] < gap - EPS_US:  # nothing the trace records held the rank
+        if j < 0 or state.release[j] < gap - EPS_US:  # nothing the trace records held the rank
             emit(rank, "idle", gap, t)
             t = gap
             continue
-        state.used[j] = True
-        c = state.colls.iloc[j]
-        end = min(float(c["end"]), t)
+        state.used[state.which[j]] = True
+        c = state.colls.iloc[state.which[j]]
+        end = min(float(state.release[j]), t)
         emit(rank, "idle", end, t)
-        arrival = min(max(float(c["arr"]), state.start), end)
-        last = min(max(float(c["last"]), arrival), end)
+        held = min(max(float(state.held_from[j]), state.start), end)
+        last = min(max(float(c["last"]), held), end)
         what = (c["module"], c["phase"], c["name"])
         if c["unseen"]:  # a member the trace lacks may have been the last: who held it is unknown
-            emit(rank, "wait", arrival, end, *what, layer=c["layer"])
-            t = arrival
+            emit(rank, "wait", held, end, *what, layer=c["layer"])
+            t = held
             continue
         emit(int(c["last_rank"]), "transfer", last, end, *what, int(c["waiting"]), layer=c["layer"])
         if int(c["last_rank"]) != rank and int(c["last_rank"]) in steps:
             rank, t = int(c["last_rank"]), last
-        else:  # this rank arrived last, or the last one has no step in the trace
-            emit(rank, "wait", arrival, last, *what, layer=c["layer"])
-            t = arrival
+        else:  # this rank arrived last: before, it was in the collective's call; or the last has no step here
+            emit(rank, "transfer" if int(c["last_rank"]) == rank else "wait", held, last, *what, layer=c["layer"])
+            t = held
     if not rows:
         return None
     seg = pd.DataFrame(rows[::-1], columns=SEGMENT_COLUMNS)
@@ -279,11 +290,14 @@ def _collectives(frame: pd.DataFrame, members: pd.DataFrame | None, offsets: dic
     """Each rank's collectives on the aligned clock (arr, end), each with its matched group's last
     arrival (last), the rank that arrived last, how many members waited for it, whether members
     the trace lacks may have been later (unseen), and how the text names it."""
-    columns = ["rank", "arr", "end", "last", "last_rank", "waiting", "unseen", "name", "module", "layer", "phase"]
+    columns = ["rank", "arr", "end", "op_s", "op_e", "last", "last_rank", "waiting", "unseen", "name", "module",
+               "layer", "phase"]  # fmt: skip
     if frame is None or frame.empty:
         return pd.DataFrame(columns=columns)
+    op_s = aligned(frame["start_us"], frame["rank"], offsets)
     f = frame.assign(arr=aligned(arrival_us(frame), frame["rank"], offsets).to_numpy(),
-                     end=aligned(end_us(frame), frame["rank"], offsets).to_numpy())  # fmt: skip
+                     end=aligned(end_us(frame), frame["rank"], offsets).to_numpy(), op_s=op_s.to_numpy(),
+                     op_e=(op_s + frame["dur_us"].astype(float).fillna(0.0)).to_numpy())  # fmt: skip
     f = f[f["arr"].notna() & f["end"].notna()]
     if members is not None and len(members):
         keys = members[["rank", "start_us", "group", "key"]].drop_duplicates(["rank", "start_us"])
