@@ -21,6 +21,7 @@ from urllib.parse import parse_qs
 
 import dash_mantine_components as dmc
 from dash import MATCH, Dash, Input, Output, ctx, dcc, html, no_update
+from sptrace.dashboards.export_route import register_export
 from sptrace.dashboards.pages import collectives, compare, diff, gpu, memory, overview, timeline
 from sptrace.dashboards.pages.common import View, error_box, href
 from sptrace.dashboards.store import RunStore
@@ -204,6 +205,7 @@ def create_app(
     for _, _, module in PAGES.values():
         if hasattr(module, "register"):
             module.register(app, store)
+    register_export(app, store)  # the Timeline's merged-trace download
     _serve_404(app, store)
     app.sptrace_store = store  # type: ignore[attr-defined]
     return app

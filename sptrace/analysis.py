@@ -395,7 +395,7 @@ def reduce_run(
     matching = match_collectives(collectives, run.world_size) if "collectives" in parts else None
     missing = (f"ranks without a trace: {rank_ranges(run.missing_ranks)} ({len(run.missing_ranks)} of "
                f"{run.world_size})") if run.missing_ranks else None  # fmt: skip
-    estimate = comm = crossrank = p2p = path = None
+    estimate = comm = crossrank = p2p = critical = None
     work = _concat([r.work for r in ranked if r.work is not None], WORK_COLUMNS)
     comm_unavailable = None
     if "collectives" in parts:
@@ -428,7 +428,7 @@ def reduce_run(
                                      notes=[*notes, *p2p_notes], scope=over)  # fmt: skip
         crossrank = check_cross_rank(collectives, matching, sorted(run.ranks), comm_unavailable, also=p2p_found,
                                      notes=[*([missing] if missing else []), *p2p_notes])  # fmt: skip
-        path = run_critical_path(collectives, matching, timing, work)
+        critical = run_critical_path(collectives, matching, timing, work)
     expected_act = activation_bytes_per_layer(model)
     if expected_act is not None and model.dtype_bytes:
         expected_act = expected_act * model.dtype_bytes / 2  # Korthikanti counts 2-byte activations
@@ -459,7 +459,7 @@ def reduce_run(
         compute=_concat(compute, COMPUTE_COLUMNS), crossrank=crossrank, p2p=p2p,
         module_times=_concat([r.module_times for r in ranked if r.module_times is not None], MODULE_TIME_COLUMNS),
         peak_allocated={r.trace.rank: r.peak_allocated for r in ranked if r.peak_allocated is not None},
-        work=work, critical_path=path,
+        work=work, critical_path=critical,
     )  # fmt: skip
 
 

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from sptrace import __version__, result_cache
-from sptrace.cli import analyze, cache, check, collectives, diff, info, initconfig, model, reference, views
+from sptrace.cli import analyze, cache, check, collectives, diff, export, info, initconfig, model, reference, views
 from sptrace.cli.common import Parser
 from sptrace.vocab.errors import SptraceError, TraceError
 
@@ -22,6 +22,7 @@ def build_parser() -> Parser:
     analyze.add_parser(sub)
     check.add_parser(sub)
     diff.add_parser(sub)
+    export.add_parser(sub)
     views.add_parsers(sub)  # dash, report
     info.add_parser(sub)
     initconfig.add_parser(sub)

@@ -50,6 +50,7 @@ def assert_tiles(a) -> None:
 @pytest.mark.parametrize("name", CLEAN)
 def test_on_a_clean_reference_run_the_path_tiles_the_step(name, private_cache):
     a = analyse_run(RUNS / name, load_options={"cache_dir": private_cache, "workers": 1})
+    assert a.path == RUNS / name and a.name == name  # the run, beside its path
     assert_tiles(a)
     seg = a.critical_path.segments
     # compute in the model's layers and transfers of its collectives are on it

@@ -1,0 +1,67 @@
+"""The dashboard's merged-trace download (sptrace.export): ``/export/merged-trace.json.gz?run=I&ranks=0-7``
+streams, gzip, the merged trace of run I of those the dashboard serves, for those ranks (the
+Timeline links the ranks it shows); ``window=START:END`` (ms from the step start) as the CLI's.
+Runs are named by index into the store, so no path from the URL ever reaches the filesystem."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from sptrace.dashboards.store import RunStore
+
+from sptrace.vocab.errors import SptraceError
+
+EXPORT_PATH = "/export/merged-trace.json.gz"
+
+
+def export_href(run: int, ranks: list[int] | None = None) -> str:
+    """The download's URL for a run's ranks (None: sptrace.export.choose_ranks' default)."""
+    query: dict[str, Any] = {"run": run}
+    if ranks is not None:
+        query["ranks"] = _compact(ranks)
+    return f"{EXPORT_PATH}?{urlencode(query)}"
+
+
+def _compact(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5' (sptrace.export.parse_ranks reads it back)."""
+    from sptrace.vocab.units import rank_ranges
+
+    return rank_ranges(ranks).replace(" ", "")
+
+
+def register_export(app: Any, store: RunStore) -> None:
+    """The download's route on the app's Flask server. The app's 404 guard (a before_request hook
+    that answers every path that is not a page) would stop it, so the route is also answered
+    from a hook placed ahead of the guard."""
+    from flask import Response, request, stream_with_context
+
+    def download() -> Any:
+        from sptrace.export import ExportOptions, ExportSummary, gzip_chunks, parse_ranks, parse_window, trace_chunks
+
+        text = request.args.get("run", "0")
+        if not text.isdigit() or not 0 <= int(text) < len(store):
+            return _problem(f"no run {text!r}: this dashboard serves runs 0 to {len(store) - 1}", 404)
+        run = int(text)
+        a = store.get(run)
+        if isinstance(a, SptraceError):
+            return _problem(str(a), 404)
+        try:
+            ranks = parse_ranks(request.args["ranks"]) if request.args.get("ranks") else None
+            window = parse_window(request.args["window"]) if request.args.get("window") else None
+            chunks = trace_chunks(a, ExportOptions(ranks=ranks, window_ms=window), ExportSummary())
+        except SptraceError as exc:  # a rank not in the run, a window outside it: said before any byte is sent
+            return _problem(str(exc), 400)
+        name = f"{store.name(run)}-merged.json.gz"
+        return Response(stream_with_context(gzip_chunks(chunks)), mimetype="application/gzip",
+                        headers={"Content-Disposition": f'attachment; filename="{name}"'})  # fmt: skip
+
+    def ahead_of_the_guard() -> Any:
+        return download() if request.path == EXPORT_PATH else None
+
+    app.server.add_url_rule(EXPORT_PATH, "sptrace_export", download)
+    app.server.before_request_funcs.setdefault(None, []).insert(0, ahead_of_the_guard)
+
+
+def _problem(text: str, status: int) -> tuple[str, int, dict[str, str]]:
+    return text + "\n", status, {"Content-Type": "text/plain; charset=utf-8"}
