@@ -21,7 +21,7 @@ from urllib.parse import parse_qs
 
 import dash_mantine_components as dmc
 from dash import MATCH, Dash, Input, Output, ctx, dcc, html, no_update
-from sptrace.dashboards.export_route import register_export
+from sptrace.dashboards.export_route import EXPORT_PATH, register_export
 from sptrace.dashboards.pages import collectives, compare, diff, gpu, memory, overview, timeline
 from sptrace.dashboards.pages.common import View, error_box, href
 from sptrace.dashboards.store import RunStore
@@ -224,7 +224,7 @@ def _serve_404(app: Dash, store: RunStore) -> None:
         from flask import request
 
         path = request.path
-        if path.startswith(_DASH_PREFIXES):
+        if path.startswith(_DASH_PREFIXES) or path == EXPORT_PATH:  # (the download says its own problems)
             return None
         problem = None
         if path not in PAGES:

@@ -246,7 +246,7 @@ def trace_chunks(a: RunAnalysis, options: ExportOptions, summary: ExportSummary)
         summary.notes.append(note)
     if not ranks:
         raise UsageError("no rank to export")
-    path = getattr(a, "critical_path", None)  # (an analysis from before the critical path has none)
+    path = a.critical_path
     clock, extent = _clock(a, ranks, path)
     window = _window(a, clock, extent, options.window_ms)
     summary.ranks = tuple(ranks)

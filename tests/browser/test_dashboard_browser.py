@@ -252,6 +252,27 @@ def test_timeline_hover_and_visible_collectives(open_page):
     assert errors == []
 
 
+def test_the_critical_path_line_and_the_merged_trace_download(open_page, server):
+    """The Timeline draws the critical path through the lanes, names its culprit, and its
+    download link serves the ranks shown as one merged trace (gzip JSON) that the browser fetches."""
+    import gzip
+
+    page, errors = open_page("/timeline?run=0")
+    page.wait_for_selector("#critical-path-summary", timeout=TIMEOUT_MS)
+    assert page.text_content("#critical-path-summary").startswith("critical path: rank ")
+    drawn = page.evaluate("""() => [...document.querySelectorAll('#timeline-graph .scatterlayer .trace')]
+        .filter(t => t.__data__ && t.__data__[0].trace.name === 'critical path')
+        .map(t => t.querySelector('path.js-line').getAttribute('d').length)""")
+    assert len(drawn) == 1 and drawn[0] > 20
+    href = page.get_attribute("#timeline-export", "href")
+    response = page.request.get(server + href)
+    assert response.status == 200 and response.headers["content-type"] == "application/gzip"
+    trace = json.loads(gzip.decompress(response.body()))
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert {"rank 0", "rank 1", "critical path"} <= names
+    assert errors == []
+
+
 def test_url_round_trip_and_back_button(open_page, server):
     page, errors = open_page("/memory?run=1")
     page.wait_for_selector("text=FAIL: 1 full-size tensor", timeout=TIMEOUT_MS)

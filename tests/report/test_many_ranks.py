@@ -118,8 +118,11 @@ def test_timeline_shows_a_group_of_lanes_at_a_time(many, analysis):
     chosen = timeline.render(store, View("timeline", 0, None, {"ranks": "0"}))
     figure = next(g.figure for g in _components(chosen, "Graph") if g.id == "timeline-graph")
     assert list(figure.layout.yaxis.ticktext) == [f"rank {r}" for r in range(32)]
-    grids = _components(page, "AgGrid")
+    grids = [g for g in _components(page, "AgGrid") if g.id["name"] == "timeline-stragglers"]
     assert grids and grids[0].rowData[0]["rank"] == LATE_RANK and len(grids[0].rowData) == 10
+    # and the critical path's time by module beside them
+    path = [g for g in _components(page, "AgGrid") if g.id["name"] == "critical-path"]
+    assert path and path[0].rowData
 
 
 def test_collectives_page_has_the_skew_section(many, analysis):
