@@ -121,17 +121,11 @@ def critical_path_section(a: Any) -> list[Any]:
     path = a.critical_path
     if path is None:
         return []
-    step = path.step_us
-    kinds = " · ".join(f"{k} {v / 1e3:.2f} ms ({v / step:.0%})" for k, v in path.by_kind().items() if step > 0)
-    culprit = path.culprit
-    modules = path.by_module(40)
-    modules = modules.assign(ms=(modules["dur_us"] / 1e3).round(3), share=(modules["dur_us"] / step).round(3))
     return [
         dmc.Title("Critical path", order=4, mt="lg"),
-        dmc.Text(culprit.line(step) if culprit else f"critical path: {step / 1e3:.3g} ms", id="critical-path-summary",
-                 fw=500),
-        dmc.Text(f"{step / 1e3:.2f} ms: {kinds}", size="sm", c="dimmed", mb="xs"),
-        grid(modules[["module", "phase", "kind", "ms", "share"]], "critical-path", "time on the path by module"),
+        dmc.Text(path.headline(), id="critical-path-summary", fw=500),
+        dmc.Text(f"{path.step_us / 1e3:.2f} ms: {path.kinds_text(' · ')}", size="sm", c="dimmed", mb="xs"),
+        grid(path.module_table(40), "critical-path", "time on the path by module"),
     ]  # fmt: skip
 
 

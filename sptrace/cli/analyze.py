@@ -138,18 +138,12 @@ def render_critical_path(analysis: RunAnalysis, max_rows: int = 8) -> list[str]:
     if path is None:
         return []
     step = path.step_us
-    kinds = ", ".join(f"{k} {v / step:.0%}" for k, v in path.by_kind().items() if step > 0)
-    seg = path.segments
-    ranks = sorted(int(r) for r in seg["rank"].unique())
+    ranks = sorted(int(r) for r in path.segments["rank"].unique())
     lines = [f"\ncritical path: {step / 1e3:.3g} ms through {count(len(ranks), 'rank')} ({rank_ranges(ranks)}): "
-             f"{kinds}"]  # fmt: skip
-    culprit = path.culprit
-    if culprit is not None:
-        lines.append("  " + culprit.line(step))
-    lines.append("  by module (its time on the path):")
-    for module, phase, kind, dur in path.by_module(max_rows).itertuples(index=False):
+             f"{path.kinds_text()}", "  " + path.headline(), "  by module (its time on the path):"]  # fmt: skip
+    for module, phase, kind, ms, share in path.module_table(max_rows).itertuples(index=False):
         where = " ".join(x for x in (module, phase, kind) if x)
-        lines.append(f"    {where:<48} {dur / 1e3:9.3f} ms {dur / step:5.0%}")
+        lines.append(f"    {where:<48} {ms:9.3f} ms {share:5.0%}")
     lines.append("  (--format json lists every segment)")
     return lines
 

@@ -95,6 +95,24 @@ class CriticalPath:
         out = out.sort_values("dur_us", ascending=False, kind="stable").reset_index(drop=True)
         return out.head(limit) if limit else out
 
+    def headline(self) -> str:
+        """The culprit's line (Culprit.line), else the path's length."""
+        culprit = self.culprit
+        return culprit.line(self.step_us) if culprit is not None else f"critical path: {self.step_us / 1e3:.3g} ms"
+
+    def kinds_text(self, sep: str = ", ") -> str:
+        """'compute 12.30 ms (41%), transfer ...': the path's time by kind."""
+        step = max(self.step_us, 1e-9)
+        return sep.join(f"{k} {v / 1e3:.2f} ms ({v / step:.0%})" for k, v in self.by_kind().items())
+
+    def module_table(self, limit: int | None = None) -> pd.DataFrame:
+        """by_module with the time in ms and its share of the path: what the views list."""
+        rows = self.by_module(limit)
+        rows = rows.assign(
+            ms=(rows["dur_us"] / 1e3).round(3), share=(rows["dur_us"] / max(self.step_us, 1e-9)).round(3)
+        )
+        return rows[["module", "phase", "kind", "ms", "share"]]
+
     @property
     def culprit(self) -> Culprit | None:
         """The (rank, module, phase) of compute that cost the most wall time on the path, and the

@@ -127,15 +127,10 @@ def _critical_path(a: RunAnalysis) -> list[str]:
     path = a.critical_path
     if path is None or path.step_us <= 0:
         return []
-    step = path.step_us
-    culprit = path.culprit
-    kinds = ", ".join(f"{k} {v / 1e3:.2f} ms ({v / step:.0%})" for k, v in path.by_kind().items())
-    modules = path.by_module(20)
-    modules = modules.assign(ms=(modules["dur_us"] / 1e3).round(3), share=(modules["dur_us"] / step).round(3))
     return [
         html_h3("critical path"),
-        html_p((culprit.line(step) if culprit else f"critical path: {step / 1e3:.3g} ms") + f"; {kinds}"),
-        render_html_table(modules[["module", "phase", "kind", "ms", "share"]], "time on the critical path by module"),
+        html_p(f"{path.headline()}; {path.kinds_text()}"),
+        render_html_table(path.module_table(20), "time on the critical path by module"),
     ]
 
 
