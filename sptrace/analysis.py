@@ -29,7 +29,6 @@ from sptrace.costmodel.comm import undeclared_sizes
 from sptrace.detect.allocations import Retention
 from sptrace.detect.infer import layers_dtype
 from sptrace.detect.timing import MODULE_TIME_COLUMNS, RankTiming, step_sources
-from sptrace.detect.work import WORK_COLUMNS
 from sptrace.load.trace import RunFiles, RunTrace
 from sptrace.reduce.critical import CriticalPath, run_critical_path
 from sptrace.reduce.matching import Matching, match_collectives
@@ -112,8 +111,6 @@ class RunAnalysis:
     """Sends paired with receives, ring steps, overlap and balance (None without point-to-point)."""
     module_times: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
     """Each rank's own time per module, forward and backward (MODULE_TIME_COLUMNS, ms)."""
-    work: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
-    """Each rank's work lane, labelled by module (sptrace.detect.work.WORK_COLUMNS, own clocks)."""
     critical_path: CriticalPath | None = None
     """The chain of work, transfers and waiting across ranks that set the step time."""
 
@@ -396,7 +393,7 @@ def reduce_run(
     missing = (f"ranks without a trace: {rank_ranges(run.missing_ranks)} ({len(run.missing_ranks)} of "
                f"{run.world_size})") if run.missing_ranks else None  # fmt: skip
     estimate = comm = crossrank = p2p = critical = None
-    work = _concat([r.work for r in ranked if r.work is not None], WORK_COLUMNS)
+    work = {r.trace.rank: r.work for r in ranked if r.work is not None}  # (walked rank by rank: never joined)
     comm_unavailable = None
     if "collectives" in parts:
         p2p_found: list[Finding] = []
@@ -459,7 +456,7 @@ def reduce_run(
         compute=_concat(compute, COMPUTE_COLUMNS), crossrank=crossrank, p2p=p2p,
         module_times=_concat([r.module_times for r in ranked if r.module_times is not None], MODULE_TIME_COLUMNS),
         peak_allocated={r.trace.rank: r.peak_allocated for r in ranked if r.peak_allocated is not None},
-        work=work, critical_path=critical,
+        critical_path=critical,
     )  # fmt: skip
 
 

@@ -111,8 +111,9 @@ def _flatten(start: np.ndarray, end: np.ndarray, label: np.ndarray) -> tuple[lis
     return ps, pe, pl
 
 
-def module_clock(idx: RankIndex) -> ModuleClock:
-    """The rank's module ranges (forward), backward nodes and optimizer ranges as one clock."""
+def module_clock(idx: RankIndex, cpu: pd.DataFrame | None = None) -> ModuleClock:
+    """The rank's module ranges (forward), backward nodes and optimizer ranges as one clock; its
+    threads' outermost CPU ranges where none covers a time (``cpu``: its CPU events)."""
     labels: list[tuple[str | None, str]] = []
     starts: list[np.ndarray] = []
     ends: list[np.ndarray] = []
@@ -139,31 +140,35 @@ def module_clock(idx: RankIndex) -> ModuleClock:
         add(nodes, _backward_modules(idx, nodes, forward), "backward")
     if len(idx.optimizer):
         add(idx.optimizer, [OPTIMIZER] * len(idx.optimizer), OPTIMIZER)
-    outer = _outer_clock(idx)
+    if cpu is None:
+        cpu = take_columns(idx.events, idx.is_cpu, ["tid", "name", "ts_ns", "dur_ns"])
+    outer = _outer_clock(cpu)
     if not labels:
         empty = np.empty(0, np.int64)
         return ModuleClock(empty, empty, empty, [], fallback=outer)
     return ModuleClock(*_joined(starts, ends, tids), labels, fallback=outer)
 
 
-def _outer_clock(idx: RankIndex) -> ModuleClock:
+def _outer_clock(cpu: pd.DataFrame) -> ModuleClock:
     """Each thread's outermost CPU ranges inside the step (annotations such as ``## forward ##``,
-    or top-level ops): what names work that no module range covers (a trace without python
-    stacks or sptrace's markers)."""
-    cpu = take_columns(idx.events, idx.is_cpu, ["tid", "name", "ts_ns", "dur_ns"])
-    cpu = cpu[~has_prefix(cpu["name"], (*NOT_WORK, *_NOT_THREAD_WORK))] if len(cpu) else cpu
+    or top-level ops) of ``cpu`` (the rank's CPU events: tid, name, ts_ns, dur_ns): what names
+    work that no module range covers (a trace without python stacks or sptrace's markers)."""
     empty = np.empty(0, np.int64)
-    if cpu.empty:
+    keep = ~has_prefix(cpu["name"], (*NOT_WORK, *_NOT_THREAD_WORK)) if len(cpu) else np.zeros(0, dtype=bool)
+    if not keep.any():
         return ModuleClock(empty, empty, empty, [])
-    cpu = cpu.assign(end=cpu["ts_ns"] + cpu["dur_ns"].fillna(0))
-    cpu = cpu.sort_values(["tid", "ts_ns", "end"], ascending=[True, True, False])
-    # top level: starts at or after every earlier range on its thread has ended
-    before = cpu.groupby("tid", sort=False)["end"].transform(lambda e: e.cummax().shift(1))
-    top = cpu[before.isna() | (cpu["ts_ns"] >= before)]
-    start = top["ts_ns"].to_numpy(dtype=np.int64, na_value=0)
-    end = top["end"].to_numpy(dtype=np.int64, na_value=0)
-    tid = top["tid"].to_numpy(dtype=np.int64, na_value=-1)
-    return ModuleClock(start, end, tid, [(str(n), "") for n in top["name"]])
+    tid = cpu["tid"].to_numpy(dtype=np.int64, na_value=-1)[keep]
+    start = cpu["ts_ns"].to_numpy(dtype=np.int64, na_value=0)[keep]
+    end = start + cpu["dur_ns"].to_numpy(dtype=np.int64, na_value=0)[keep]
+    names = cpu["name"].to_numpy(dtype=object)[keep]
+    order = np.lexsort((-end, start, tid))
+    tid, start, end, names = tid[order], start[order], end[order], names[order]
+    top = np.zeros(len(tid), dtype=bool)
+    for t in np.unique(tid):  # top level: starts at or after every earlier range on its thread has ended
+        at = np.flatnonzero(tid == t)
+        reach = np.maximum.accumulate(end[at])
+        top[at] = np.concatenate(([True], start[at][1:] >= reach[:-1]))
+    return ModuleClock(start[top], end[top], tid[top], [(str(n), "") for n in names[top]])
 
 
 def _joined(starts, ends, tids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -204,7 +209,8 @@ def detect_work(
     idx = index or RankIndex(trace)
     waits = _in_flight(collectives)
     rank = int(trace.rank) if trace.rank is not None else 0
-    clock = module_clock(idx)
+    cpu = take_columns(idx.events, idx.is_cpu, ["tid", "name", "ts_ns", "dur_ns"])
+    clock = module_clock(idx, cpu)
     empty = np.empty(0, np.int64)
     cover = (empty, empty, empty, np.empty(0, dtype=bool))
     blocked: tuple[np.ndarray, np.ndarray] = (empty, empty)
@@ -215,7 +221,6 @@ def detect_work(
         # while an NCCL kernel runs, the GPU is held by the collective, not by the host
         comm = idx.comm_kernels
         blocked = (idx.table.start[comm], idx.table.end[comm])
-    cpu = take_columns(idx.events, idx.is_cpu, ["tid", "name", "ts_ns", "dur_ns"])
     # a CPU trace's work is its busiest thread's (another thread's ops there are gloo's workers
     # and the like, which run while the rank waits)
     for tid in cpu["tid"].value_counts().index[: threads if gpu else 1].tolist() if len(cpu) else []:
@@ -227,9 +232,12 @@ def detect_work(
     s, e, lab, lane = _close_gaps(starts, ends, labels, lanes, (ends.max() - starts.min()) / max_segments)
     names = [clock.labels[x] if x >= 0 else (None, "") for x in lab]
     phases = _phases(idx, s, [p for _, p in names])
+    # names as categories: a rank's few hundred stretches repeat a few dozen names, and a run's
+    # thousand ranks' lanes are all held until the reduce
     return pd.DataFrame({
-        "rank": rank, "start_us": s / 1e3, "dur_us": (e - s) / 1e3, "module": [m for m, _ in names],
-        "phase": phases, "lane": np.where(lane, "gpu", "cpu"),
+        "rank": rank, "start_us": s / 1e3, "dur_us": (e - s) / 1e3,
+        "module": pd.Categorical([m for m, _ in names]), "phase": pd.Categorical(phases),
+        "lane": pd.Categorical.from_codes(lane.astype(np.int8), ["cpu", "gpu"]),
     }, columns=WORK_COLUMNS)  # fmt: skip
 
 

@@ -22,7 +22,7 @@ across ranks' clocks.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -203,7 +203,7 @@ class _Rank:
 
 
 def run_critical_path(
-    collectives: pd.DataFrame, matching: Matching | None, timing: Iterable[RankTiming], work: pd.DataFrame
+    collectives: pd.DataFrame, matching: Matching | None, timing: Iterable[RankTiming], work: Mapping[int, pd.DataFrame]
 ) -> CriticalPath | None:
     """The critical path over the ranks' measured steps (RankTiming's windows); module paths name
     their layer as the collectives inside them do."""
@@ -224,19 +224,23 @@ def critical_path(
     members: pd.DataFrame | None,
     offsets: dict[int, float],
     steps: dict[int, tuple[float, float]],
-    work: pd.DataFrame,
+    work: Mapping[int, pd.DataFrame] | pd.DataFrame,
     layer_of: dict[str, int] | None = None,
 ) -> CriticalPath | None:
     """The path (module docstring). ``members``: sptrace.reduce.matching.Matching.members (which
-    rank's collective, by issue time, is which matched one); ``steps``: each rank's step
-    [start, end] in us on its own clock; ``work``: the ranks' lanes (sptrace.detect.work);
-    ``layer_of``: module path -> layer. None when no rank has a step."""
+        rank's collective, by issue time, is which matched one); ``steps``: each rank's step
+        [start, end] in us on its own clock; ``work``: each rank's lane (sptrace.detect.work; or one
+    frame of every rank's);
+        ``layer_of``: module path -> layer. None when no rank has a step."""
     steps = {r: (s - offsets.get(r, 0.0), e - offsets.get(r, 0.0)) for r, (s, e) in steps.items() if e > s}
     if not steps:
         return None
     colls = _collectives(collectives, members, offsets)
     by_rank = dict(tuple(colls.groupby("rank"))) if len(colls) else {}
-    lanes = dict(tuple(work.groupby("rank"))) if len(work) else {}
+    if isinstance(work, pd.DataFrame):
+        lanes = dict(tuple(work.groupby("rank"))) if len(work) else {}
+    else:
+        lanes = dict(work)
     empty_work = pd.DataFrame(columns=["start_us", "dur_us", "module", "phase", "lane"])
     ranks: dict[int, _Rank] = {}
 
