@@ -52,9 +52,10 @@ from sptrace.vocab.markers import SAVED
 from sptrace.vocab.shape import FIELDS, Declarations, ModelShape, ShapeValues
 from sptrace.vocab.units import count, rank_ranges
 
-PARTS = ("collectives", "sharding")
+PARTS = ("collectives", "sharding", "path")
 """What analyse_run computes by default: collectives (with matching, timing and the cost-model
-check) and the sharding check; ``modules`` (each module's own time, for sptrace diff) on request."""
+check), the sharding check and the critical path across ranks (``path``, with ``collectives``);
+``modules`` (each module's own time, for sptrace diff) on request."""
 
 
 @dataclass(frozen=True)
@@ -425,7 +426,8 @@ def reduce_run(
                                      notes=[*notes, *p2p_notes], scope=over)  # fmt: skip
         crossrank = check_cross_rank(collectives, matching, sorted(run.ranks), comm_unavailable, also=p2p_found,
                                      notes=[*([missing] if missing else []), *p2p_notes])  # fmt: skip
-        critical = run_critical_path(collectives, matching, timing, work)
+        if "path" in parts:
+            critical = run_critical_path(collectives, matching, timing, work)
     expected_act = activation_bytes_per_layer(model)
     if expected_act is not None and model.dtype_bytes:
         expected_act = expected_act * model.dtype_bytes / 2  # Korthikanti counts 2-byte activations

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--k must be 1 or 2")
     if args.baseline:
         return run_baseline(args, args.format)
-    analysis = analyse(args, k=args.k, parts=("collectives",), grad_dtype=args.grad_dtype,
+    analysis = analyse(args, k=args.k, parts=("collectives", "path"), grad_dtype=args.grad_dtype,
                        attention_only=args.attention_only, grad_sync=not args.no_grad_sync)  # fmt: skip
     report = analysis.comm
     if report is None:  # no model of the job: what the ranks say of each other, and why no more

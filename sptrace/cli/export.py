@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     out = check_output(args.output)  # bad flags are said before any trace is read
     window = parse_window(args.window) if args.window is not None else None
     ranks = parse_ranks(args.ranks) if args.ranks is not None else None
-    analysis = analyse(args, parts=("collectives",))
+    analysis = analyse(args, parts=("collectives", "path"))
     chosen, note = choose_ranks(analysis, ranks, args.group)
     if note:
         log(note)

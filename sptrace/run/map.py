@@ -36,8 +36,9 @@ COMPUTE_COLUMNS = ["rank", "start_us", "dur_us"]
 
 @dataclass(frozen=True)
 class MapSpec:
-    """What each rank computes: ``parts`` of collectives, sharding, modules (none: only the trace's
-    description, for ``sptrace info``); ``element_size`` the declared activation element size
+    """What each rank computes: ``parts`` of collectives, sharding, modules, path (the work lane
+    the critical path walks; with collectives) (none: only the trace's description, for
+    ``sptrace info``); ``element_size`` the declared activation element size
     for shape inference of retained tensors."""
 
     parts: tuple[str, ...] = ("collectives", "sharding")
@@ -94,7 +95,8 @@ def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
         result.collectives = detect_collectives(trace, index, for_reduce=True)
         result.timing = detect_timing(trace, result.collectives, index)
         result.compute = detect_compute(trace, index)
-        result.work = detect_work(trace, index, result.collectives)
+        if "path" in spec.parts:  # (what the critical path walks: analyze pays for it, check does not)
+            result.work = detect_work(trace, index, result.collectives)
     if "modules" in spec.parts:  # (what sptrace diff compares: a few ms a rank that analyze need not pay)
         from sptrace.detect.timing import detect_module_times
 

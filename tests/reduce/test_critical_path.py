@@ -64,6 +64,18 @@ def test_on_a_clean_reference_run_the_path_tiles_the_step(name, private_cache):
         assert a.critical_path.step_us == pytest.approx(last[1][1] - last[1][0], rel=0.01)
 
 
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", ["megatron", "ulysses", "hybrid"])
+def test_on_the_8_rank_demo_runs_the_path_tiles_the_step(name, profiled, private_cache):
+    """The demo's clean 8-rank runs (profiled in this session): the path tiles its step, crosses
+    ranks where one arrived last, and its compute is in the model's layers."""
+    a = analyse_run(profiled(name), load_options={"cache_dir": private_cache, "workers": 1})
+    assert_tiles(a)
+    seg = a.critical_path.segments
+    assert (seg[seg["kind"] == "compute"]["layer"].notna()).any() and (seg["kind"] == "transfer").any()
+    assert seg["waiting"].max() >= 1
+
+
 def test_on_gpu_traces_the_path_follows_kernels_and_nccl_kernels_across_ranks(corpus, private_cache):
     a = analyse_run(corpus / "param_dlrm_kineto", load_options={"cache_dir": private_cache, "workers": 1})
     assert_tiles(a)
