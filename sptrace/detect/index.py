@@ -264,6 +264,14 @@ class RankIndex:
         to = dict(zip(zip(start[ends].tolist(), tid[ends].tolist()), fid[ends].tolist()))
         return {kernel: source[f] for kernel, f in to.items() if f in source}
 
+    def forward_ops(self, seqs: Iterable[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(found, ts_ns, tid) of the forward op that created the autograd node of each sequence
+        number in ``seqs`` (None or NaN: none), read off the table's arrays."""
+        rows = np.array([self._forward_at.get(int(s), -1) if present(s) else -1 for s in seqs], dtype=np.int64)
+        found = rows >= 0
+        at = self._forward_rows[rows[found]]
+        return found, self.table.start[at], self.table.tid[at]
+
     @cached_property
     def forward_by_seq(self) -> pd.DataFrame:
         """The forward op that created each autograd node, by sequence number."""

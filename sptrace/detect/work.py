@@ -180,16 +180,11 @@ def _backward_modules(idx: RankIndex, nodes, forward: ModuleClock | None) -> lis
     forward clock; a node that carries no number is asked of RankIndex.module_of (its inner ops')."""
     seqs = nodes.column("seq_num")
     known = seqs.notna().to_numpy()
-    fwd = idx.forward_by_seq
     out: list[str | None] = [None] * len(nodes)
-    if forward is not None and len(fwd):
-        at = {int(s): i for i, s in enumerate(fwd["seq_num"].to_numpy(dtype=np.int64, na_value=-1))}
-        fts = fwd["ts_ns"].to_numpy(dtype=np.int64, na_value=0)
-        ftid = fwd["tid"].to_numpy(dtype=np.int64, na_value=-1)
-        rows = np.array([at.get(int(s), -1) if k else -1 for s, k in zip(seqs.tolist(), known)], dtype=np.int64)
-        found = np.flatnonzero(rows >= 0)
-        labels = forward.at(fts[rows[found]], ftid[rows[found]])
-        for i, lab in zip(found.tolist(), labels.tolist()):
+    if forward is not None:
+        found, fts, ftid = idx.forward_ops(seqs.tolist())
+        labels = forward.at(fts, ftid)
+        for i, lab in zip(np.flatnonzero(found).tolist(), labels.tolist()):
             if lab >= 0:
                 out[i] = forward.labels[lab][0]
     for i in np.flatnonzero(~known).tolist():
@@ -235,10 +230,15 @@ def detect_work(
     # names as categories: a rank's few hundred stretches repeat a few dozen names, and a run's
     # thousand ranks' lanes are all held until the reduce
     return pd.DataFrame({
-        "rank": rank, "start_us": s / 1e3, "dur_us": (e - s) / 1e3,
-        "module": pd.Categorical([m for m, _ in names]), "phase": pd.Categorical(phases),
-        "lane": pd.Categorical.from_codes(lane.astype(np.int8), ["cpu", "gpu"]),
+        "rank": rank, "start_us": s / 1e3, "dur_us": (e - s) / 1e3, "module": _categories([m for m, _ in names]),
+        "phase": _categories(phases), "lane": pd.Categorical.from_codes(lane.astype(np.int8), ["cpu", "gpu"]),
     }, columns=WORK_COLUMNS)  # fmt: skip
+
+
+def _categories(values: list[str | None]) -> pd.Categorical:
+    """Names as a categorical (None: missing), by pandas' hash-based factorize."""
+    codes, uniques = pd.factorize(np.array(values, dtype=object))
+    return pd.Categorical.from_codes(codes, uniques)
 
 
 def _fill(cover: tuple[np.ndarray, ...], starts: np.ndarray, ends: np.ndarray, labels: np.ndarray,
