@@ -2,19 +2,21 @@
 time, walked back from the step's end.
 
 The dependencies, on clocks aligned across ranks (sptrace.reduce.timebase):
-* within a rank, its work lane (sptrace.detect.work: its GPU compute, else its busiest thread)
-  runs in order; while the lane is busy, the rank is working in a module;
-* where the lane is idle, the rank was held by what ended there: the collective (or send or
-  receive) it was waiting on, else nothing the trace records (``idle``);
+* within a rank, its work lane (sptrace.detect.work: its GPU compute and, where the GPU idled,
+  its CPU threads' work; on a CPU trace its busiest thread) runs in order; while the lane is
+  busy, the rank is working in a module;
+* where the lane is idle, the rank was held by what ended there: a collective's (or send's or
+  receive's) transfer, or its call where the call returned at another time (a blocking gloo
+  send, an async call); else by nothing the trace records (``idle``);
 * a collective completes only once its last member has arrived, and a receive once its send
   has: before that moment the path is on the member that arrived last.
 
 So from the end of the step of the rank that finished last, the walk goes back along the lane
-while it is busy (``compute``), through the collective that ended where it was idle
-(``transfer``: from its last member's arrival to its end), and on the last-arriving member from
-its arrival, until it reaches the step's start on the rank it is on. A collective whose group
-holds members the trace lacks cannot name who arrived last: its span is ``wait``, as far as the
-trace can tell. The segments tile the path exactly.
+while it is busy (``compute``), through what held it where it was idle (``transfer``: from the
+last member's arrival to the end), and on the last-arriving member from its arrival, until it
+reaches the step's start on the rank it is on. A collective whose group holds members the trace
+lacks cannot name who arrived last: its span is ``wait``, as far as the trace can tell. The
+segments tile the path exactly.
 
 Hand-written: HTA's critical path covers one rank's trace, and no library walks dependencies
 across ranks' clocks.
@@ -228,10 +230,9 @@ def critical_path(
     layer_of: dict[str, int] | None = None,
 ) -> CriticalPath | None:
     """The path (module docstring). ``members``: sptrace.reduce.matching.Matching.members (which
-        rank's collective, by issue time, is which matched one); ``steps``: each rank's step
-        [start, end] in us on its own clock; ``work``: each rank's lane (sptrace.detect.work; or one
-    frame of every rank's);
-        ``layer_of``: module path -> layer. None when no rank has a step."""
+    rank's collective, by issue time, is which matched one); ``steps``: each rank's step
+    [start, end] in us on its own clock; ``work``: each rank's lane (sptrace.detect.work), or one
+    frame of every rank's; ``layer_of``: module path -> layer. None when no rank has a step."""
     steps = {r: (s - offsets.get(r, 0.0), e - offsets.get(r, 0.0)) for r, (s, e) in steps.items() if e > s}
     if not steps:
         return None
