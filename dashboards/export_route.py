@@ -24,7 +24,7 @@ def export_href(run: int, ranks: list[int] | None = None) -> str:
 
 
 def _compact(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5' (sptrace.export.parse_ranks reads it back)."""
+    """[0, 1, 2, 5] -> '0-2,5' (sptrace.vocab.units.parse_ranks reads it back)."""
     from sptrace.vocab.units import rank_ranges
 
     return rank_ranges(ranks).replace(" ", "")
@@ -35,7 +35,8 @@ def register_export(app: Any, store: RunStore) -> None:
     from flask import Response, request, stream_with_context
 
     def download() -> Any:
-        from sptrace.export import ExportOptions, ExportSummary, gzip_chunks, parse_ranks, parse_window, trace_chunks
+        from sptrace.export import ExportOptions, ExportSummary, gzip_chunks, parse_window, trace_chunks
+        from sptrace.vocab.units import parse_ranks
 
         text = request.args.get("run", "0")
         if not text.isdigit() or not 0 <= int(text) < len(store):

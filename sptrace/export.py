@@ -19,8 +19,6 @@ double to hold its nanoseconds, and 0 near the step keeps every one exact.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ import msgspec
 
 from sptrace.export_events import Threads, event_batches, flow_numbers, kept_rows, module_ranges
 from sptrace.export_tracks import Clock, Window, collective_slices, critical_path_events, own_rank_events
+from sptrace.fileio import write_atomic_chunks
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.units import count, human_bytes, rank_ranges
@@ -45,22 +44,6 @@ MAX_RANKS = 64
 """Ranks exported when none are chosen: past this the trace is too large for a browser to open."""
 GZIP_LEVEL = 6
 _ENCODE = msgspec.json.Encoder().encode
-
-
-def parse_ranks(text: str) -> tuple[int, ...]:
-    """'0-7,63' -> (0, 1, ..., 7, 63): the inverse of sptrace.vocab.units.rank_ranges (spaces
-    allowed). A malformed list is a UsageError naming it."""
-    ranks: set[int] = set()
-    for part in text.replace(" ", "").split(","):
-        lo, dash, hi = part.partition("-")
-        try:
-            first, last = int(lo), int(hi if dash else lo)
-        except ValueError:
-            raise UsageError(f"--ranks {text!r}: {part!r} is neither a rank nor a range such as 0-7") from None
-        if first < 0 or last < first:
-            raise UsageError(f"--ranks {text!r}: {part!r} is not a range of ranks (from low to high, from 0)")
-        ranks.update(range(first, last + 1))
-    return tuple(sorted(ranks))
 
 
 def parse_window(text: str) -> tuple[float | None, float | None]:
@@ -194,7 +177,7 @@ def export_run(a: RunAnalysis, out: Path, options: ExportOptions = ExportOptions
     if out.name.endswith(".gz"):
         chunks = gzip_chunks(chunks)
     try:
-        summary.bytes_out = _write_streamed(out, chunks)
+        summary.bytes_out = write_atomic_chunks(out, chunks)
     except OSError as exc:
         raise UsageError(f"{out}: cannot write: {exc.strerror or exc}") from None
     return summary
@@ -216,25 +199,6 @@ def gzip_chunks(chunks: Iterable[bytes], level: int = GZIP_LEVEL) -> Iterator[by
         if packed:
             yield packed
     yield packer.flush()
-
-
-def _write_streamed(path: Path, chunks: Iterable[bytes]) -> int:
-    """sptrace.fileio.write_atomic's temp-and-rename for a stream of chunks: no reader ever sees
-    half a file, and no more than one chunk is held. Returns the bytes written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    size = 0
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-                size += len(chunk)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return size
 
 
 def trace_chunks(a: RunAnalysis, options: ExportOptions, summary: ExportSummary) -> Iterator[bytes]:

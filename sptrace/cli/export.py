@@ -29,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sptrace.export import ExportOptions, check_output, choose_ranks, export_run, parse_ranks, parse_window
+    from sptrace.export import ExportOptions, check_output, choose_ranks, export_run, parse_window
+    from sptrace.vocab.units import parse_ranks
 
     out = check_output(args.output)  # bad flags are said before any trace is read
     window = parse_window(args.window) if args.window is not None else None

@@ -1,8 +1,10 @@
-"""Units for people: one byte formatter and one rank-set formatter for every report."""
+"""Units for people: one byte formatter and one rank-set formatter (and its parser) for every report."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+from sptrace.vocab.errors import UsageError
 
 
 def human_bytes(n: float) -> str:
@@ -25,6 +27,22 @@ def rank_ranges(ranks: Iterable[int]) -> str:
         out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
         i = j + 1
     return ", ".join(out)
+
+
+def parse_ranks(text: str) -> tuple[int, ...]:
+    """'0-7,63' -> (0, 1, ..., 7, 63): the inverse of rank_ranges (spaces
+    allowed). A malformed list is a UsageError naming it."""
+    ranks: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        lo, dash, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi if dash else lo)
+        except ValueError:
+            raise UsageError(f"--ranks {text!r}: {part!r} is neither a rank nor a range such as 0-7") from None
+        if first < 0 or last < first:
+            raise UsageError(f"--ranks {text!r}: {part!r} is not a range of ranks (from low to high, from 0)")
+        ranks.update(range(first, last + 1))
+    return tuple(sorted(ranks))
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
