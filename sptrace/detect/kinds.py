@@ -68,3 +68,8 @@ SYMM_MEM_KINDS = (  # CPU ops of collectives that bypass c10d
 )
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 """CPU launches that NCCL kernels are linked to (by correlation)."""
+
+COMM_CALLS = ("c10d::", "_c10d_functional", "record_param_comms", "nccl:", "gloo:", "aten::wait",
+              "_c10d_functional::wait")  # fmt: skip
+"""Prefixes of the CPU ops a rank spends issuing or waiting on communication: never computation
+(sptrace.detect.timing.detect_compute) nor work (sptrace.detect.work)."""

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from sptrace.detect.index import RankIndex, has_prefix, take_columns
+from sptrace.detect.kinds import COMM_CALLS
 from sptrace.load.trace import RankTrace
 from sptrace.vocab import markers
 
@@ -197,8 +198,7 @@ def detect_compute(trace: RankTrace, index: RankIndex | None = None, max_segment
     )
 
 
-_NOT_COMPUTE = ("c10d::", "_c10d_functional", "record_param_comms", "nccl:", "gloo:", "ProfilerStep", "sptrace.",
-                "Optimizer.", "aten::wait", "_c10d_functional::wait")  # fmt: skip
+_NOT_COMPUTE = (*COMM_CALLS, "ProfilerStep", "sptrace.", "Optimizer.")
 """CPU ops that are not computation: communication, and the step's and sptrace's own ranges."""
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from sptrace.detect.index import RankIndex, has_prefix, take_columns
+from sptrace.detect.kinds import COMM_CALLS
 from sptrace.load.trace import RankTrace
 from sptrace.vocab import markers
 
@@ -28,8 +29,7 @@ WORK_COLUMNS = ["rank", "start_us", "dur_us", "module", "phase", "lane"]
 it), ``phase`` (forward, backward, optimizer, or what sptrace.phase markers name), ``lane`` (gpu
 or cpu)."""
 
-NOT_WORK = ("c10d::", "_c10d_functional", "record_param_comms", "nccl:", "gloo:", "aten::wait",
-            "_c10d_functional::wait", "c10d_functional::wait")  # fmt: skip
+NOT_WORK = (*COMM_CALLS, "c10d_functional::wait")
 """CPU ops whose time is communication (issue or wait), never the rank's work."""
 
 _NOT_THREAD_WORK = ("ProfilerStep#", "sptrace.")
