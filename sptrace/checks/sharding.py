@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 from sptrace.vocab.shape import ModelShape
-from sptrace.vocab.units import count
+from sptrace.vocab.units import count, significant
 
 CLASSES = ("full", "head-sharded", "seq-sharded", "ambiguous", "other", "unknown", "full-unknown-life")
 JUDGED = ("full", "head-sharded", "seq-sharded")
@@ -265,7 +265,8 @@ class Judge:
             if wide >= H or (self.full_bytes and nbytes >= self.full_bytes and (full_views or not views)):
                 return "full", f"a gathered full sequence ({text}), {wide or '?'} wide per token"
             if wide and wide < H:
-                return "head-sharded", f"gathered, full sequence, {wide} wide per token (a 1/{H / wide:.3g} share)"
+                share = significant(H / wide)
+                return "head-sharded", f"gathered, full sequence, {wide} wide per token (a 1/{share} share)"
             if not views:
                 return "other", f"gathered ({text}), no token dimension (a weight or a statistic)"
         if not views:
@@ -348,7 +349,7 @@ class Judge:
                     "F/P = " + str(width) + "; pass --ffn to judge"
                 )
             return "full", f"full sequence, {width} wide per token (H = {H})"
-        return "head-sharded", f"full sequence, {width} wide per token: a 1/{H / width:.3g} share of H"
+        return "head-sharded", f"full sequence, {width} wide per token: a 1/{significant(H / width)} share of H"
 
     def _heads_of(self, shape: tuple[int, ...], tokens: int) -> str | None:
         """For layouts with a head axis ([B, S, h, d], [B, h, S, d], [S, B, h, d]) and the head

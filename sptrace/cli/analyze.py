@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from sptrace.cli.common import add_load_flags, add_shape_flags, analyse, by_rank_set, fixed_width, spread
 from sptrace.cli.diff import add_baseline_flag, run_baseline
 from sptrace.vocab.errors import UsageError
-from sptrace.vocab.units import count, human_bytes, rank_ranges
+from sptrace.vocab.units import count, human_bytes, rank_ranges, significant
 
 if TYPE_CHECKING:  # the analysis (pandas) is imported when a command runs, not to parse flags
     from sptrace.analysis import RunAnalysis
@@ -139,7 +139,8 @@ def render_critical_path(analysis: RunAnalysis, max_rows: int = 8) -> list[str]:
         return []
     step = path.step_us
     ranks = sorted(int(r) for r in path.segments["rank"].unique())
-    lines = [f"\ncritical path: {step / 1e3:.3g} ms through {count(len(ranks), 'rank')} ({rank_ranges(ranks)}): "
+    lines = [f"\ncritical path: {significant(step / 1e3)} ms through {count(len(ranks), 'rank')} "
+             f"({rank_ranges(ranks)}): "
              f"{path.kinds_text()}", "  " + path.headline(), "  by module (its time on the path):"]  # fmt: skip
     for module, phase, kind, ms, share in path.module_table(max_rows).itertuples(index=False):
         where = " ".join(x for x in (module, phase, kind) if x)

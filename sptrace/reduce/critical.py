@@ -34,6 +34,7 @@ import pandas as pd
 from sptrace.detect.index import layer_of as path_layer
 from sptrace.reduce.timebase import aligned, arrival_us, end_us
 from sptrace.vocab.jsontypes import JSONObject
+from sptrace.vocab.units import significant
 
 if TYPE_CHECKING:
     from sptrace.detect.timing import RankTiming
@@ -68,8 +69,8 @@ class Culprit:
 
     def line(self, step_us: float) -> str:
         where = f"rank {self.rank} {self.module or '(no module)'}" + (f" {self.phase}" if self.phase else "")
-        share = f" of {step_us / 1e3:.3g} ms ({self.dur_us / step_us:.0%})" if step_us > 0 else ""
-        text = f"critical path: {where}, {self.dur_us / 1e3:.3g} ms{share}"
+        share = f" of {significant(step_us / 1e3)} ms ({self.dur_us / step_us:.0%})" if step_us > 0 else ""
+        text = f"critical path: {where}, {significant(self.dur_us / 1e3)} ms{share}"
         if self.collective and self.waiting:
             ranks = "rank" if self.waiting == 1 else "ranks"
             text += f", made {self.waiting} {ranks} wait at {self.collective}"
@@ -100,7 +101,9 @@ class CriticalPath:
     def headline(self) -> str:
         """The culprit's line (Culprit.line), else the path's length."""
         culprit = self.culprit
-        return culprit.line(self.step_us) if culprit is not None else f"critical path: {self.step_us / 1e3:.3g} ms"
+        if culprit is None:
+            return f"critical path: {significant(self.step_us / 1e3)} ms"
+        return culprit.line(self.step_us)
 
     def kinds_text(self, sep: str = ", ") -> str:
         """'compute 12.30 ms (41%), transfer ...': the path's time by kind."""

@@ -1,7 +1,9 @@
-"""Units for people: one byte formatter and one rank-set formatter (and its parser) for every report."""
+"""Units for people: one byte formatter, one number formatter and one rank-set formatter (and its
+parser) for every report."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from sptrace.vocab.errors import UsageError
@@ -13,6 +15,17 @@ def human_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n:.0f} B"
+
+
+def significant(x: float, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant digits as ``:.3g`` writes it below 1000 (no trailing zeros), but
+    never in an exponent: 1234.7 -> '1235', 12.345 -> '12.3', 4.0 -> '4', 0.012345 -> '0.0123'
+    (``:.3g`` writes 1234.7 as '1.23e+03', which no report shows)."""
+    if not math.isfinite(x) or x == 0:
+        return f"{x:.0f}" if math.isfinite(x) else str(x)
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    text = f"{x:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:

@@ -91,9 +91,9 @@ def test_on_gpu_traces_the_path_follows_kernels_and_nccl_kernels_across_ranks(co
     assert culprit is not None and culprit.waiting >= 1
 
 
-def test_the_walk_moves_to_the_member_that_arrived_last():
-    """Two ranks, one collective: rank 1 works 5 ms longer before it, so rank 0 waits; the path
-    is rank 1's work, the transfer, then rank 0's work after it (synthetic rows, known times)."""
+def two_rank_path(scale: float = 1.0):
+    """Two ranks, one collective: rank 1 works 5 ms (times ``scale``) longer before it, so rank 0
+    waits (synthetic rows, known times)."""
     coll = pd.DataFrame({
         "rank": [0, 1], "kind": ["all_reduce"] * 2, "group": ["0"] * 2, "start_us": [1000.0, 6000.0],
         "dur_us": [10.0, 10.0], "transfer_start_us": [1000.0, 6000.0], "transfer_dur_us": [5100.0, 100.0],
@@ -106,7 +106,16 @@ def test_the_walk_moves_to_the_member_that_arrived_last():
         "module": ["layers.3.attn", "layers.3.attn", "layers.4.attn", "layers.4.attn"],
         "phase": ["forward"] * 4, "lane": ["gpu"] * 4,
     })  # fmt: skip
-    path = critical_path(coll, members, {}, {0: (0.0, 7000.0), 1: (0.0, 6500.0)}, work)
+    for frame in (coll, members, work):
+        for col in ("start_us", "dur_us", "transfer_start_us", "transfer_dur_us"):
+            if col in frame:
+                frame[col] *= scale
+    return critical_path(coll, members, {}, {0: (0.0, 7000.0 * scale), 1: (0.0, 6500.0 * scale)}, work)
+
+
+def test_the_walk_moves_to_the_member_that_arrived_last():
+    """The path is rank 1's work, the transfer, then rank 0's work after it."""
+    path = two_rank_path()
     seg = path.segments
     assert list(zip(seg["rank"], seg["kind"], seg["dur_us"].round(3))) == [
         (1, "compute", 6000.0), (1, "transfer", 100.0), (0, "compute", 900.0),
@@ -119,6 +128,18 @@ def test_the_walk_moves_to_the_member_that_arrived_last():
         "layers.3.attn",
         "all_reduce #7",
         1,
+    )
+
+
+@pytest.mark.parametrize(
+    ("scale", "times"), [(1, "6 ms of 7 ms"), (1000, "6000 ms of 7000 ms"), (1e-3, "0.006 ms of 0.007 ms")]
+)
+def test_the_headline_writes_times_without_an_exponent(scale, times):
+    """A step of seconds (a slow CI machine took 1 s for the demo's) reads '1000 ms', never '1e+03'."""
+    path = two_rank_path(scale)
+    assert (
+        path.headline()
+        == f"critical path: rank 1 layers.3.attn forward, {times} (86%), made 1 rank wait at all_reduce #7"
     )
 
 
