@@ -126,6 +126,8 @@ def critical_path_section(a: Any) -> list[Any]:
         dmc.Text(path.headline(), id="critical-path-summary", fw=500),
         dmc.Text(f"{path.step_us / 1e3:.2f} ms: {path.kinds_text(' · ')}", size="sm", c="dimmed", mb="xs"),
         grid(path.module_table(40), "critical-path", "time on the path by module"),
+        *([dmc.Text(f"each profiled step's path (the one above is {path.step}'s, the slowest)", size="sm", mt="sm"),
+           grid(path.step_table(), "critical-path-steps", "each step's critical path")] if path.steps else []),
     ]  # fmt: skip
 
 

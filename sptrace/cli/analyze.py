@@ -145,6 +145,11 @@ def render_critical_path(analysis: RunAnalysis, max_rows: int = 8) -> list[str]:
     for module, phase, kind, ms, share in path.module_table(max_rows).itertuples(index=False):
         where = " ".join(x for x in (module, phase, kind) if x)
         lines.append(f"    {where:<48} {ms:9.3f} ms {share:5.0%}")
+    if path.steps:
+        lines.append(f"  each profiled step's path (the one above is {path.step}'s, the slowest):")
+        for p in path.steps:
+            who = f"{p.culprit.where}, {p.culprit.dur_us / 1e3:.3f} ms" if p.culprit else "no compute on the path"
+            lines.append(f"    {p.step:<20} {p.step_us / 1e3:9.3f} ms  {who}")
     lines.append("  (--format json lists every segment)")
     return lines
 

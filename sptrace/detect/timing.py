@@ -38,6 +38,9 @@ class RankTiming:
     step_source: str = "the trace's span"
     step_start_us: float | None = None
     """Where the step starts (the zero of "ms from the step start"), on this rank's clock."""
+    steps: tuple[tuple[str, float, float], ...] = ()
+    """Every ``ProfilerStep#N`` the trace holds: (name, start_us, end_us) on this rank's clock, in
+    time order (a profiler schedule with several active steps records each)."""
 
     @property
     def compute_ms(self) -> float | None:
@@ -150,8 +153,15 @@ def detect_timing(trace: RankTrace, collectives: pd.DataFrame, index: RankIndex 
     return RankTiming(
         rank=int(trace.rank) if trace.rank is not None else 0, step_ms=step_ms, comm_ms=comm_ms,
         exposed_ms=exposed, issue_only=int((~has_transfer).sum()) if len(mine) else 0, step_source=source,
-        step_start_us=None if window is None else window[0] / 1e3,
+        step_start_us=None if window is None else window[0] / 1e3, steps=profiler_steps(idx),
     )  # fmt: skip
+
+
+def profiler_steps(idx: RankIndex) -> tuple[tuple[str, float, float], ...]:
+    """The rank's ``ProfilerStep#N`` ranges: (name, start_us, end_us), in time order."""
+    steps = idx.steps
+    order = np.argsort(steps.start, kind="stable")
+    return tuple((steps.name(int(i)), float(steps.start[i]) / 1e3, float(steps.end[i]) / 1e3) for i in order)
 
 
 def detect_compute(trace: RankTrace, index: RankIndex | None = None, max_segments: int = 2000) -> pd.DataFrame:

@@ -25,7 +25,7 @@ across ranks' clocks.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -67,8 +67,13 @@ class Culprit:
     collective: str | None
     waiting: int
 
+    @property
+    def where(self) -> str:
+        """'rank 3 layers.7.attn backward'."""
+        return f"rank {self.rank} {self.module or '(no module)'}" + (f" {self.phase}" if self.phase else "")
+
     def line(self, step_us: float) -> str:
-        where = f"rank {self.rank} {self.module or '(no module)'}" + (f" {self.phase}" if self.phase else "")
+        where = self.where
         share = f" of {significant(step_us / 1e3)} ms ({self.dur_us / step_us:.0%})" if step_us > 0 else ""
         text = f"critical path: {where}, {significant(self.dur_us / 1e3)} ms{share}"
         if self.collective and self.waiting:
@@ -78,12 +83,33 @@ class Culprit:
 
 
 @dataclass(frozen=True)
+class StepPath:
+    """One profiler step's critical path in short."""
+
+    step: str
+    step_us: float
+    by_kind: dict[str, float]
+    culprit: Culprit | None
+
+    def to_dict(self) -> JSONObject:
+        return {
+            "step": self.step, "step_us": round(self.step_us, 3),
+            "summary": self.culprit.line(self.step_us) if self.culprit else None,
+            "culprit": _culprit_dict(self.culprit), "by_kind_us": {k: round(v, 3) for k, v in self.by_kind.items()},
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
 class CriticalPath:
     step_us: float
     start_us: float
     """The path's start on the aligned clock (``segments`` tile [start_us, start_us + step_us])."""
     segments: pd.DataFrame = field(repr=False)
     notes: tuple[str, ...] = ()
+    step: str | None = None
+    """The profiler step the path covers, when the ranks recorded several (the slowest of them)."""
+    steps: tuple[StepPath, ...] = ()
+    """Each step's path in short, when the ranks recorded several steps (in time order)."""
 
     def by_kind(self) -> dict[str, float]:
         """us of the path in each kind of segment (every kind, 0 where none)."""
@@ -117,6 +143,17 @@ class CriticalPath:
             ms=(rows["dur_us"] / 1e3).round(3), share=(rows["dur_us"] / max(self.step_us, 1e-9)).round(3)
         )
         return rows[["module", "phase", "kind", "ms", "share"]]
+
+    def step_table(self) -> pd.DataFrame:
+        """One row per profiler step (none when the ranks recorded one): its path's length, the
+        culprit and the time by kind, in ms: what the views list."""
+        rows = [
+            {"step": p.step, "ms": round(p.step_us / 1e3, 3), "culprit": p.culprit.where if p.culprit else "",
+             "culprit ms": round(p.culprit.dur_us / 1e3, 3) if p.culprit else 0.0,
+             **{f"{k} ms": round(v / 1e3, 3) for k, v in p.by_kind.items()}}
+            for p in self.steps
+        ]  # fmt: skip
+        return pd.DataFrame(rows, columns=["step", "ms", "culprit", "culprit ms", *(f"{k} ms" for k in KINDS)])
 
     @property
     def culprit(self) -> Culprit | None:
@@ -157,10 +194,7 @@ class CriticalPath:
         return {
             "step_us": round(self.step_us, 3),
             "summary": culprit.line(self.step_us) if culprit else None,
-            "culprit": None if culprit is None else {
-                "rank": culprit.rank, "module": culprit.module, "phase": culprit.phase,
-                "dur_us": round(culprit.dur_us, 3), "collective": culprit.collective, "waiting": culprit.waiting,
-            },
+            "culprit": _culprit_dict(culprit),
             "by_kind_us": {k: round(v, 3) for k, v in self.by_kind().items()},
             "by_module_us": [
                 {"module": m, "phase": p or None, "kind": k, "dur_us": round(float(d), 3)}
@@ -168,7 +202,18 @@ class CriticalPath:
             ],
             "segments": rows,
             "notes": list(self.notes),
+            "step": self.step,
+            "steps": [p.to_dict() for p in self.steps],
         }  # fmt: skip
+
+
+def _culprit_dict(culprit: Culprit | None) -> JSONObject | None:
+    if culprit is None:
+        return None
+    return {
+        "rank": culprit.rank, "module": culprit.module, "phase": culprit.phase, "dur_us": round(culprit.dur_us, 3),
+        "collective": culprit.collective, "waiting": culprit.waiting,
+    }  # fmt: skip
 
 
 def _none(value: object) -> object:
@@ -211,17 +256,40 @@ def run_critical_path(
     collectives: pd.DataFrame, matching: Matching | None, timing: Iterable[RankTiming], work: Mapping[int, pd.DataFrame]
 ) -> CriticalPath | None:
     """The critical path over the ranks' measured steps (RankTiming's windows); module paths name
-    their layer as the collectives inside them do."""
-    steps = {t.rank: (t.step_start_us, t.step_start_us + t.step_ms * 1e3) for t in timing
-             if t.step_start_us is not None and t.step_ms is not None}  # fmt: skip
+    their layer as the collectives inside them do. When every rank recorded the same profiler
+    steps (two or more), one path per step, each over that step's window on every rank: the
+    slowest step's path, with each step's in short (``steps``)."""
+    timing = list(timing)
     layers: dict[str, int] = {}
     if len(collectives):
         known = collectives[collectives["module"].notna() & collectives["layer"].notna()]
         layers = dict(zip(known["module"].astype(str), known["layer"].astype(int)))
-    return critical_path(
+    walker = _Walker(
         collectives, matching.members if matching is not None else None,
-        matching.offsets_us if matching is not None else {}, steps, work, layers,
+        matching.offsets_us if matching is not None else {}, work, layers,
     )  # fmt: skip
+    by_step = _common_steps(timing)
+    if len(by_step) < 2:
+        return walker.walk({t.rank: (t.step_start_us, t.step_start_us + t.step_ms * 1e3) for t in timing
+                            if t.step_start_us is not None and t.step_ms is not None})  # fmt: skip
+    paths = [(name, walker.walk(windows)) for name, windows in by_step.items()]
+    walked = [(name, p) for name, p in paths if p is not None]
+    if not walked:
+        return None
+    name, slowest = max(walked, key=lambda item: item[1].step_us)
+    steps = tuple(StepPath(n, p.step_us, p.by_kind(), p.culprit) for n, p in walked)
+    return replace(slowest, step=name, steps=steps)
+
+
+def _common_steps(timing: list[RankTiming]) -> dict[str, dict[int, tuple[float, float]]]:
+    """Each profiler step every rank recorded: name -> rank -> (start_us, end_us), in the order
+    the steps ran; empty when a rank recorded none (its step came from another source)."""
+    if not timing or any(not t.steps for t in timing):
+        return {}
+    names = set.intersection(*({n for n, _, _ in t.steps} for t in timing))
+    order = [n for n, _, _ in timing[0].steps if n in names]
+    windows = {t.rank: {n: (s, e) for n, s, e in t.steps} for t in timing}
+    return {n: {r: w[n] for r, w in windows.items()} for n in order}
 
 
 def critical_path(
@@ -236,80 +304,106 @@ def critical_path(
     rank's collective, by issue time, is which matched one); ``steps``: each rank's step
     [start, end] in us on its own clock; ``work``: each rank's lane (sptrace.detect.work), or one
     frame of every rank's; ``layer_of``: module path -> layer. None when no rank has a step."""
-    steps = {r: (s - offsets.get(r, 0.0), e - offsets.get(r, 0.0)) for r, (s, e) in steps.items() if e > s}
-    if not steps:
-        return None
-    colls = _collectives(collectives, members, offsets)
-    by_rank = dict(tuple(colls.groupby("rank"))) if len(colls) else {}
-    if isinstance(work, pd.DataFrame):
-        lanes = dict(tuple(work.groupby("rank"))) if len(work) else {}
-    else:
-        lanes = dict(work)
-    empty_work = pd.DataFrame(columns=["start_us", "dur_us", "module", "phase", "lane"])
-    ranks: dict[int, _Rank] = {}
+    return _Walker(collectives, members, offsets, work, layer_of or {}).walk(steps)
 
-    def lane(r: int) -> _Rank:
-        if r not in ranks:
-            w = lanes.get(r)
-            w = empty_work if w is None else w.assign(start_us=w["start_us"].astype(float) - offsets.get(r, 0.0))
-            ranks[r] = _Rank(w, by_rank.get(r, colls.iloc[:0]), steps[r][0])
-        return ranks[r]
 
-    rank = max(steps, key=lambda r: steps[r][1])
-    end_of_step = t = steps[rank][1]
-    rows: list[tuple] = []
-    layers = layer_of or {}
+_EMPTY_WORK = pd.DataFrame(columns=["start_us", "dur_us", "module", "phase", "lane"])
 
-    def emit(r: int, kind: str, lo: float, hi: float, module=None, phase=None, coll: str | None = None,
-             waiting: int = 0, layer=None, lane: str | None = None) -> None:  # fmt: skip
-        if hi - lo > 0:
-            if layer is None or pd.isna(layer):
-                layer = (
-                    (layers.get(module) if module in layers else path_layer(module))
-                    if isinstance(module, str)
-                    else None
-                )
-            rows.append((r, kind, module, layer, phase, lo, hi - lo, coll, waiting, lane))
 
-    for _ in range(10_000_000):  # a bound never reached: every turn moves t back or uses a collective up
-        state = lane(rank)
-        if t <= state.start + EPS_US:
-            break
-        i = int(np.searchsorted(state.ws, t, side="left")) - 1
-        if i >= 0 and state.we[i] >= t - EPS_US:  # the lane was busy up to t: the rank worked
-            lo = max(state.ws[i], state.start)
-            emit(rank, "compute", lo, t, state.module[i], state.phase[i], lane=state.lane[i])
-            t = lo
-            continue
-        gap = max(state.we[i] if i >= 0 else state.start, state.start)
-        j = int(np.searchsorted(state.release, t + EPS_US, side="right")) - 1
-        while j >= 0 and state.used[state.which[j]]:
-            j -= 1
-        if j < 0 or state.release[j] < gap - EPS_US:  # nothing the trace records held the rank
-            emit(rank, "idle", gap, t)
-            t = gap
-            continue
-        state.used[state.which[j]] = True
-        c = state.colls.iloc[state.which[j]]
-        end = min(float(state.release[j]), t)
-        emit(rank, "idle", end, t)
-        held = min(max(float(state.held_from[j]), state.start), end)
-        last = min(max(float(c["last"]), held), end)
-        what = (c["module"], c["phase"], c["name"])
-        if c["unseen"]:  # a member the trace lacks may have been the last: who held it is unknown
-            emit(rank, "wait", held, end, *what, layer=c["layer"])
-            t = held
-            continue
-        emit(int(c["last_rank"]), "transfer", last, end, *what, int(c["waiting"]), layer=c["layer"])
-        if int(c["last_rank"]) != rank and int(c["last_rank"]) in steps:
-            rank, t = int(c["last_rank"]), last
-        else:  # this rank arrived last: before, it was in the collective's call; or the last has no step here
-            emit(rank, "transfer" if int(c["last_rank"]) == rank else "wait", held, last, *what, layer=c["layer"])
-            t = held
-    if not rows:
-        return None
-    seg = pd.DataFrame(rows[::-1], columns=SEGMENT_COLUMNS)
-    return CriticalPath(step_us=end_of_step - t, start_us=t, segments=seg)
+class _Walker:
+    """The ranks' collectives (matched, on the aligned clock) and lanes, ready for walks over
+    any step windows (the collectives are joined to their groups once for all steps)."""
+
+    def __init__(
+        self, collectives: pd.DataFrame, members: pd.DataFrame | None, offsets: dict[int, float],
+        work: Mapping[int, pd.DataFrame] | pd.DataFrame, layers: dict[str, int],
+    ) -> None:  # fmt: skip
+        self.offsets, self.layers = offsets, layers
+        self.colls = _collectives(collectives, members, offsets)
+        self.by_rank = dict(tuple(self.colls.groupby("rank"))) if len(self.colls) else {}
+        if isinstance(work, pd.DataFrame):
+            self.lanes = dict(tuple(work.groupby("rank"))) if len(work) else {}
+        else:
+            self.lanes = dict(work)
+        self.aligned: dict[int, pd.DataFrame] = {}
+
+    def rank(self, r: int, start: float) -> _Rank:
+        """Rank ``r``'s lane and collectives for one walk (a walk marks the collectives it used)."""
+        if r not in self.aligned:
+            w = self.lanes.get(r)
+            self.aligned[r] = _EMPTY_WORK if w is None else w.assign(
+                start_us=w["start_us"].astype(float) - self.offsets.get(r, 0.0)
+            )  # fmt: skip
+        return _Rank(self.aligned[r], self.by_rank.get(r, self.colls.iloc[:0]), start)
+
+    def walk(self, steps: dict[int, tuple[float, float]]) -> CriticalPath | None:
+        """The path over the ranks' step windows ``steps`` (us, each rank's own clock)."""
+        offsets = self.offsets
+        steps = {r: (s - offsets.get(r, 0.0), e - offsets.get(r, 0.0)) for r, (s, e) in steps.items() if e > s}
+        if not steps:
+            return None
+        ranks: dict[int, _Rank] = {}
+
+        def lane(r: int) -> _Rank:
+            if r not in ranks:
+                ranks[r] = self.rank(r, steps[r][0])
+            return ranks[r]
+
+        rank = max(steps, key=lambda r: steps[r][1])
+        end_of_step = t = steps[rank][1]
+        rows: list[tuple] = []
+        layers = self.layers
+
+        def emit(r: int, kind: str, lo: float, hi: float, module=None, phase=None, coll: str | None = None,
+                 waiting: int = 0, layer=None, lane: str | None = None) -> None:  # fmt: skip
+            if hi - lo > 0:
+                if layer is None or pd.isna(layer):
+                    layer = (
+                        (layers.get(module) if module in layers else path_layer(module))
+                        if isinstance(module, str)
+                        else None
+                    )
+                rows.append((r, kind, module, layer, phase, lo, hi - lo, coll, waiting, lane))
+
+        for _ in range(10_000_000):  # a bound never reached: every turn moves t back or uses a collective up
+            state = lane(rank)
+            if t <= state.start + EPS_US:
+                break
+            i = int(np.searchsorted(state.ws, t, side="left")) - 1
+            if i >= 0 and state.we[i] >= t - EPS_US:  # the lane was busy up to t: the rank worked
+                lo = max(state.ws[i], state.start)
+                emit(rank, "compute", lo, t, state.module[i], state.phase[i], lane=state.lane[i])
+                t = lo
+                continue
+            gap = max(state.we[i] if i >= 0 else state.start, state.start)
+            j = int(np.searchsorted(state.release, t + EPS_US, side="right")) - 1
+            while j >= 0 and state.used[state.which[j]]:
+                j -= 1
+            if j < 0 or state.release[j] < gap - EPS_US:  # nothing the trace records held the rank
+                emit(rank, "idle", gap, t)
+                t = gap
+                continue
+            state.used[state.which[j]] = True
+            c = state.colls.iloc[state.which[j]]
+            end = min(float(state.release[j]), t)
+            emit(rank, "idle", end, t)
+            held = min(max(float(state.held_from[j]), state.start), end)
+            last = min(max(float(c["last"]), held), end)
+            what = (c["module"], c["phase"], c["name"])
+            if c["unseen"]:  # a member the trace lacks may have been the last: who held it is unknown
+                emit(rank, "wait", held, end, *what, layer=c["layer"])
+                t = held
+                continue
+            emit(int(c["last_rank"]), "transfer", last, end, *what, int(c["waiting"]), layer=c["layer"])
+            if int(c["last_rank"]) != rank and int(c["last_rank"]) in steps:
+                rank, t = int(c["last_rank"]), last
+            else:  # this rank arrived last: before, it was in the collective's call; or the last has no step here
+                emit(rank, "transfer" if int(c["last_rank"]) == rank else "wait", held, last, *what, layer=c["layer"])
+                t = held
+        if not rows:
+            return None
+        seg = pd.DataFrame(rows[::-1], columns=SEGMENT_COLUMNS)
+        return CriticalPath(step_us=end_of_step - t, start_us=t, segments=seg)
 
 
 def _collectives(frame: pd.DataFrame, members: pd.DataFrame | None, offsets: dict[int, float]) -> pd.DataFrame:

@@ -127,10 +127,12 @@ def _critical_path(a: RunAnalysis) -> list[str]:
     path = a.critical_path
     if path is None or path.step_us <= 0:
         return []
+    steps = [render_html_table(path.step_table(), f"each profiled step's path ({path.step}'s above)")]
     return [
         html_h3("critical path"),
         html_p(f"{path.headline()}; {path.kinds_text()}"),
         render_html_table(path.module_table(20), "time on the critical path by module"),
+        *(steps if path.steps else []),
     ]
 
 

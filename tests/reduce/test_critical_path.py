@@ -161,3 +161,58 @@ def test_the_timeline_report_and_page_show_the_path(private_cache):
     assert summary in "".join(html._critical_path(a))  # the report's section (its plots cost seconds)
     section = critical_path_section(a)
     assert any(getattr(c, "id", None) == "critical-path-summary" and c.children == summary for c in section)
+
+
+def test_each_profiled_step_has_its_own_path_and_the_slowest_is_shown():
+    """Two ranks, two profiled steps: rank 1 is slow in the first (6 ms before the all-reduce),
+    rank 0 in the second (4 ms). Each step's path is walked over that step's windows and names
+    its own slow rank; the path shown is the slower step's; the views list both steps."""
+    from types import SimpleNamespace
+
+    from sptrace.dashboards.pages.timeline import critical_path_section
+
+    from sptrace.detect.timing import RankTiming
+    from sptrace.reduce.critical import run_critical_path
+    from sptrace.reduce.matching import Matching
+    from sptrace.report import html
+
+    coll = pd.DataFrame({
+        "rank": [0, 1, 0, 1], "kind": ["all_reduce"] * 4, "group": ["0"] * 4,
+        "start_us": [1000.0, 6000.0, 14000.0, 10500.0], "dur_us": [10.0] * 4,
+        "transfer_start_us": [1000.0, 6000.0, 14000.0, 10500.0], "transfer_dur_us": [5100.0, 100.0, 100.0, 3600.0],
+        "group_size": [2] * 4, "seq": [7, 7, 8, 8], "module": ["layers.3.mlp"] * 4, "layer": [3] * 4,
+        "phase": ["forward"] * 4,
+    })  # fmt: skip
+    members = pd.DataFrame({"rank": [0, 1, 0, 1], "group": ["0"] * 4, "key": [7, 7, 8, 8],
+                            "start_us": [1000.0, 6000.0, 14000.0, 10500.0], "skew_us": [0.0] * 4})  # fmt: skip
+    modules = ["layers.3.attn", "layers.4.attn", "layers.4.mlp", "layers.5.mlp"]
+    starts = [0.0, 6100.0, 10000.0, 14100.0]
+    durs = {0: [1000.0, 900.0, 4000.0, 900.0], 1: [6000.0, 400.0, 500.0, 900.0]}
+    work = {r: pd.DataFrame({"rank": r, "start_us": starts, "dur_us": d, "module": modules, "phase": "forward",
+                             "lane": "gpu"}) for r, d in durs.items()}  # fmt: skip
+    steps = (("ProfilerStep#1", 0.0, 7000.0), ("ProfilerStep#2", 10000.0, 15000.0))
+    timing = [RankTiming(rank=r, step_ms=7.0, comm_ms=0.0, exposed_ms=None, issue_only=0, step_start_us=0.0,
+                         steps=steps) for r in (0, 1)]  # fmt: skip
+    path = run_critical_path(coll, Matching(pd.DataFrame(), {}, members=members), timing, work)
+    assert [(p.step, p.step_us, p.culprit.rank, p.culprit.module) for p in path.steps] == [
+        ("ProfilerStep#1", 7000.0, 1, "layers.3.attn"), ("ProfilerStep#2", 5000.0, 0, "layers.4.mlp"),
+    ]  # fmt: skip
+    assert path.steps[1].culprit.collective == "all_reduce #8" and path.steps[1].culprit.waiting == 1
+    assert path.step == "ProfilerStep#1" and path.step_us == 7000.0
+    assert path.segments["start_us"].max() < 7000.0  # the shown path is the first step's alone
+    as_json = path.to_dict()
+    assert [s["step"] for s in as_json["steps"]] == ["ProfilerStep#1", "ProfilerStep#2"]
+    assert as_json["steps"][1]["summary"].startswith("critical path: rank 0 layers.4.mlp forward, 4 ms of 5 ms")
+    a = SimpleNamespace(critical_path=path)
+    report = "".join(html._critical_path(a))
+    assert (
+        "each profiled step&#x27;s path (ProfilerStep#1&#x27;s above)" in report or "ProfilerStep#1's above" in report
+    )
+    assert report.count("<td>ProfilerStep#") == 2 and "rank 0 layers.4.mlp forward" in report
+    grids = [c for c in critical_path_section(a) if "critical-path-steps" in str(c)]
+    assert len(grids) == 1 and "rank 0 layers.4.mlp forward" in str(grids[0])
+    # one step recorded: no per-step list
+    one = [RankTiming(rank=r, step_ms=7.0, comm_ms=0.0, exposed_ms=None, issue_only=0, step_start_us=0.0,
+                      steps=steps[:1]) for r in (0, 1)]  # fmt: skip
+    single = run_critical_path(coll, Matching(pd.DataFrame(), {}, members=members), one, work)
+    assert single.steps == () and single.step is None and single.step_us == 7000.0

@@ -559,23 +559,47 @@ def pp2_sp4(root: Path) -> None:
 
 
 def slow_rank(root: Path) -> None:
-    """One rank computes more than the others inside one layer (an auxiliary statistic on rank
-    world-3's layer 1 MLP, before its up-projection): every other rank then waits for it at that
-    layer's next collective, the all-gather before fc1. The oracle is where the extra work was
-    put and how long it took, timed around it."""
+    """In each of two profiled steps (a profiler schedule with two active steps), one rank
+    computes more than the others inside one layer (an auxiliary statistic before the layer's
+    up-projection): in the first, rank world-3 in layer 1; in the second, rank 1 in layer 0, half
+    as much. Every other rank then waits for it at that layer's next collective, the all-gather
+    before fc1. The oracle is, per step (the profiler's number), where the extra work was put and
+    how long it took, timed around it."""
+    from torch.profiler import schedule
+
     rank, world = dist.get_rank(), dist.get_world_size()
-    slow, layer = world - 3, 1
+    plan = {1: (world - 3, 1, 200), 2: (1, 0, 100)}  # step -> (slow rank, layer, matmuls)
     torch.manual_seed(12)
     model = models.MegatronStack(3, H, 2 * H, dist.group.WORLD)
-    extra = model.layers[layer]
-    extra.aux_steps = 200 if rank == slow else 0
     x = shard_of(torch.randn(B, S, H), rank, world)
     step = sgd_step(model, lambda: model(x).square().mean())
-    profiled(root / "slow_rank", step)
+    for _ in range(2):
+        step()
+    steps: dict[str, dict[str, Any]] = {}
+    dist.barrier()
+    with profile(
+        activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True,
+        schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
+    ) as prof:  # fmt: skip
+        for i in range(3):  # step 0 warms up, steps 1 and 2 are recorded
+            slow, layer, matmuls = plan.get(i, (-1, 0, 0))
+            extra = model.layers[layer]
+            extra.aux_steps = matmuls if rank == slow else 0
+            name = f"ProfilerStep#{prof.step_num}"
+            step()
+            extra.aux_steps = 0
+            if matmuls:
+                steps[name] = {
+                    "rank": slow, "layer": layer, "phase": "forward", "next_collective": "all_gather",
+                    "extra_us": extra.aux_seconds[-1] * 1e6 if rank == slow else None,
+                }  # fmt: skip
+            prof.step()
+    out = root / "slow_rank"
+    out.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(out / f"rank{rank}.json"))
+    dist.barrier()
     write_oracle(root, "slow_rank", {
-        "slow": {"rank": slow, "layer": layer, "phase": "forward", "next_collective": "all_gather",
-                 "extra_us": extra.aux_seconds[-1] * 1e6 if extra.aux_seconds else 0.0},
-        "config": {"batch": B, "seq": S, "hidden": H, "sp": world, "layers": 3},
+        "steps": steps, "config": {"batch": B, "seq": S, "hidden": H, "sp": world, "layers": 3},
     })  # fmt: skip
 
 
