@@ -91,6 +91,15 @@ def has_prefix(column: pd.Series, prefix: str | tuple[str, ...]) -> np.ndarray:
     return Distinct(column).prefix(prefix)
 
 
+_AUTOGRAD_NODE = re.compile(r"[A-Za-z_]\w*Backward\d*")
+
+
+def _is_autograd_node(name: str) -> bool:
+    """An autograd node's own name (``AddmmBackward0``, ``CudnnConvolutionBackward``, a custom
+    Function's ``_GatherSeqBackward``): what the engine records for each node it runs."""
+    return _AUTOGRAD_NODE.fullmatch(name) is not None
+
+
 class Distinct:
     """A column's distinct values, read once for the tests made on it. Each test runs once per
     distinct value, in Python: an event table has a few hundred distinct names among 200k events,
@@ -181,7 +190,10 @@ class RankIndex:
         self.comm_markers = Intervals.of(table, is_x & starts(markers.COMM))
         self.module_markers = Intervals.of(table, is_x & starts(markers.MODULE))
         self.steps = Intervals.of(table, is_x & starts("ProfilerStep#"))
-        self.backward_nodes = Intervals.of(table, is_x & starts("autograd::engine::evaluate_function"))
+        nodes = is_x & starts("autograd::engine::evaluate_function")
+        if not nodes.any():  # torch <= 1.9: the node's own range, unwrapped (CudnnConvolutionBackward)
+            nodes = is_x & of_cat(["cpu_op"]) & by_name.passes(_is_autograd_node, is_x)
+        self.backward_nodes = Intervals.of(table, nodes)
         self.optimizer = Intervals.of(table, is_x & (starts("Optimizer.step") | starts("Optimizer.zero_grad")))
         self.python = Intervals.of(table, is_x & of_cat(["python_function"]))
         self._is_gloo = is_x & named(GLOO_KINDS)

@@ -96,6 +96,29 @@ def test_accumulation_without_markers_follows_autograds_sequence_numbers(tmp_pat
     assert set(r.tensors["boundary"]) == {"micro-batch 0", "micro-batch 1"}
 
 
+def test_an_old_trace_s_unwrapped_autograd_nodes_are_its_backward(tmp_path):
+    """torch <= 1.9 records each autograd node under its own name (``MmBackward``, category
+    ``Operator``, on the engine's thread), with no ``evaluate_function`` range around it: the
+    same accumulation as above reads the same, and work inside a node is backward."""
+    events = [op(10, seq=1), op(20, seq=2), node(100, seq=2), node(110, seq=1),
+              op(200, seq=3), op(210, seq=4), node(300, seq=4), node(310, seq=3)]  # fmt: skip
+    for e in events:
+        e["cat"] = "Operator"
+        if e["name"].startswith("autograd::engine::evaluate_function: "):
+            e["name"], e["tid"] = "MmBackward", 2
+            e["args"]["Fwd thread id"] = 1
+    events += alloc(12, 105, 0x100) + alloc(150, 305, 0x200) + alloc(212, 900, 0x300)
+    trace = _trace(tmp_path, events)
+    idx = RankIndex(trace)
+    assert len(idx.backward_nodes) == 4
+    assert [(b.forward_ns, b.backward_ns, b.backward_end_ns, b.micro_batch) for b in find_boundaries(idx, 10_000)] == [
+        (10_000, 100_000, 115_000, 0),
+        (115_000, 300_000, 315_000, 1),
+    ]
+    assert kept(detect_retained(trace)) == [(12, 0), (150, 1), (212, 1)]
+    assert idx.phase_of(101_000, 102_000, 2) == "backward" and idx.phase_of(11_000, 12_000, 1) == "forward"
+
+
 def test_profiler_steps_name_the_step_and_restart_the_micro_batches(tmp_path):
     events = []
     for step, t0 in ((3, 0), (4, 1000)):
