@@ -128,6 +128,7 @@ def critical_path_section(a: Any) -> list[Any]:
         grid(path.module_table(40), "critical-path", "time on the path by module"),
         *([dmc.Text(f"each profiled step's path (the one above is {path.step}'s, the slowest)", size="sm", mt="sm"),
            grid(path.step_table(), "critical-path-steps", "each step's critical path")] if path.steps else []),
+        grid(path.sequence(), "critical-path-sequence", "the path in order"),
     ]  # fmt: skip
 
 

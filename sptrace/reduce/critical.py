@@ -50,6 +50,9 @@ hold), idle (the rank did nothing the trace records).
 ``waiting``: at a transfer, how many of the collective's other members had arrived earlier and
 waited for ``rank``. ``lane``: where compute ran, gpu (kernels) or cpu (a thread)."""
 
+SEQUENCE_COLUMNS = ["from start (ms)", "ms", "rank", "kind", "module", "layer", "phase", "collective", "waiting"]
+"""CriticalPath.sequence's columns."""
+
 KINDS = ("compute", "transfer", "wait", "idle")
 EPS_US = 0.5
 """Times closer than this (us) are one instant: traces round to 1 us or 1 ns."""
@@ -143,6 +146,31 @@ class CriticalPath:
             ms=(rows["dur_us"] / 1e3).round(3), share=(rows["dur_us"] / max(self.step_us, 1e-9)).round(3)
         )
         return rows[["module", "phase", "kind", "ms", "share"]]
+
+    def sequence(self) -> pd.DataFrame:
+        """The path in order, as the views list it: consecutive segments of one rank, kind, module,
+        phase and collective joined, each from the path's start, in ms."""
+        seg = self.segments
+        if seg.empty:
+            return pd.DataFrame(columns=SEQUENCE_COLUMNS)
+        keys = ["rank", "kind", "module", "phase", "collective"]
+        key = seg[keys].astype("string").fillna("").agg("|".join, axis=1)
+        run = (key != key.shift()).cumsum()
+        joined = seg.groupby(run, sort=False).agg(
+            start_us=("start_us", "first"), dur_us=("dur_us", "sum"), rank=("rank", "first"), kind=("kind", "first"),
+            module=("module", "first"), layer=("layer", "first"), phase=("phase", "first"),
+            collective=("collective", "first"), waiting=("waiting", "max"),
+        )  # fmt: skip
+        out = pd.DataFrame({
+            "from start (ms)": ((joined["start_us"] - self.start_us) / 1e3).round(3),
+            "ms": (joined["dur_us"] / 1e3).round(3), "rank": joined["rank"].astype(int), "kind": joined["kind"],
+            "module": joined["module"].astype(object).where(joined["module"].notna(), ""),
+            "layer": pd.to_numeric(joined["layer"], errors="coerce").astype("Int64"),
+            "phase": joined["phase"].astype(object).where(joined["phase"].notna(), ""),
+            "collective": joined["collective"].astype(object).where(joined["collective"].notna(), ""),
+            "waiting": joined["waiting"].astype(int),
+        })  # fmt: skip
+        return out.reset_index(drop=True)[SEQUENCE_COLUMNS]
 
     def step_table(self) -> pd.DataFrame:
         """One row per profiler step (none when the ranks recorded one): its path's length, the

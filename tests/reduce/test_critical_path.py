@@ -121,6 +121,12 @@ def test_the_walk_moves_to_the_member_that_arrived_last():
         (1, "compute", 6000.0), (1, "transfer", 100.0), (0, "compute", 900.0),
     ]  # fmt: skip
     assert seg.iloc[1]["waiting"] == 1 and seg.iloc[1]["collective"] == "all_reduce #7"
+    # the views' list of it, in order, from the path's start in ms
+    rows = path.sequence()[["from start (ms)", "ms", "rank", "kind", "module", "collective", "waiting"]]
+    assert rows.values.tolist() == [
+        [0.0, 6.0, 1, "compute", "layers.3.attn", "", 0], [6.0, 0.1, 1, "transfer", "layers.3.mlp", "all_reduce #7", 1],
+        [6.1, 0.9, 0, "compute", "layers.4.attn", "", 0],
+    ]  # fmt: skip
     assert path.step_us == 7000.0
     culprit = path.culprit
     assert (culprit.rank, culprit.module, culprit.collective, culprit.waiting) == (
@@ -161,6 +167,16 @@ def test_the_timeline_report_and_page_show_the_path(private_cache):
     assert summary in "".join(html._critical_path(a))  # the report's section (its plots cost seconds)
     section = critical_path_section(a)
     assert any(getattr(c, "id", None) == "critical-path-summary" and c.children == summary for c in section)
+    # the path in order: every segment of it in the page's grid and, up to 200, in the report
+    sequence = path.sequence()
+    assert 0 < len(sequence) <= len(path.segments) and sequence["ms"].sum() == pytest.approx(
+        path.step_us / 1e3, abs=0.1
+    )
+    grid = next(c for c in section if "critical-path-sequence" in str(c))
+    assert f"{len(sequence)} rows" in str(grid)
+    report = "".join(html._critical_path(a))
+    table = report[report.index("<h3>the path in order") :]
+    assert table.count("<tr>") == min(len(sequence), html.SEQUENCE_ROWS) + 1
 
 
 def test_each_profiled_step_has_its_own_path_and_the_slowest_is_shown():
