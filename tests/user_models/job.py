@@ -105,6 +105,15 @@ def profiled(out: Path, step: Callable[[], Any], *, backward_in_window: bool = T
     dist.barrier()
 
 
+def two_active_steps() -> Any:
+    """torch.profiler with the usual options over a schedule of one warm-up step and two active
+    ones (the loop calls prof.step() after each step, as the torch.profiler docs show)."""
+    from torch.profiler import schedule
+
+    return profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True,
+                   schedule=schedule(wait=0, warmup=1, active=2, repeat=1))  # fmt: skip
+
+
 def write_oracle(root: Path, name: str, data: dict[str, Any]) -> None:
     path = root / "oracle" / name / f"rank{dist.get_rank()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -468,8 +477,6 @@ def two_steps(root: Path) -> None:
     """A profiler schedule with two active steps (prof.step() after each, as the torch.profiler
     docs show); only the second active step keeps a gathered input. The oracle is the step number
     the profiler had when the stray ran."""
-    from torch.profiler import schedule
-
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(9)
     model = models.MegatronStack(2, H, 2 * H, dist.group.WORLD)
@@ -479,10 +486,7 @@ def two_steps(root: Path) -> None:
     full = _stray_census(model, lambda: model(x).square().mean(), stray_layer)
     stray_at = None
     dist.barrier()
-    with profile(
-        activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True,
-        schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
-    ) as prof:  # fmt: skip
+    with two_active_steps() as prof:
         for i in range(3):  # step 0 warms up, steps 1 and 2 are recorded
             stray_layer.keep_gathered = i == 2
             if stray_layer.keep_gathered:
@@ -565,8 +569,6 @@ def slow_rank(root: Path) -> None:
     as much. Every other rank then waits for it at that layer's next collective, the all-gather
     before fc1. The oracle is, per step (the profiler's number), where the extra work was put and
     how long it took, timed around it."""
-    from torch.profiler import schedule
-
     rank, world = dist.get_rank(), dist.get_world_size()
     plan = {1: (world - 3, 1, 200), 2: (1, 0, 100)}  # step -> (slow rank, layer, matmuls)
     torch.manual_seed(12)
@@ -577,10 +579,7 @@ def slow_rank(root: Path) -> None:
         step()
     steps: dict[str, dict[str, Any]] = {}
     dist.barrier()
-    with profile(
-        activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True,
-        schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
-    ) as prof:  # fmt: skip
+    with two_active_steps() as prof:
         for i in range(3):  # step 0 warms up, steps 1 and 2 are recorded
             slow, layer, matmuls = plan.get(i, (-1, 0, 0))
             extra = model.layers[layer]
