@@ -36,6 +36,7 @@ _NOT_THREAD_WORK = ("ProfilerStep#", "sptrace.")
 """CPU ranges around the whole step, and sptrace's markers: labels, not work of their own."""
 
 OPTIMIZER = "optimizer"
+_NODE = "autograd::engine::evaluate_function: "
 
 
 class ModuleClock:
@@ -168,7 +169,8 @@ def _outer_clock(cpu: pd.DataFrame) -> ModuleClock:
         at = np.flatnonzero(tid == t)
         reach = np.maximum.accumulate(end[at])
         top[at] = np.concatenate(([True], start[at][1:] >= reach[:-1]))
-    return ModuleClock(start[top], end[top], tid[top], [(str(n), "") for n in names[top]])
+    # a backward node by its own name: "ConvolutionBackward0", not "autograd::engine::evaluate_function: ..."
+    return ModuleClock(start[top], end[top], tid[top], [(str(n).removeprefix(_NODE), "") for n in names[top]])
 
 
 def _joined(starts, ends, tids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

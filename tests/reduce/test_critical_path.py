@@ -58,6 +58,9 @@ def test_on_a_clean_reference_run_the_path_tiles_the_step(name, private_cache):
     assert (seg["kind"] == "transfer").any()
     named = set(seg["collective"].dropna())
     assert named <= {c for c in named if c.split()[0] in set(a.collectives["kind"])}
+    # the loss's backward nodes, outside every module, go by their own names
+    labels = set(seg[seg["phase"] == "backward"]["module"].dropna().astype(str))
+    assert "PowBackward0" in labels and not [m for m in labels if m.startswith("autograd::engine")]
     # a run whose step the last rank spent mostly on its own: the path is that rank's step, to 1%
     last = max(steps_aligned(a).items(), key=lambda kv: kv[1][1])
     if set(seg["rank"]) == {last[0]}:
