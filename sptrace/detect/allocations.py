@@ -33,6 +33,7 @@ from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.boundaries import Boundary, find_boundaries
 from sptrace.detect.index import RankIndex, has_prefix, is_one_of, take_columns, within
 from sptrace.detect.intervals import Intervals
+from sptrace.detect.kinds import AUTOGRAD_NODE
 from sptrace.detect.ledger import (
     AddressIndex,
     Allocation,
@@ -102,7 +103,7 @@ def backward_start_ns(trace: RankTrace) -> int | None:
     phase = ev[is_one_of(ev["name"], [markers.phase_name("backward")])]
     if len(phase):
         return int(phase["ts_ns"].min())
-    nodes = ev[has_prefix(ev["name"], "autograd::engine::evaluate_function")]
+    nodes = ev[has_prefix(ev["name"], AUTOGRAD_NODE)]
     return int(nodes["ts_ns"].min()) if len(nodes) else None
 
 

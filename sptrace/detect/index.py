@@ -16,7 +16,13 @@ import pandas as pd
 
 from sptrace.detect.args import present
 from sptrace.detect.intervals import EventRow, EventTable, Intervals
-from sptrace.detect.kinds import GLOO_KINDS, LAUNCH_CATEGORIES, NCCL_ANNOTATION_KINDS, is_comm_kernel
+from sptrace.detect.kinds import (
+    AUTOGRAD_NODE,
+    GLOO_KINDS,
+    LAUNCH_CATEGORIES,
+    NCCL_ANNOTATION_KINDS,
+    is_comm_kernel,
+)
 from sptrace.load.trace import RankTrace
 from sptrace.vocab import markers
 
@@ -190,7 +196,7 @@ class RankIndex:
         self.comm_markers = Intervals.of(table, is_x & starts(markers.COMM))
         self.module_markers = Intervals.of(table, is_x & starts(markers.MODULE))
         self.steps = Intervals.of(table, is_x & starts("ProfilerStep#"))
-        nodes = is_x & starts("autograd::engine::evaluate_function")
+        nodes = is_x & starts(AUTOGRAD_NODE)
         if not nodes.any():  # torch <= 1.9: the node's own range, unwrapped (CudnnConvolutionBackward)
             nodes = is_x & of_cat(["cpu_op"]) & by_name.passes(_is_autograd_node, is_x)
         self.backward_nodes = Intervals.of(table, nodes)

@@ -69,6 +69,10 @@ SYMM_MEM_KINDS = (  # CPU ops of collectives that bypass c10d
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 """CPU launches that NCCL kernels are linked to (by correlation)."""
 
+AUTOGRAD_NODE = "autograd::engine::evaluate_function"
+"""The CPU range autograd's engine records around each backward node it runs (torch >= 1.10):
+``autograd::engine::evaluate_function: AddmmBackward0``."""
+
 COMM_CALLS = ("c10d::", "_c10d_functional", "record_param_comms", "nccl:", "gloo:", "aten::wait",
               "_c10d_functional::wait")  # fmt: skip
 """Prefixes of the CPU ops a rank spends issuing or waiting on communication: never computation

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from sptrace.detect.index import RankIndex, has_prefix, take_columns
-from sptrace.detect.kinds import COMM_CALLS
+from sptrace.detect.kinds import AUTOGRAD_NODE, COMM_CALLS
 from sptrace.load.trace import RankTrace
 from sptrace.vocab import markers
 
@@ -36,7 +36,6 @@ _NOT_THREAD_WORK = ("ProfilerStep#", "sptrace.")
 """CPU ranges around the whole step, and sptrace's markers: labels, not work of their own."""
 
 OPTIMIZER = "optimizer"
-_NODE = "autograd::engine::evaluate_function: "
 
 
 class ModuleClock:
@@ -170,7 +169,8 @@ def _outer_clock(cpu: pd.DataFrame) -> ModuleClock:
         reach = np.maximum.accumulate(end[at])
         top[at] = np.concatenate(([True], start[at][1:] >= reach[:-1]))
     # a backward node by its own name: "ConvolutionBackward0", not "autograd::engine::evaluate_function: ..."
-    return ModuleClock(start[top], end[top], tid[top], [(str(n).removeprefix(_NODE), "") for n in names[top]])
+    labels = [(str(n).removeprefix(f"{AUTOGRAD_NODE}: "), "") for n in names[top]]
+    return ModuleClock(start[top], end[top], tid[top], labels)
 
 
 def _joined(starts, ends, tids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

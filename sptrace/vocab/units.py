@@ -21,8 +21,10 @@ def significant(x: float, digits: int = 3) -> str:
     """``x`` to ``digits`` significant digits as ``:.3g`` writes it below 1000 (no trailing zeros), but
     never in an exponent: 1234.7 -> '1235', 12.345 -> '12.3', 4.0 -> '4', 0.012345 -> '0.0123'
     (``:.3g`` writes 1234.7 as '1.23e+03', which no report shows)."""
-    if not math.isfinite(x) or x == 0:
-        return f"{x:.0f}" if math.isfinite(x) else str(x)
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return f"{x:.0f}"
     decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
     text = f"{x:.{decimals}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
