@@ -435,20 +435,20 @@ def reduce_run(
     sharding = None
     sharding_unavailable = None
     if "sharding" in parts:
+        # (kept whether or not the model is declared: sptrace diff compares retained bytes without it)
+        retained = tuple(r.retained for r in ranked if r.retained is not None)
         sharding_unavailable = model.why_missing(SHARDING_NEEDS, "the sharding check")
         if sharding_unavailable is None:
             sharding_unavailable = model.seq_split_problem()
         if sharding_unavailable is None:
-            retained = tuple(r.retained for r in ranked if r.retained is not None)
             dtype_notes: list[str] = []
             model = _activation_dtype(model, retained, dtype_notes)
             expected_act = activation_bytes_per_layer(model)
             if expected_act is not None and model.dtype_bytes:
                 expected_act = expected_act * model.dtype_bytes / 2
-            unchecked = [f"ranks without a trace, not checked: {rank_ranges(run.missing_ranks)} "
-                         f"({len(run.missing_ranks)} of {run.world_size})"] if run.missing_ranks else []  # fmt: skip
             sharding = check_sharding(list(retained), model, allow=allow, strict=strict,
-                                      expected_per_layer=expected_act, notes=[*dtype_notes, *unchecked])  # fmt: skip
+                                      expected_per_layer=expected_act, notes=dtype_notes,
+                                      missing_ranks=sorted(run.missing_ranks))  # fmt: skip
     return RunAnalysis(
         path=path, run=run, model=model, warnings=tuple(run.warnings), collectives=collectives, matching=matching,
         timing=tuple(timing), estimate=estimate, comm=comm, comm_unavailable=comm_unavailable, retained=retained,

@@ -7,10 +7,14 @@ and its step count (the steps its collectives carry, else one), so that two runs
 sizes or profiled windows compare. When B or S differ, bytes and time are compared per token
 (B x S tokens a step) as well, and a regression is judged per token.
 
-A regression (exit 1) is a module keeping a full-size tensor the baseline did not keep, more
-wire bytes a step than the baseline beyond ``bytes_tolerance``, or a slower step beyond
-``time_tolerance`` and outside both runs' spread across ranks. What cannot be judged (no model
-declared for the sharding classes, bytes a collective did not record) is said, never guessed."""
+A regression (exit 1) is a module keeping a full-size tensor the baseline did not keep, a layer
+keeping more bytes across the forward/backward boundary than the baseline (what autograd or the
+model keeps: no classification needed), more wire bytes a step than the baseline beyond
+``bytes_tolerance``, or a slower step beyond ``time_tolerance`` and outside both runs' spread
+across ranks. It fails closed: more bytes whose holder no evidence shows (sptrace.detect.holders:
+undecided) than the baseline had is no verdict (exit 2), never a silent pass. What cannot be
+judged (no model declared for the sharding classes, bytes a collective did not record) is said,
+never guessed."""
 
 from __future__ import annotations
 
@@ -27,9 +31,10 @@ from sptrace.vocab.units import human_bytes
 if TYPE_CHECKING:
     from sptrace.analysis import RunAnalysis
 
-FULL_CLASSES = ("full", "full-unknown-life")
-"""The sharding check's classes of a full-size tensor (one whose free the trace does not show is
-never passed by the gate, so never by the diff either)."""
+KEEPERS = ("autograd", "model")
+"""Holders of what the step itself keeps across the boundary (sptrace.detect.holders.KEEPERS):
+only their bytes and full-size tensors are compared; a buffer the backend or a parameter holds
+is not the step's."""
 NO_MODULE = "(no module)"
 """What a collective or a retained tensor no module claims is filed under."""
 SHAPE_FIELDS = ("scheme", "batch", "seq", "hidden", "sp_size", "heads", "kv_heads", "ffn", "layers", "dtype")
@@ -143,7 +148,11 @@ class RunDiff:
     """Wire bytes per rank and step of each run (None: no collective recorded its size)."""
     kept: list[KeptChange]
     kept_layers: dict[int, tuple[float, float]]
-    """Per layer: bytes kept at its largest rank and boundary, in each run."""
+    """Per layer: bytes the step kept (autograd, the model) at its largest rank and boundary, in
+    each run."""
+    undecided_layers: dict[int, tuple[float, float]]
+    """Per layer (-1: outside layers): bytes alive at the boundary whose holder no evidence shows,
+    in each run."""
     time: list[TimeChange]
     module_time: list[TimeChange]
     """Each module's own time, forward and backward (what: "forward layers.0.mlp.fc1"), the
@@ -206,8 +215,24 @@ class RunDiff:
         return [t for t in self.time if t.what == "step" and t.slower]
 
     @property
+    def kept_more(self) -> list[tuple[int, float, float]]:
+        """Layers keeping more bytes than the baseline (per token when B or S changed), beyond
+        ``bytes_tolerance``: (layer, base, new)."""
+        scale = (1 / self.tokens[0], 1 / self.tokens[1]) if self.per_token else (1.0, 1.0)  # type: ignore[operator]
+        return [(layer, b, n) for layer, (b, n) in self.kept_layers.items()
+                if n * scale[1] > b * scale[0] * (1 + self.bytes_tolerance) + 1e-9 * max(b * scale[0], 1.0)]  # fmt: skip
+
+    @property
+    def undecided(self) -> list[tuple[int, float, float]]:
+        """Layers whose bytes of no known holder grew over the baseline's: (layer, base, new)."""
+        return [(layer, b, n) for layer, (b, n) in self.undecided_layers.items() if n > b]
+
+    @property
     def regressions(self) -> list[str]:
         out = [f"{k.module} keeps a full-size tensor the baseline did not" for k in self.new_full]
+        unit = " a token" if self.per_token else ""
+        out += [f"{'outside layers' if layer < 0 else f'layer {layer}'} keeps more across the forward/backward "
+                f"boundary{unit}: {human_bytes(b)} -> {human_bytes(n)}" for layer, b, n in self.kept_more]  # fmt: skip
         if self.more_bytes:
             base, new = self.wire_judged  # type: ignore[misc]
             unit = " a token" if self.per_token else ""
@@ -226,12 +251,13 @@ class RunDiff:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.regressions else 0
+        return 1 if self.regressions else 2 if self.undecided else 0
 
     def to_dict(self) -> JSONObject:
         return {
             "base": self.base, "new": self.new, "regression": bool(self.regressions),
             "regressions": self.regressions, "same": self.same,
+            "undecided": [{"layer": layer, "base": b, "new": n} for layer, b, n in self.undecided],
             "shape_changes": [{"field": f, "base": a, "new": b} for f, a, b in self.shape_changes],
             "config_changes": [{"key": k, "base": a, "new": b} for k, a, b in self.config_changes],
             "tokens": list(self.tokens), "per_token": self.per_token,
@@ -260,9 +286,11 @@ def diff_runs(
     comm_base, comm_new = _comm_sides(base), _comm_sides(new)
     comm = [_comm_change(key, comm_base.get(key), comm_new.get(key)) for key in _ordered(comm_base, comm_new)]
     retained_base, retained_new = _retained(base, notes, "baseline"), _retained(new, notes, "new run")
-    kept_base, kept_new = _kept_sides(retained_base), _kept_sides(retained_new)
-    lb, ln = _kept_layers(retained_base), _kept_layers(retained_new)
+    kept_base, kept_new = _kept_sides(_step_kept(retained_base)), _kept_sides(_step_kept(retained_new))
+    lb, ln = _kept_layers(_step_kept(retained_base)), _kept_layers(_step_kept(retained_new))
     kept_layers = {layer: (lb.get(layer, 0.0), ln.get(layer, 0.0)) for layer in sorted(set(lb) | set(ln))}
+    ub, un = _kept_layers(_undecided(retained_base)), _kept_layers(_undecided(retained_new))
+    undecided_layers = {layer: (ub.get(layer, 0.0), un.get(layer, 0.0)) for layer in sorted(set(ub) | set(un))}
     kept = [KeptChange(m, kept_base.get(m), kept_new.get(m)) for m in sorted(set(kept_base) | set(kept_new))]
     scale = (1 / tokens[0], 1 / tokens[1]) if None not in tokens and tokens[0] != tokens[1] else None
     time = [time_change(what, base, new, time_tolerance, scale) for what in ("step", "transfer", "exposed transfer")]
@@ -278,7 +306,7 @@ def diff_runs(
     return RunDiff(
         base=base.name if base.path is None else str(base.path), new=new.name if new.path is None else str(new.path),
         shape_changes=shape, config_changes=_config_changes(base, new), tokens=tokens, comm=comm, wire=wire,
-        kept=kept, kept_layers=kept_layers, time=[t for t in time if t is not None],
+        kept=kept, kept_layers=kept_layers, undecided_layers=undecided_layers, time=[t for t in time if t is not None],
         module_time=module_time_changes(base, new, time_tolerance, scale),
         module_wire=module_wire,
         classes=(base.sharding is not None, new.sharding is not None), bytes_tolerance=bytes_tolerance,
@@ -377,12 +405,26 @@ def _retained(a: RunAnalysis, notes: list[str], which: str) -> pd.DataFrame:
     return frame
 
 
+def _step_kept(frame: pd.DataFrame) -> pd.DataFrame:
+    """The tensors the step itself keeps (autograd, the model), of every retained one."""
+    return frame[frame["holder"].isin(KEEPERS)] if len(frame) and "holder" in frame else frame
+
+
+def _undecided(frame: pd.DataFrame) -> pd.DataFrame:
+    """The tensors alive at a boundary whose holder no evidence shows and that could be
+    full-size (where the run's tensors are classed; every undecided one where they are not)."""
+    if not len(frame) or "holder" not in frame:
+        return frame.iloc[:0]
+    rows = frame[frame["holder"] == "undecided"]
+    return rows[rows["class"].isin(("full", "ambiguous", "unknown"))] if "class" in rows else rows
+
+
 def _kept_layers(frame: pd.DataFrame) -> dict[int, float]:
-    """Per layer: the bytes it kept at its largest rank and boundary."""
+    """Per layer (-1: outside layers): the bytes it kept at its largest rank and boundary."""
     if not len(frame):
         return {}
     where = [c for c in ("rank", "step", "micro_batch") if c in frame]
-    layered = frame[frame["layer"].notna()]
+    layered = frame.assign(layer=frame["layer"].astype(float).fillna(-1))
     sums = layered.groupby([layered["layer"].astype(int), *where], dropna=False)["storage_bytes"].sum()
     return {int(layer): float(v) for layer, v in sums.groupby(level=0).max().items()}
 
@@ -397,7 +439,7 @@ def _kept_sides(frame: pd.DataFrame) -> dict[str, KeptSide]:
     out: dict[str, KeptSide] = {}
     for module, g in frame.groupby("module", sort=True):
         per = g.groupby(where, dropna=False)["storage_bytes"].agg(["size", "sum"]) if where else None
-        full = g[g["class"].isin(FULL_CLASSES)] if "class" in g else g.iloc[:0]
+        full = g[g["class"] == "full"] if "class" in g else g.iloc[:0]
         full_per = full.groupby(where, dropna=False).size() if where and len(full) else pd.Series(dtype=int)
         layers = g["layer"].dropna()
         out[str(module)] = KeptSide(

@@ -106,7 +106,7 @@ def findings_list(findings: list[Finding], run: int, limit: int = 8) -> Any:
 
 # ---- grids -------------------------------------------------------------------------------------
 
-LONG_TEXT = ("module", "why", "holder", "message", "source", "op", "producer", "group_ranks")
+LONG_TEXT = ("module", "why", "holder", "evidence", "message", "source", "op", "producer", "group_ranks")
 """Columns whose values can be long: capped width, full text on hover."""
 
 

@@ -23,11 +23,12 @@ from sptrace.dashboards.pages.common import (
 from sptrace.dashboards.store import RunStore
 
 from sptrace.analysis import RunAnalysis
+from sptrace.checks.sharding_verdict import GROUPS
 from sptrace.report import figures
 from sptrace.vocab.errors import SptraceError
 
 TENSOR_COLUMNS = ["rank", "layer", "module", "shape", "dtype", "nbytes", "storage_bytes", "class", "why", "op",
-                  "holder", "saved_by", "alloc_ms", "free_ms"]  # fmt: skip
+                  "holder", "evidence", "saved_by", "alloc_ms", "free_ms"]  # fmt: skip
 
 
 def tensor_rows(a: RunAnalysis, saved: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -44,13 +45,13 @@ def tensor_rows(a: RunAnalysis, saved: pd.DataFrame | None = None) -> pd.DataFra
 
 
 def select(a: RunAnalysis, layer: str | None, group: str | None) -> pd.DataFrame:
-    """The tensors a clicked bar stands for: a layer ("layer 3" / "outside layers") and a group
-    of sharding classes (figures.RETAINED_GROUPS)."""
+    """The tensors a clicked bar stands for: a layer ("layer 3" / "outside layers") and one of
+    the sharding check's groups (sharding_verdict.GROUPS)."""
     s = a.sharding.saved
     if layer is not None:
         s = s[s["layer"].isna()] if layer == "outside layers" else s[s["layer"] == int(layer.split()[-1])]
-    if group in figures.RETAINED_GROUPS:
-        s = s[s["class"].isin(figures.RETAINED_GROUPS[group])]
+    if group in GROUPS:
+        s = s[s["group"] == group]
     return s
 
 

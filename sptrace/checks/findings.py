@@ -31,6 +31,10 @@ class Finding:
     module: str | None = None
     page: str | None = None
     """The dashboard page that shows it (timeline, collectives, memory)."""
+    holder: str | None = None
+    """For a tensor kept across the boundary: who holds it (sptrace.detect.holders)."""
+    evidence: str | None = None
+    """Why that holder: the evidence, in words a user can check."""
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -47,10 +51,13 @@ class Finding:
         return f"{self.where}: {self.message}" if self.ranks else self.message
 
     def to_dict(self) -> JSONObject:
-        return {
+        out = {
             "severity": self.severity, "check": self.check, "code": self.code, "message": self.message,
             "ranks": list(self.ranks), "layer": self.layer, "module": self.module, "page": self.page,
         }  # fmt: skip
+        if self.holder is not None:
+            out["holder"], out["evidence"] = self.holder, self.evidence
+        return out
 
 
 def merge_ranks(findings: Iterable[Finding]) -> list[Finding]:
@@ -58,7 +65,7 @@ def merge_ranks(findings: Iterable[Finding]) -> list[Finding]:
     rank set, in first-seen order."""
     merged: dict[tuple, Finding] = {}
     for f in findings:
-        key = (f.severity, f.check, f.code, f.message, f.layer, f.module, f.page)
+        key = (f.severity, f.check, f.code, f.message, f.layer, f.module, f.page, f.holder, f.evidence)
         if key in merged:
             ranks = tuple(sorted(set(merged[key].ranks) | set(f.ranks)))
             merged[key] = replace(merged[key], ranks=ranks)

@@ -13,8 +13,6 @@ B, S, H, P (and a, g, F when declared).
                 at P=4) and nothing in the trace or the flags tells which: counted, shown, not judged
   other         no token dimension (weights, scalars, statistics)
   unknown       no shape, and a size that matches nothing
-  full-unknown-life  full-size, but the trace does not show its free (a backend's thread may have
-                released it, or a Python reference still holds it): not judged, and no PASS
 
 The verdict over every rank's retained tensors is sptrace.checks.sharding_verdict.
 """
@@ -28,7 +26,7 @@ from dataclasses import dataclass
 from sptrace.vocab.shape import ModelShape
 from sptrace.vocab.units import count, significant
 
-CLASSES = ("full", "head-sharded", "seq-sharded", "ambiguous", "other", "unknown", "full-unknown-life")
+CLASSES = ("full", "head-sharded", "seq-sharded", "ambiguous", "other", "unknown")
 JUDGED = ("full", "head-sharded", "seq-sharded")
 NEEDS = ("batch", "seq", "hidden", "sp_size")
 _MLP = re.compile(
@@ -105,9 +103,11 @@ class Judge:
         producer: str | None = None,
         origin: str | None = None,
         origin_text: str | None = None,
+        dtype: str | None = None,
     ) -> tuple[str, str]:
         """(class, why) of one retained tensor. Its origin (what made it: sptrace.detect.provenance)
-        decides first; its shape where the origin is silent; its bytes where it has no shape."""
+        decides first; its shape where the origin is silent; its bytes where it has no shape.
+        ``dtype``: its element type, where known (else the declared activation's)."""
         storage_bytes = storage_bytes or nbytes
         if origin is None and producer and _GATHER.search(producer):
             origin, origin_text = "gathered", f"made by {producer}"

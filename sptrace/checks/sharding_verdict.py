@@ -1,9 +1,15 @@
-"""The sharding verdict: ``check_sharding`` classifies every retained tensor of every rank (with
-sptrace.checks.sharding's Judge) and concludes, in a ``ShardingReport``.
+"""The sharding verdict: ``check_sharding`` judges every allocation alive at a forward ->
+backward boundary of every rank and concludes, in a ``ShardingReport``.
 
-FAIL on a full tensor (outside ``allow``); CANNOT DECIDE when the trace does not show enough (no
-backward in the window, no retained tensor judged, a layer with none judged, a declared shape no
-tensor has); else PASS. ``strict`` fails ambiguous and unknown tensors too.
+Each retained tensor has a holder from evidence (sptrace.detect.holders) and a class (sptrace.
+checks.sharding's Judge). The gate fails closed:
+  FAIL           on positive evidence: a full-sequence tensor that autograd or the model keeps
+                 (outside ``allow``);
+  PASS           only when every allocation alive at a boundary has a holder and a class, on every
+                 rank of the run, each with memory events and a backward in its window;
+  CANNOT DECIDE  otherwise, naming the tensors or ranks left undecided and the one step that
+                 decides them.
+``strict`` fails what would otherwise leave the verdict undecided (ambiguous, unknown).
 """
 
 from __future__ import annotations
@@ -19,24 +25,29 @@ import pandas as pd
 from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.checks.sharding import CLASSES, JUDGED, Judge
 from sptrace.detect.allocations import Retention
+from sptrace.detect.holders import HOLDERS, KEEPERS
 from sptrace.jsonable import records
 from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.shape import ModelShape
 from sptrace.vocab.units import count, human_bytes, rank_ranges
+
+INSTRUMENT = "run the model under sptrace.instrument (its saved-tensor records name what autograd keeps)"
+TWO_STEPS = "profile two steps: torch.profiler.schedule(wait=0, warmup=1, active=2), as sptrace.profile_step does"
 
 
 @dataclass
 class ShardingReport:
     model: ModelShape
     saved: pd.DataFrame
-    """Every retained tensor of every rank, with its class (``class``, ``why``)."""
+    """Every retained tensor of every rank, with its holder (``holder``, ``evidence``) and class
+    (``class``, ``why``)."""
     findings: list[Finding]
     layers: pd.DataFrame
     """Per rank and layer: retained bytes, full bytes, and Korthikanti's expectation."""
     verdict: Verdict
     notes: list[str] = field(default_factory=list)
-    unseen_frees: dict[int, int] = field(default_factory=dict)
-    """Per rank: allocations alive at the boundary whose free is not in the trace (not judged)."""
+    coverage: JSONObject = field(default_factory=dict)
+    """What the verdict covered: ranks, layers, boundaries, memory events."""
 
     @property
     def ok(self) -> bool:
@@ -45,19 +56,23 @@ class ShardingReport:
     def counts(self) -> dict[str, int]:
         return {c: int((self.saved["class"] == c).sum()) for c in CLASSES}
 
+    def holders(self) -> dict[str, int]:
+        return {h: int((self.saved["holder"] == h).sum()) for h in HOLDERS}
+
     def to_dict(self) -> JSONObject:
         saved = self.saved.copy()
         saved["shape"] = saved["shape"].map(lambda s: list(s) if isinstance(s, (tuple, list)) else None)
         return {
             "ok": self.ok,
             "verdict": self.verdict.to_dict(),
+            "coverage": self.coverage,
             "model": self.model.to_dict(),
             "counts": self.counts(),
+            "holders": self.holders(),
             "findings": [f.to_dict() for f in self.findings],
             "layers": records(self.layers),
-            "saved": records(saved.drop(columns=["alloc_ns", "free_ns"], errors="ignore")),
+            "saved": records(saved.drop(columns=["alloc_ns", "free_ns", "decides"], errors="ignore")),
             "notes": self.notes,
-            "unseen_frees": [{"rank": r, "allocations": n} for r, n in sorted(self.unseen_frees.items())],
         }
 
 
@@ -69,97 +84,91 @@ def check_sharding(
     strict: bool = False,
     expected_per_layer: float | None = None,
     notes: Sequence[str] = (),
+    missing_ranks: Sequence[int] = (),
 ) -> ShardingReport:
-    """Classify every retained tensor of every rank and conclude. ``allow``: module globs that
-    may keep full tensors; ``strict``: ambiguous and unknown tensors fail too; ``notes``: the
-    caller's, after this check's own."""
+    """Judge every retained tensor of every rank and conclude. ``allow``: module globs that may
+    keep full tensors; ``strict``: ambiguous and unknown tensors that could be full-size fail
+    too; ``notes``: the caller's, after this check's own; ``missing_ranks``: ranks of the run
+    without a trace (never judged: no PASS)."""
     judge = Judge(model)
     frames = [r.tensors for r in retained if not r.tensors.empty]
     saved = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=retained[0].tensors.columns)
-    for column in ("origin", "origin_text", "unseen_free"):
-        if column not in saved:
-            saved[column] = None
     classes = [
         judge.classify(
             tuple(s) if isinstance(s, (tuple, list)) else None, int(n),
             int(sb) if sb is not None and sb == sb else None, mod if isinstance(mod, str) else None,
             prod if isinstance(prod, str) else None, org if isinstance(org, str) else None,
-            txt if isinstance(txt, str) else None,
+            txt if isinstance(txt, str) else None, dt if isinstance(dt, str) else None,
         )
-        for s, n, sb, mod, prod, org, txt in zip(
+        for s, n, sb, mod, prod, org, txt, dt in zip(
             saved["shape"], saved["nbytes"], saved["storage_bytes"], saved["module"],
-            saved["producer"].fillna(saved["alloc_op"]), saved["origin"], saved["origin_text"])
+            saved["producer"].fillna(saved["alloc_op"]), saved["origin"], saved["origin_text"], saved["dtype"])
     ]  # fmt: skip
     saved["class"] = [c for c, _ in classes]
     saved["why"] = [w for _, w in classes]
-    unseen_mask = saved["unseen_free"].map(lambda v: v is True or v == 1).astype(bool)
-    # a tensor whose free the trace does not show matters only if it would break the contract:
-    # then the verdict cannot be PASS (nor FAIL: it may have died before the boundary)
-    full_unseen = unseen_mask & (saved["class"] == "full")
-    # the rest are counted (unseen_frees), not rows: whether gloo's thread freed them is a race,
-    # and a report must not change with it
-    keep = ~unseen_mask | full_unseen
-    saved = saved[keep].reset_index(drop=True)
-    unseen_mask = unseen_mask[keep].reset_index(drop=True)
-    full_unseen = full_unseen[keep].reset_index(drop=True)
-    if full_unseen.any():
-        saved.loc[full_unseen, "why"] = "full-size, but its free is not in the trace: " + saved.loc[full_unseen, "why"]
-        saved.loc[full_unseen, "class"] = "full-unknown-life"
+    saved["decides"] = [_decides(h, c) for h, c in zip(saved["holder"], saved["class"])]
+    saved["group"] = [_group(h, c, d) for h, c, d in zip(saved["holder"], saved["class"], saved["decides"])]
     findings: list[Finding] = []
-    judged = saved[~unseen_mask].rename(columns={"class": "cls"})[list(_Saved._fields)]
-    for rec in map(_Saved._make, judged.itertuples(index=False, name=None)):
-        cls = rec.cls
-        if cls not in ("full", "ambiguous", "unknown") or (cls != "full" and not strict):
+    kept = saved[saved["decides"] != "settled"].rename(columns={"class": "cls"})[list(_Saved._fields)]
+    for rec in map(_Saved._make, kept.itertuples(index=False, name=None)):
+        if rec.cls != "full" and not (strict and rec.decides == "unjudged"):
+            continue
+        if rec.decides == "undecided-holder":
             continue
         module = rec.module or "<unknown module>"
         if any(fnmatch.fnmatchcase(module, pattern) for pattern in allow):
             continue
-        findings.append(_finding(rec, judge, strict))
+        findings.append(_finding(rec, judge))
     findings = merge_ranks(findings)
-    layer_rows = []
-    # per rank and layer, the boundary (step, micro-batch) that kept the most
-    by_boundary = saved[saved["layer"].notna()].assign(
-        _step=saved["step"].astype(float).fillna(-1), _micro=saved["micro_batch"].astype(float).fillna(0)
-    )  # fmt: skip
-    for (rank, layer), per_layer in by_boundary.groupby(["rank", "layer"]):
-        worst = max((g for _, g in per_layer.groupby(["_step", "_micro"])), key=lambda g: int(g["storage_bytes"].sum()))
-        layer_rows.append({
-            "rank": int(rank), "layer": int(layer), "saved_tensors": len(worst),
-            "judged": int(worst["class"].isin(JUDGED).sum()), "measured_bytes": int(worst["storage_bytes"].sum()),
-            "full_bytes": int(worst[worst["class"] == "full"]["storage_bytes"].sum()),
-            "expected_bytes": expected_per_layer,
-        })  # fmt: skip
-    layers = pd.DataFrame(
-        layer_rows,
-        columns=["rank", "layer", "saved_tensors", "judged", "measured_bytes", "full_bytes", "expected_bytes"],
-    )
+    layers = _layer_table(saved, expected_per_layer)
     caller_notes = notes
     notes = list(dict.fromkeys(n for r in retained for n in r.notes))
-    unseen = sum(r.unseen_frees for r in retained)
-    if unseen:
-        notes.append(
-            f"{unseen} allocations alive at the boundary were not judged: their free is not in the trace (gloo and "
-            "NCCL release a collective's tensors on threads the profiler does not record)"
-        )
     counts = {c: int((saved["class"] == c).sum()) for c in CLASSES}
-    unseen_full = saved[full_unseen]
-    if counts["ambiguous"]:
+    by_backend = saved[(saved["holder"] == "backend") & saved["class"].isin(("full", "ambiguous", "unknown"))]
+    if len(by_backend):
         notes.append(
-            f"{count(counts['ambiguous'], 'tensor')} {'is' if counts['ambiguous'] == 1 else 'are'} ambiguous: "
-            f"{_first_why(saved, 'ambiguous')}"
+            f"{count(len(by_backend), 'full-size allocation')} alive at the boundary "
+            f"{'is' if len(by_backend) == 1 else 'are'} a collective call's own "
+            f"{'tensor' if len(by_backend) == 1 else 'tensors'} ({', '.join(sorted(set(by_backend['collective'].dropna())))}), "
+            "held by the backend, which drops its reference on a thread the profiler does not record: not the step's"
         )
-    if counts["unknown"]:
-        notes.append(
-            f"{count(counts['unknown'], 'tensor')} without a shape, of a size that identifies nothing: not judged"
-        )
-    verdict = _conclude(retained, saved[~unseen_mask], findings, model, counts, strict, unseen_full)
-    unseen_by_rank = {r.rank: r.unseen_frees for r in retained if r.unseen_frees}
-    return ShardingReport(model, saved, findings, layers, verdict, [*notes, *caller_notes], unseen_by_rank)
+    coverage = _coverage(retained, saved, missing_ranks)
+    verdict = _conclude(retained, saved, findings, model, counts, coverage, missing_ranks)
+    return ShardingReport(model, saved, findings, layers, verdict, [*notes, *caller_notes], coverage)
+
+
+def _decides(holder: object, cls: str) -> str:
+    """What a retained tensor means for the verdict:
+    settled           nothing to judge: the backend's or a parameter's, or a shard whoever holds it;
+    judged            the step keeps it (autograd, the model) and its class is known;
+    unjudged          the step keeps it, and it could be full-size but its class is not known;
+    undecided-holder  it could be full-size and the trace does not say who holds it."""
+    could_be_full = cls in ("full", "ambiguous", "unknown")
+    if holder in ("backend", "parameter"):
+        return "settled"
+    if holder in KEEPERS:
+        return "judged" if cls in (*JUDGED, "other") else "unjudged"
+    return "undecided-holder" if could_be_full else "settled"
+
+
+GROUPS = ("sharded", "full", "undecided", "other", "not the step's")
+"""How a retained tensor is shown (the memory figure's stacks, the dashboard's filter): what the
+step keeps by class, what no evidence decides, and what the backend or a parameter holds."""
+
+
+def _group(holder: object, cls: str, decides: str) -> str:
+    if decides in ("undecided-holder", "unjudged"):
+        return "undecided"
+    if holder in ("backend", "parameter"):
+        return "not the step's"
+    if cls == "full":
+        return "full"
+    return "sharded" if cls in ("seq-sharded", "head-sharded") else "other"
 
 
 class _Saved(NamedTuple):
-    """The columns of a retained tensor's row (RETAINED_COLUMNS, its class and why) that its
-    finding reads."""
+    """The columns of a retained tensor's row (RETAINED_COLUMNS, its class, why and what it
+    decides) that its finding reads."""
 
     rank: int
     layer: float | None
@@ -171,44 +180,38 @@ class _Saved(NamedTuple):
     cls: str
     why: str
     holder: str | None
+    evidence: str | None
     alloc_op: str | None
-    saved_by: str | None
-    freed_in: str | None
     dtype: str | None
     boundary: str | None
+    decides: str
 
 
-def _first_why(saved: pd.DataFrame, cls: str) -> str:
-    rows = saved[saved["class"] == cls]
-    return str(rows["why"].iloc[0]) if len(rows) else ""
-
-
-def _finding(rec: _Saved, judge: Judge, strict: bool) -> Finding:
+def _finding(rec: _Saved, judge: Judge) -> Finding:
     module = rec.module or "<unknown module>"
     shape = "x".join(map(str, rec.shape)) if isinstance(rec.shape, (tuple, list)) else f"{rec.nbytes} bytes"
     layer = int(rec.layer) if rec.layer is not None and rec.layer == rec.layer else None
     where = _boundary(rec)
+    held = f"held by {rec.holder}: {rec.evidence}" if rec.holder else ""
     if rec.cls != "full":
         return Finding(
             "error", "sharding", f"{rec.cls}-tensor",
             f"{module} keeps a [{shape}] tensor across the forward/backward boundary{where} that cannot be judged "
-            f"(--strict): {rec.why}",
-            (int(rec.rank),), layer, module, page="memory",
+            f"(--strict; {held}): {rec.why}",
+            (int(rec.rank),), layer, module, page="memory", holder=rec.holder, evidence=rec.evidence,
         )  # fmt: skip
     storage = int(rec.storage_bytes)
     excess = storage - storage / judge.model.sp_size
-    origin = [str(rec.holder)] if rec.holder else []
+    origin = [held] if held else []
     if rec.alloc_op:
         origin.append(f"allocated by {rec.alloc_op}")
-    if rec.saved_by and rec.saved_by != rec.freed_in:
-        origin.append(f"saved by {rec.saved_by}")
     dtype = f"{rec.dtype} " if rec.dtype else ""
     return Finding(
         "error", "sharding", "full-size-save",
         f"{module} keeps a full-sequence [{shape}] {dtype}tensor across the forward/backward boundary{where} "
         f"({human_bytes(storage)}, {human_bytes(excess)} more than a 1/{judge.model.sp_size} shard"
         + (f"; {'; '.join(origin)}" if origin else "") + f"): {rec.why}",
-        (int(rec.rank),), layer, module, page="memory",
+        (int(rec.rank),), layer, module, page="memory", holder=rec.holder, evidence=rec.evidence,
     )  # fmt: skip
 
 
@@ -218,18 +221,69 @@ def _boundary(rec: _Saved) -> str:
     return f" of {label}" if isinstance(label, str) and label else ""
 
 
+def _layer_table(saved: pd.DataFrame, expected_per_layer: float | None) -> pd.DataFrame:
+    """Per rank and layer, the boundary (step, micro-batch) that kept the most: what the step's
+    own holders (autograd, the model) keep, and the full-size part of it."""
+    step_kept = saved[saved["layer"].notna() & saved["holder"].isin(KEEPERS)]
+    by_boundary = step_kept.assign(
+        _step=step_kept["step"].astype(float).fillna(-1), _micro=step_kept["micro_batch"].astype(float).fillna(0)
+    )  # fmt: skip
+    rows = []
+    for (rank, layer), per_layer in by_boundary.groupby(["rank", "layer"]):
+        worst = max((g for _, g in per_layer.groupby(["_step", "_micro"])), key=lambda g: int(g["storage_bytes"].sum()))
+        rows.append({
+            "rank": int(rank), "layer": int(layer), "saved_tensors": len(worst),
+            "judged": int(worst["class"].isin(JUDGED).sum()), "measured_bytes": int(worst["storage_bytes"].sum()),
+            "full_bytes": int(worst[worst["class"] == "full"]["storage_bytes"].sum()),
+            "expected_bytes": expected_per_layer,
+        })  # fmt: skip
+    return pd.DataFrame(
+        rows, columns=["rank", "layer", "saved_tensors", "judged", "measured_bytes", "full_bytes", "expected_bytes"]
+    )
+
+
+def _coverage(retained: list[Retention], saved: pd.DataFrame, missing: Sequence[int]) -> JSONObject:
+    layers = sorted(set().union(*(r.layers_seen for r in retained)) | {int(x) for x in saved["layer"].dropna()})
+    return {
+        "ranks": sorted(r.rank for r in retained),
+        "missing_ranks": sorted(missing),
+        "layers": layers,
+        "boundaries": sum(len(r.boundaries) for r in retained),
+        "steps": sorted({b.step for r in retained for b in r.boundaries if b.step is not None}),
+        "memory_events": sorted(r.rank for r in retained if r.has_memory),
+        "saved_records": sorted(r.rank for r in retained if r.has_records),
+        "tensors": len(saved),
+    }
+
+
+def _covered(coverage: JSONObject) -> str:
+    """'8 ranks (0-7), layers 0-2, 2 steps, memory events on every rank'"""
+    ranks = coverage["ranks"]
+    parts = [f"{count(len(ranks), 'rank')} ({rank_ranges(ranks)})" if ranks else "no rank"]
+    if coverage["layers"]:
+        parts.append(f"layer{'s' if len(coverage['layers']) > 1 else ''} {rank_ranges(coverage['layers'])}")
+    if len(coverage["steps"]) > 1:
+        parts.append(f"{len(coverage['steps'])} steps")
+    if coverage["boundaries"] > max(len(ranks), 1) * max(len(coverage["steps"]), 1):
+        parts.append(f"{coverage['boundaries']} forward/backward boundaries")
+    with_memory = coverage["memory_events"]
+    parts.append("memory events on every rank" if with_memory == ranks
+                 else f"memory events on {count(len(with_memory), 'rank')} of {len(ranks)}")  # fmt: skip
+    return ", ".join(parts)
+
+
 def _conclude(
     retained: list[Retention], saved: pd.DataFrame, findings: list[Finding], model: ModelShape,
-    counts: dict[str, int], strict: bool, unseen_full: pd.DataFrame,
+    counts: dict[str, int], coverage: JSONObject, missing: Sequence[int],
 ) -> Verdict:  # fmt: skip
-    judged = sum(counts[c] for c in JUDGED)
     errors = [f for f in findings if f.severity == "error"]
-    by_size = int((saved["class"].isin(JUDGED) & ~saved["shape"].map(lambda s: isinstance(s, (tuple, list)))).sum())
+    judged = saved[saved["decides"] != "undecided-holder"]
+    by_holder = saved["holder"].value_counts()
     summary = (
-        f"{count(judged, 'retained tensor')} judged on {count(len(retained), 'rank')} "
-        f"({counts['seq-sharded']} sequence-sharded, "
-        f"{counts['head-sharded']} head-sharded, {counts['full']} full"
-        + (f"; {by_size} by size alone, with no recorded shape" if by_size else "")
+        f"{count(len(judged), 'tensor')} alive at the boundary judged on {_covered(coverage)} "
+        f"({counts['seq-sharded']} sequence-sharded, {counts['head-sharded']} head-sharded, {counts['full']} full; "
+        + ", ".join(f"{int(by_holder.get(h, 0))} held by {h}" for h in ("autograd", "model", "backend", "parameter")
+                    if by_holder.get(h, 0))  # fmt: skip
         + ")"
     )
     if errors:
@@ -241,17 +295,20 @@ def _conclude(
         )
         return Verdict("fail", "FAIL", f"{what}; {summary}")
     reasons: list[str] = []
+    if missing:
+        reasons.append(f"{_ranks(list(missing))} of the run {'has' if len(missing) == 1 else 'have'} no trace: "
+                       "profile every rank (a stray on those ranks would go unseen)")  # fmt: skip
     no_backward = [r.rank for r in retained if r.boundary_ns is None]
     if no_backward:
         reasons.append(
             f"the profiled window has no backward on {_ranks(no_backward)}: what is kept for backward cannot be told "
             "from the rest; profile a whole training step"
         )
-    blind = [r.rank for r in retained if not r.has_records and not r.has_memory]
+    blind = [r.rank for r in retained if not r.has_memory]
     if blind:
         reasons.append(
-            f"{_ranks(blind)} have neither [memory] events nor sptrace.saved records: profile with "
-            "profile_memory=True (sptrace.instrument adds exact shapes)"
+            f"{_ranks(blind)} {'has' if len(blind) == 1 else 'have'} no [memory] events, so what the model holds "
+            "itself (a list, a hook, a cache) is not seen: profile with profile_memory=True"
         )
     if not reasons:
         B, S, H, P, s = model.batch, model.seq, model.hidden, model.sp_size, model.local_seq
@@ -264,50 +321,38 @@ def _conclude(
                 f"the declared shape (B={B}, S={S}, H={H}, P={P}) matches no tensor in the trace: no op took a "
                 f"[B, S/P, H] = [{B}, {s}, {H}] activation (in any layout); is the declared config right?"
             )
-    if not reasons:
-        token_dims = saved["class"].isin(JUDGED).any()
-        if not token_dims:
-            if len(saved) and not saved["shape"].map(lambda s: isinstance(s, (tuple, list))).any():
-                reasons.append(
-                    f"no retained tensor could be judged: none has a known shape ({len(saved)} by bytes only)"
-                )
-            else:
-                reasons.append(
-                    f"the declared shape (B={model.batch}, S={model.seq}, S/P={model.local_seq}, "
-                    f"H={model.hidden}) matches no tensor the trace kept: is the declared config right?"
-                    if counts["ambiguous"] == 0
-                    else f"no retained tensor could be judged ({counts['ambiguous']} ambiguous)"
-                )
-        else:
-            seen = sorted(set().union(*(r.layers_seen for r in retained)))
-            judged_layers = set(saved[saved["class"].isin(JUDGED)]["layer"].dropna().astype(int))
-            blank = [layer for layer in seen if layer not in judged_layers]
-            if blank:
-                reasons.append(
-                    f"no retained tensor of layer{'s' if len(blank) > 1 else ''} {rank_ranges(blank)} could be judged"
-                )
-    if counts["ambiguous"] and not strict:
-        rows = saved[saved["class"] == "ambiguous"]
-        where = sorted({m or "<unknown module>" for m in rows["module"]})
+    undecided = saved[saved["decides"] == "undecided-holder"]
+    if len(undecided):
         reasons.append(
-            f"{counts['ambiguous']} retained {'tensor is' if counts['ambiguous'] == 1 else 'tensors are'} ambiguous "
-            f"(in {', '.join(where[:4])}{', ...' if len(where) > 4 else ''}): {rows['why'].iloc[0]}"
+            f"{count(len(undecided), 'allocation')} that could be full-size {'has' if len(undecided) == 1 else 'have'} "
+            f"no holder the trace can show ({_places(undecided)}): {undecided['evidence'].iloc[0]}; "
+            + ("run the model under sptrace.instrument, whose records name what autograd keeps, and profile two "
+               "steps (torch.profiler.schedule(wait=0, warmup=1, active=2)): a buffer the backend released is "
+               "allocated again in the next step")
         )
-    if len(unseen_full):
-        where = sorted({m or "<unknown module>" for m in unseen_full["module"]})
+    unjudged = saved[saved["decides"] == "unjudged"]
+    if len(unjudged):
+        remedy = ("pass --heads and --ffn" if unjudged["shape"].map(lambda x: isinstance(x, (tuple, list))).all()
+                  else "profile with record_shapes=True, or run the model under sptrace.instrument for exact shapes")  # fmt: skip
         reasons.append(
-            f"{len(unseen_full)} full-size {'allocation has' if len(unseen_full) == 1 else 'allocations have'} no "
-            f"recorded free (in {', '.join(where[:4])}{', ...' if len(where) > 4 else ''}): a collective's backend "
-            "may have released it on a thread the profiler does not record, or a Python reference still holds it; "
-            "the trace cannot tell which (on CUDA the allocator's count decides)"
+            f"{count(len(unjudged), 'tensor')} kept for backward that could be full-size cannot be judged "
+            f"({_places(unjudged)}): {unjudged['why'].iloc[0]}; {remedy}"
         )
+    if not reasons and not len(saved):
+        reasons.append("nothing is alive at any forward/backward boundary, which no training step does: is the "
+                       "backward in the window and the memory profiled?")  # fmt: skip
     if reasons:
         return Verdict("undecided", "CANNOT DECIDE", reasons[0], tuple(reasons))
-    caveats = []
-    if counts["unknown"] and not strict:
-        caveats.append(f"{count(counts['unknown'], 'tensor')} of unknown shape not judged")
-    text = f"every judged tensor is sharded; {summary}" + (f"; {', '.join(caveats)}" if caveats else "")
-    return Verdict("pass", "PASS", text, tuple(caveats))
+    return Verdict("pass", "PASS", f"every tensor alive at the boundary is sharded or not the step's; {summary}")
+
+
+def _places(rows: pd.DataFrame) -> str:
+    """'ranks 2, 6: layers.1, layers.2 [64x48]' (at most four modules)."""
+    modules = sorted({m if isinstance(m, str) else "<unknown module>" for m in rows["module"]})
+    shapes = sorted({"x".join(map(str, s)) if isinstance(s, (tuple, list)) else f"{n} bytes"
+                     for s, n in zip(rows["shape"], rows["nbytes"])})  # fmt: skip
+    return (f"{_ranks(sorted({int(r) for r in rows['rank']}))}: {', '.join(modules[:4])}{', ...' if len(modules) > 4 else ''}"
+            f" [{', '.join(shapes[:3])}{', ...' if len(shapes) > 3 else ''}]")  # fmt: skip
 
 
 def _hidden_in_heads(shape: tuple[int, ...], B: int, S: int, s: int, H: int) -> bool:

@@ -8,17 +8,11 @@ at every such boundary of the trace (each step and micro-batch: sptrace.detect.b
 whoever holds it:
   * the sptrace.saved records: tensors autograd saved (exact module, shape, dtype, storage);
   * every other allocation of the forward window still alive at the boundary, from memory events.
-    Its holder is read from when it died: inside an autograd node (autograd saved it), after
-    backward outside any node, or never within the trace (a Python reference, a hook, a cache).
-Frees the profiler does not see (gloo and NCCL release a collective's tensors on their own threads)
-make a death unknowable: such allocations are counted, not judged. Except on CUDA, where the
-allocator's own count can show there was none: each [memory] event carries the device's Total
-Allocated, which the caching allocator keeps for every thread, so between two events the count
-moves by the second event's Bytes unless something unrecorded was allocated or freed. An allocation
-whose free is not in the trace, with no such move from its allocation to the first event at or
-after the boundary, was alive at the boundary (only an unrecorded allocation of exactly its size in
-the same interval could hide its free). The CPU allocator counts only the threads the profiler
-records, so its count cannot show an unrecorded free.
+Each gets a holder from evidence (sptrace.detect.holders: autograd, the model, the backend, a
+parameter, or undecided) and says it in words; only what autograd or the model keeps can break
+the contract. The backend can hold only the exact tensors of a collective call
+(sptrace.detect.handed): gloo and NCCL drop their reference on threads the profiler does not
+record, which is why such a tensor's free can be missing from a trace.
 """
 
 from __future__ import annotations
@@ -34,13 +28,9 @@ from sptrace.detect.boundaries import Boundary, find_boundaries
 from sptrace.detect.index import RankIndex, has_prefix, is_one_of, take_columns, within
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.kinds import AUTOGRAD_NODE
-from sptrace.detect.ledger import (
-    AddressIndex,
-    Allocation,
-    Unrecorded,
-    detect_ledger,
-    unrecorded_allocator_activity,
-)
+from sptrace.detect.handed import Handed, HandedTensors
+from sptrace.detect.holders import BACKEND_THREADS, SAVED_RECORD, Holder, HolderRules
+from sptrace.detect.ledger import AddressIndex, Allocation, detect_ledger, unrecorded_allocator_activity
 from sptrace.detect.producers import producing_collective
 from sptrace.detect.provenance import Provenance
 from sptrace.detect.shapes import infer_shape
@@ -49,8 +39,8 @@ from sptrace.vocab import dtypes, markers
 
 RETAINED_COLUMNS = [
     "rank", "module", "layer", "shape", "dtype", "nbytes", "storage_bytes", "storage_ptr", "source", "alloc_op",
-    "producer", "saved_by", "holder", "alloc_ns", "free_ns", "freed_in", "kind", "step", "micro_batch", "boundary",
-    "origin", "origin_text", "unseen_free",
+    "producer", "saved_by", "holder", "evidence", "alloc_ns", "free_ns", "freed_in", "kind", "step", "micro_batch",
+    "boundary", "origin", "origin_text", "collective",
 ]  # fmt: skip
 
 
@@ -80,6 +70,9 @@ class RetainedRow(TypedDict, total=False):
     producer: str | None
     saved_by: str | None
     holder: str
+    """Who holds it (sptrace.detect.holders.HOLDERS)."""
+    evidence: str
+    """Why: the evidence for its holder, in words a user can check."""
     alloc_ns: int | None
     free_ns: float | None
     freed_in: str | None
@@ -89,7 +82,8 @@ class RetainedRow(TypedDict, total=False):
     boundary: str | None
     origin: str | None
     origin_text: str | None
-    unseen_free: bool
+    collective: str | None
+    """The collective call it was one of the exact tensors of (sptrace.detect.handed), if any."""
 
 
 CUDA_SLACK = 2**20
@@ -127,8 +121,6 @@ class Retention:
     """The first backward's start; None when the profiled window has no backward."""
     has_records: bool
     has_memory: bool
-    unseen_frees: int = 0
-    """Allocations alive at the boundary whose free the profiler did not see: not judged."""
     layers_seen: set[int] = field(default_factory=set)
     """Layers the trace shows running (markers, python stacks, attributed tensors)."""
     shapes_seen: set[tuple[int, ...]] = field(default_factory=set)
@@ -167,6 +159,8 @@ def detect_retained(
     slack = CUDA_SLACK if cuda else 0
     origins = Provenance(ledger, ops, collectives, hidden)
     at_address = AddressIndex(ledger)
+    backend_rows = idx.is_x & idx.by_name.prefix(BACKEND_THREADS)
+    backend_ranges = Intervals.of(idx.table, backend_rows)
     out = Retention(
         rank=int(trace.rank or 0), tensors=None,  # type: ignore[arg-type]  # set on every return
         boundary_ns=bounds[0].backward_ns if bounds else None, has_records=bool(len(records)),
@@ -185,6 +179,10 @@ def detect_retained(
     def where(b: Boundary) -> _Where:
         return _Where(step=b.step, micro_batch=b.micro_batch, boundary=b.label(many_steps, many_micro) or None)
 
+    last = ev["ts_ns"].max()
+    rules = HolderRules(nodes, backend_ranges, unrecorded_allocator_activity(trace) if not ledger.empty else {},
+                        int(last) if pd.notna(last) else 0)  # fmt: skip
+    handed = HandedTensors(ledger, collectives, element_size, slack) if not ledger.empty else None
     rows: list[RetainedRow] = []
     covered: set[int] = set()
     seen_ptrs: set[tuple[int, int]] = set()
@@ -209,25 +207,32 @@ def detect_retained(
         alloc = found[1] if found is not None else None
         if found is not None:
             covered.add(found[0])
+        holder = SAVED_RECORD
+        if out.has_memory and rec.storage_ptr and (alloc is None or alloc.alloc_ns < b.forward_ns):
+            # its storage was not made by this forward: a weight, a view of one, a persistent buffer
+            holder = Holder("parameter", "an sptrace.saved record of a storage allocated before this forward (a "
+                                         "weight, a view of one, or a persistent buffer): not an activation of the step")  # fmt: skip
         made_by = _op_name(ops, int(alloc.alloc_ns), alloc.tid) if alloc is not None else None
         producer = producing_collective(collectives, ops, alloc, slack, element_size) if alloc is not None else None
         origin = origins.of_row(found[0], producer, b.forward_ns) if found is not None else None
+        call = handed.of(found[0]) if handed is not None and found is not None else None
+        saved_by = _op_name(ops, ts, tid) if own_event else None
         rows.append({
             "rank": trace.rank, "module": rec.module, "layer": idx.layer_of(rec.module), "shape": rec.shape,
             "dtype": rec.dtype, "nbytes": rec.nbytes, "storage_bytes": rec.storage_nbytes or rec.nbytes,
             "storage_ptr": rec.storage_ptr or None, "source": "sptrace.saved record", "alloc_op": made_by,
             "producer": producer, "origin": origin and origin.kind, "origin_text": origin and origin.text,
-            "unseen_free": False,
-            "saved_by": _op_name(ops, ts, tid) if own_event else None, "holder": "autograd (saved for backward)",
+            "saved_by": saved_by, "holder": holder.kind,
+            "evidence": holder.evidence + (f" (saved by {saved_by})" if saved_by and holder is SAVED_RECORD else ""),
             "alloc_ns": None if alloc is None else alloc.alloc_ns,
             "free_ns": None if alloc is None else alloc.free_ns,
-            "freed_in": None if alloc is None else _freed_in(nodes, alloc.free_ns), "kind": rec.kind,
-            **where(b),
+            "freed_in": None if alloc is None else rules.freed_in(alloc.free_ns), "kind": rec.kind,
+            "collective": call.collective if call is not None else None, **where(b),
         })  # fmt: skip
     if not ledger.empty:
-        unrecorded = unrecorded_allocator_activity(trace)
         made, freed = at_address.alloc, at_address.free
         in_backward = within(idx.backward_nodes, made) | within(_backward_phases(idx), made)
+        own = Intervals.of(idx.table, (is_op & idx.by_name.prefix(_COLLECTIVE_PREFIXES)) | backend_rows)
         for b in bounds:
             alive = (made >= b.forward_ns) & (made < b.window_end_ns) & ~in_backward
             alive &= np.isnan(freed) | (freed >= b.backward_ns)
@@ -235,11 +240,10 @@ def detect_retained(
                 if row_number in covered:
                     continue
                 rec = at_address.record(row_number)
-                row = _retained_from_memory(rec, b, idx, ops, collectives, nodes, unrecorded, slack, element_size)
-                if row is None:  # a backend's own buffer inside an in-place collective
+                call = handed.of(row_number) if handed is not None else None
+                row = _retained_from_memory(rec, b, idx, ops, collectives, own, rules, call, slack, element_size)
+                if row is None:  # a backend's own buffer inside a c10d call or its worker's annotation
                     continue
-                if row["unseen_free"]:
-                    out.unseen_frees += 1
                 origin = origins.of_row(row_number, row["producer"], b.forward_ns)
                 rows.append({"rank": trace.rank, **row, **where(b), "origin": origin.kind,
                              "origin_text": origin.text})  # fmt: skip
@@ -268,46 +272,24 @@ def _backward_phases(idx: RankIndex) -> Intervals:
 
 
 def _retained_from_memory(
-    rec: Allocation, b: Boundary, idx: RankIndex, ops: Intervals, collectives: Intervals, nodes: Intervals,
-    unrecorded: dict[tuple[int, int], Unrecorded], slack: int, element_size: int | None,
+    rec: Allocation, b: Boundary, idx: RankIndex, ops: Intervals, collectives: Intervals, own: Intervals,
+    rules: HolderRules, call: Handed | None, slack: int, element_size: int | None,
 ) -> RetainedRow | None:  # fmt: skip
-    """One allocation alive at boundary ``b``, with its holder read from when it died; None for
-    a buffer an in-place collective made for itself (the backend's, never the model's).
-    ``unseen_free``: its free is not in the trace and nothing shows it was still alive."""
+    """One allocation alive at boundary ``b``, with its holder from evidence
+    (sptrace.detect.holders); None for a buffer a c10d call or the backend's worker made for
+    itself inside the call (the backend's, never the model's)."""
     tid = int(rec.tid) if pd.notna(rec.tid) else None
     alloc_ns = int(rec.alloc_ns)
-    inside = collectives.innermost(alloc_ns, alloc_ns, tid)
-    if inside is not None and collectives.name(inside).startswith(_IN_PLACE):
+    inside = own.innermost(alloc_ns, alloc_ns, tid)
+    if inside is not None and own.name(inside).startswith(_IN_PLACE):
         return None
     producer = producing_collective(collectives, ops, rec, slack, element_size)
-    freed_in = _freed_in(nodes, rec.free_ns)
-    unseen_free = bool(rec.lost_free) or (pd.isna(rec.free_ns) and producer is not None)
-    counted = unrecorded.get((int(rec.device_type), int(rec.device_id)))
-    unknowable = unseen_free and (counted is None or not counted.quiet(alloc_ns, b.backward_ns))
-    if unknowable:
-        # died before its address was reused, or gloo / NCCL dropped a collective's tensor on
-        # their own threads, or something still holds it: the trace cannot tell which
-        holder = (
-            "unknown: its free is not in the trace (a collective's backend may have released it on a thread the "
-            "profiler does not record, or a Python reference still holds it)"
-        )
-    elif unseen_free:
-        holder = (
-            "alive at the boundary: its free is not in the trace, and the allocator's count shows no "
-            "unrecorded free before backward"
-        )
-    elif rec.free_ns is None or pd.isna(rec.free_ns):
-        holder = "not autograd: still alive when the trace ends (a Python reference, a hook or a cache)"
-    elif freed_in is not None:
-        holder = f"autograd (freed in {freed_in})"
-    elif rec.free_ns > b.backward_end_ns:
-        holder = "not autograd: alive through backward, freed after it (a Python reference, a hook or a cache)"
-    else:
-        holder = "not autograd: freed during backward outside any autograd node"
+    holder = rules.decide(rec, b, call)
     i = ops.innermost(alloc_ns, alloc_ns, tid)
     op = ops.row(i) if i is not None else None
     inferred = infer_shape(op, int(rec.bytes), element_size, slack) if op is not None else None
     module, _, _ = idx.module_of(alloc_ns, alloc_ns, tid if tid is not None else -1)
+    freed_in = rules.freed_in(rec.free_ns) if not rec.lost_free else None
     return RetainedRow(
         module=module, layer=idx.layer_of(module),
         shape=None if inferred is None else inferred[0],
@@ -315,8 +297,8 @@ def _retained_from_memory(
         storage_bytes=int(rec.bytes), storage_ptr=int(rec.addr),
         source="memory events" + (" + shape from the allocating op" if inferred else ""),
         alloc_op=None if op is None else str(op["name"]), producer=producer, saved_by=freed_in,
-        holder=holder, alloc_ns=alloc_ns, free_ns=rec.free_ns, freed_in=freed_in,
-        kind="activation", unseen_free=unknowable,
+        holder=holder.kind, evidence=holder.evidence, alloc_ns=alloc_ns, free_ns=rec.free_ns, freed_in=freed_in,
+        kind="activation", collective=call.collective if call is not None else None,
     )  # fmt: skip
 
 
@@ -353,11 +335,5 @@ def _op_name(ops: Intervals, ts: int, tid: Any) -> str | None:
 
 
 _IN_PLACE = ("c10d::", "gloo:", "nccl:", "record_param_comms")
-"""Collectives that write into tensors their caller made: what they allocate inside is their own."""
-
-
-def _freed_in(nodes: Intervals, free_ns: Any) -> str | None:
-    if free_ns is None or pd.isna(free_ns):
-        return None
-    i = nodes.innermost(int(free_ns), int(free_ns))
-    return None if i is None else nodes.name(i).rpartition(": ")[2]
+"""Collectives that write into tensors their caller made, and the backends' own annotations:
+what they allocate inside is their own."""

@@ -19,13 +19,13 @@ import pandas as pd
 from sptrace.detect.index import is_one_of, take_columns
 from sptrace.load.trace import RankTrace
 
-LEDGER_COLUMNS = ["device_type", "device_id", "addr", "bytes", "alloc_ns", "free_ns", "lost_free", "tid"]
+LEDGER_COLUMNS = ["device_type", "device_id", "addr", "bytes", "alloc_ns", "free_ns", "lost_free", "tid", "free_tid"]
 
 
 class Allocation(NamedTuple):
     """One allocation of the ledger (a row of LEDGER_COLUMNS): its device and address, its
     bytes, when it was made and freed (None or NaN: no free in the trace), whether the free was
-    lost (its address was allocated again first), and its thread."""
+    lost (its address was allocated again first), its thread, and the thread of its recorded free."""
 
     device_type: int
     device_id: int
@@ -35,6 +35,7 @@ class Allocation(NamedTuple):
     free_ns: float | None
     lost_free: bool
     tid: float | None
+    free_tid: float | None = None
 
 
 _MEMORY: dict[int, tuple[weakref.ref, pd.DataFrame]] = {}
@@ -78,12 +79,12 @@ def detect_ledger(trace: RankTrace) -> pd.DataFrame:
         if nbytes > 0:
             old = live.pop(key, None)
             if old is not None:
-                rows.append(old._replace(free_ns=int(ts), lost_free=True))
+                rows.append(old._replace(free_ns=int(ts), lost_free=True, free_tid=None))
             live[key] = Allocation(*key, bytes=int(nbytes), alloc_ns=int(ts), free_ns=None, lost_free=False, tid=tid)
         elif nbytes < 0:
             rec = live.pop(key, None)
             if rec is not None:
-                rows.append(rec._replace(free_ns=int(ts)))
+                rows.append(rec._replace(free_ns=int(ts), free_tid=tid))
     rows.extend(live.values())
     frame = pd.DataFrame(rows, columns=LEDGER_COLUMNS)
     return frame.sort_values("alloc_ns", kind="stable").reset_index(drop=True)

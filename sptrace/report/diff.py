@@ -117,8 +117,11 @@ def render_text(d: RunDiff) -> str:
             lines.append(f"  per token: {judged[0]:.2f} B -> {judged[1]:.2f} B")
     lines += [comm_line(c) for c in d.comm_changed]
     lines += [kept_line(k) for k in d.kept_changed if not k.became_full]
-    lines += [f"~ kept in layer {layer}: {human_bytes(b)} -> {human_bytes(n)} at its largest rank and boundary"
+    lines += [f"~ kept in {_layer(layer)}: {human_bytes(b)} -> {human_bytes(n)} at its largest rank and boundary"
               for layer, (b, n) in d.kept_layers.items() if b != n]  # fmt: skip
+    lines += [f"? {_layer(layer)}: {human_bytes(b)} -> {human_bytes(n)} alive at the boundary with no holder the trace "
+              "can show (a buffer a collective filled: the backend's or the model's)"
+              for layer, b, n in d.undecided]  # fmt: skip
     lines += [time_line(t) for t in sorted(d.time, key=lambda t: -abs(t.relative or 0))]
     moved = d.module_time_moved
     lines += [f"own time, {time_line(t)}" for t in moved[:MODULE_LINES]]
@@ -130,13 +133,21 @@ def render_text(d: RunDiff) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _layer(layer: int) -> str:
+    return "outside layers" if layer < 0 else f"layer {layer}"
+
+
 def verdict_line(d: RunDiff) -> str:
     if d.regressions:
         return "REGRESSION: " + "; ".join(d.regressions)
-    unjudged = "" if all(d.classes) else " (full-size saves not judged: declare B, S and H)"
+    if d.undecided:
+        return ("CANNOT DECIDE: " + ", ".join(_layer(layer) for layer, _, _ in d.undecided)
+                + " hold more bytes than the baseline whose holder the trace does not show; run the model under "
+                "sptrace.instrument and profile two steps")  # fmt: skip
+    unjudged = "" if all(d.classes) else " (full-size saves not classed: declare B, S and H; retained bytes compared)"
     if d.same:
         return "NO CHANGE: the runs agree on every collective, retained tensor and time" + unjudged
-    return "NO REGRESSION: no new full-size save, no more wire bytes, no slower step" + unjudged
+    return "NO REGRESSION: no new full-size save, no layer keeping more, no more wire bytes, no slower step" + unjudged
 
 
 def render_markdown(d: RunDiff) -> str:

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from sptrace.analysis import RunAnalysis
 from sptrace.costmodel import CommEstimate
 from sptrace.reduce.timebase import aligned
-from sptrace.report.theme import CLASS_COLORS, COLORS, KIND_COLORS, PHASE_COLORS, VERDICT_COLORS, empty, figure
+from sptrace.report.theme import COLORS, GROUP_COLORS, KIND_COLORS, PHASE_COLORS, VERDICT_COLORS, empty, figure
 
 MiB = 2**20
 
@@ -92,28 +92,23 @@ def bandwidth_vs_size(matched: pd.DataFrame) -> go.Figure:
 # ---- memory ------------------------------------------------------------------------------------
 
 
-RETAINED_GROUPS = {"sharded": ("seq-sharded", "head-sharded"), "ambiguous": ("ambiguous", "full-unknown-life"),
-                   "full": ("full",), "other": ("other", "unknown")}  # fmt: skip
-
-
 def retained_by_layer(saved: pd.DataFrame, expected_bytes: float | None = None) -> go.Figure:
-    """Bytes kept across the boundary per layer (mean over ranks), stacked sharded / ambiguous /
-    full / other, against Korthikanti's figure for the scheme."""
+    """Bytes kept across the boundary per layer (mean over ranks), stacked by the sharding
+    check's groups (sharded / full / undecided / other / not the step's: the ``group`` column),
+    against Korthikanti's figure for the scheme."""
     if saved.empty:
         return empty("retained across the forward/backward boundary")
     s = saved.assign(layer=saved["layer"].fillna(-1).astype(int))
     ranks = max(s["rank"].nunique(), 1)
     fig = figure("retained across the forward/backward boundary, per layer and rank", barmode="stack",
                   yaxis_title="KiB")  # fmt: skip
-    colors = {"sharded": CLASS_COLORS["seq-sharded"], "ambiguous": CLASS_COLORS["ambiguous"],
-              "full": CLASS_COLORS["full"], "other": CLASS_COLORS["other"]}  # fmt: skip
-    for group, classes in RETAINED_GROUPS.items():
-        part = s[s["class"].isin(classes)]
+    for group, color in GROUP_COLORS.items():
+        part = s[s["group"] == group]
         if part.empty:
             continue
         per_layer = part.groupby("layer")["storage_bytes"].sum() / ranks
         labels = ["outside layers" if i < 0 else f"layer {i}" for i in per_layer.index]
-        fig.add_trace(go.Bar(x=labels, y=per_layer.values / 2**10, name=group, marker_color=colors[group],
+        fig.add_trace(go.Bar(x=labels, y=per_layer.values / 2**10, name=group, marker_color=color,
                              customdata=[group] * len(labels),
                              hovertemplate="%{x}: %{y:.1f} KiB " + group + "<extra></extra>"))  # fmt: skip
     if expected_bytes:

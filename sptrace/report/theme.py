@@ -33,8 +33,13 @@ KIND_COLORS = {
 CLASS_COLORS = {
     "seq-sharded": "#37b24d", "head-sharded": "#1c7ed6", "ambiguous": VERDICT_COLORS["undecided"],
     "full": VERDICT_COLORS["fail"], "other": "#ced4da", "unknown": "#adb5bd",
-    "full-unknown-life": VERDICT_COLORS["undecided"],
 }  # fmt: skip
+GROUP_COLORS = {
+    "sharded": CLASS_COLORS["seq-sharded"], "full": CLASS_COLORS["full"], "undecided": VERDICT_COLORS["undecided"],
+    "other": CLASS_COLORS["other"], "not the step's": "#e9ecef",
+}  # fmt: skip
+"""The sharding check's groups of retained tensors (sptrace.checks.sharding_verdict.GROUPS), in
+the order the memory figure stacks them."""
 PHASE_COLORS = {"forward": "rgba(34,139,230,0.08)", "backward": "rgba(253,126,20,0.09)",
                 "optimizer": "rgba(134,142,150,0.10)", "step": "rgba(134,142,150,0.05)"}  # fmt: skip
 HEADERS = {

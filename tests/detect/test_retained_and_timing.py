@@ -141,15 +141,19 @@ def _mem(ts, addr, nbytes, total, device_type=1):
 
 
 @pytest.mark.parametrize(
-    "case, judged",
-    [("quiet", True), ("unrecorded free before backward", False), ("unrecorded free after backward", True),
-     ("no event after the boundary", False), ("no Total Allocated", False), ("quiet, on CPU", False)],
+    "case, holder",
+    [("quiet", "model"), ("unrecorded free before backward", "undecided"),
+     ("unrecorded free after backward", "backend"), ("no event after the boundary", "undecided"),
+     ("no Total Allocated", "undecided"), ("quiet, on CPU", "undecided")],
 )  # fmt: skip
-def test_a_collective_output_whose_free_is_not_in_the_trace(tmp_path, case, judged):
+def test_a_collective_output_whose_free_is_not_in_the_trace(tmp_path, case, holder):
     """NCCL and gloo may free a collective's output on a thread the profiler does not record. On
-    CUDA the caching allocator's Total Allocated counts every thread, and tells whether that free
-    came before backward: judged only when the count shows no unrecorded free between the
-    allocation and the boundary. The CPU allocator counts only recorded threads: never judged."""
+    CUDA the caching allocator's Total Allocated counts every thread: a count that shows no
+    unrecorded free through the end of the trace means something of the step still holds it (the
+    model); one quiet up to the boundary and moving after it means the backend released it after
+    the boundary. Where the count says nothing (it moved before the boundary, is missing, or is a
+    CPU count, which sees only recorded threads), the output a call returned has no holder the trace
+    can show: the backend's dropped reference and one the model kept look the same."""
     total = None if case == "no Total Allocated" else 1000
     device_type = 0 if case == "quiet, on CPU" else 1
     gather = {"ph": "X", "cat": "cpu_op", "name": "_c10d_functional::all_gather_into_tensor", "pid": 1, "tid": 1,
@@ -168,12 +172,13 @@ def test_a_collective_output_whose_free_is_not_in_the_trace(tmp_path, case, judg
         events.append(_mem(120, 0xC000, 64, after and after + 64, device_type))
     r = detect_retained(_trace(tmp_path, events), element_size=4)
     gathered = r.tensors[r.tensors["storage_ptr"] == 0xA000]
-    # unjudged: kept as a row whose life is unknown (a full one makes the verdict CANNOT DECIDE)
-    assert len(gathered) == 1 and r.unseen_frees == int(not judged)
-    assert bool(gathered["unseen_free"].iloc[0]) is (not judged)
-    if judged:
-        assert gathered["producer"].iloc[0] == "_c10d_functional::all_gather_into_tensor"
-        assert gathered["holder"].iloc[0].startswith("alive at the boundary: its free is not in the trace")
+    assert len(gathered) == 1
+    row = gathered.iloc[0]
+    assert row["holder"] == holder, row["evidence"]
+    assert row["producer"] == "_c10d_functional::all_gather_into_tensor"
+    assert row["collective"] == "_c10d_functional::all_gather_into_tensor"  # the tensor the call returned
+    assert {"model": "never freed", "backend": "released after it", "undecided": "look the same"}[holder] in row[
+        "evidence"]  # fmt: skip
 
 
 def test_step_time_from_the_best_source_the_trace_has(tmp_path):

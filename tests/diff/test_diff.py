@@ -214,10 +214,44 @@ def test_analyze_against_a_baseline_fails_the_modules_that_send_more(private_cac
     assert {m["module"] for m in failed} <= added | {"(no module)"}
 
 
-def test_a_baseline_whose_tensors_cannot_be_classed_is_undecided(corpus, private_cache, capsys):
-    run = corpus / "param_dlrm_kineto"  # no run.json: B, S and H declared nowhere
+def test_a_baseline_gate_that_cannot_compare_communication_is_undecided(corpus, private_cache, capsys):
+    run = corpus / "param_dlrm_kineto"  # its collectives record no sizes
     assert main(["check", str(run), "--baseline", str(run), "--cache-dir", str(private_cache)]) == 2
-    assert capsys.readouterr().out.splitlines()[-1].startswith("CANNOT DECIDE: the retained tensors of")
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("CANNOT DECIDE: the collectives of the baseline and the run record no sizes"), last
+
+
+def _undeclared(run: Path, dst: Path) -> Path:
+    """A copy of a committed run whose run.json declares no model (no B, S or H): what a user's
+    job without sptrace.profile_step writes."""
+    dst.mkdir(parents=True)
+    for trace in run.glob("rank*.pt.trace.json.gz"):
+        shutil.copy(trace, dst / trace.name)
+    return dst
+
+
+def test_more_bytes_kept_in_a_layer_is_a_regression_without_b_s_h(tmp_path, private_cache, capsys):
+    """GIVEN the clean run and the stray-full-save run with no model declared (so no tensor can
+    be classed full-size) WHEN diff compares them THEN the layer the fault keeps more in is a
+    regression all the same, by bytes alone (the gathered input the fault keeps: B x S x H
+    elements more, less the shard the clean layer saves instead), and the baseline gate fails
+    the module; a run against itself is no regression."""
+    base = _undeclared(RUNS["megatron"], tmp_path / "base")
+    new = _undeclared(RUNS["megatron-stray-full-save"], tmp_path / "new")
+    code, report = diff(base, new, private_cache, capsys=capsys)
+    layer = int(config("megatron-stray-full-save")["fault_modules"][0].split(".")[1])
+    assert code == 1 and report["regression"]
+    grew = [r for r in report["regressions"] if "keeps more across the forward/backward boundary" in r]
+    assert grew and grew[0].startswith(f"layer {layer} ")
+    rows = {r["layer"]: (r["base"], r["new"]) for r in report["retained_per_layer"]}
+    b, s, h = (config("megatron")[k] for k in ("batch", "seq", "hidden"))
+    assert rows[layer][1] - rows[layer][0] >= b * s * h * 4 * (1 - 1 / config("megatron")["sp_size"]) - 1
+    main(["diff", str(base), str(new), "--cache-dir", str(private_cache)])
+    assert capsys.readouterr().out.splitlines()[-1].startswith("REGRESSION:")
+    assert main(["check", str(new), "--baseline", str(base), "--cache-dir", str(private_cache)]) == 1
+    assert f"FAIL {config('megatron-stray-full-save')['fault_modules'][0]}" in capsys.readouterr().out
+    code, report = diff(base, base, private_cache, capsys=capsys)
+    assert code == 0 and not report["regressions"] and not report["undecided"]
 
 
 def slowed_down(src: Path, dst: Path, module: str, delay_us: float) -> Path:

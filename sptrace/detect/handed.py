@@ -1,0 +1,204 @@
+"""The exact tensors each collective call was handed or returned: the only tensors a
+communication backend can hold.
+
+gloo and NCCL keep a reference to the tensors of a call until its work completes, and drop it on
+a thread of their own that the profiler does not record (gloo's worker thread, NCCL's watchdog).
+When that reference is the last one, the tensor's free is missing from the trace. The backend
+holds nothing else: a ``cat`` of gathered pieces, a copy, a view then ``clone``, a matmul on the
+gathered tensor are the model's own allocations, whatever collective the data came from.
+
+A Kineto trace records no tensor address in an op, only its arguments' shapes and types. A call's
+tensors are found by what its thread did:
+  * ``input``: a tensor the call reads (an all-reduce's, broadcast's or send's buffer, in place;
+    a gather's, scatter's or all-to-all's input): the latest allocation on the call's thread,
+    alive when the call starts, of exactly that argument's bytes;
+  * ``output``: a buffer the caller made for the call to fill (``all_gather_into_tensor(out,
+    x)``, the pieces of a list all-gather, a receive's buffer), found the same way;
+  * ``returned``: what a functional collective allocated inside itself and returned.
+What a c10d op allocates inside itself for its own use is the backend's too
+(``allocations._retained_from_memory`` drops it before asking here).
+
+Hand-written because no library reads tensor identity from a profiler trace (HTA reads kernels
+and collectives, not allocations; torch's memory profiler needs the live profiler session).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sptrace.detect import forms
+from sptrace.detect.args import is_shape, load_list
+from sptrace.detect.intervals import Intervals
+from sptrace.vocab import dtypes
+
+CALLS = ("c10d::", "_c10d_functional", "record_param_comms", "symm_mem::")
+"""Prefixes of the ops a rank's own thread runs to issue a collective (gloo:* and nccl:* are the
+backend's annotations of the same call, on its worker thread or around its kernel)."""
+
+_ELEMENT_SIZES = (4, 2, 8, 1)
+
+_FILLED = ("recv", "broadcast")
+"""In-place kinds whose buffer the call writes with what it received (an output, not an input)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Handed:
+    """One allocation a collective call was handed or returned."""
+
+    role: str
+    """input, output or returned (see the module docstring)."""
+    collective: str
+    """The call's op name (c10d::allreduce_ ...)."""
+    call_ns: int
+    """When the call started."""
+
+    def describe(self) -> str:
+        what = {"input": "one of the tensors", "output": "the buffer", "returned": "the tensor"}[self.role]
+        how = {"input": "took", "output": "filled", "returned": "returned"}[self.role]
+        return f"{what} {self.collective} {how}"
+
+
+class HandedTensors:
+    """Which ledger rows (sptrace.detect.ledger) each collective call of one rank was handed."""
+
+    def __init__(self, ledger: pd.DataFrame, collectives: Intervals, element_size: int | None, slack: int) -> None:
+        self._alloc = ledger["alloc_ns"].to_numpy(dtype=np.int64)
+        self._free = ledger["free_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
+        self._bytes = ledger["bytes"].to_numpy(dtype=np.int64)
+        self._tid = ledger["tid"].to_numpy(dtype=np.float64, na_value=np.nan)
+        self._element_size = element_size
+        self._slack = slack
+        self.by_row: dict[int, Handed] = {}
+        for i in _outermost_calls(collectives):
+            self._find(collectives, i)
+
+    def of(self, row: int) -> Handed | None:
+        """What ledger row ``row`` was to a collective call, or None when no call had it."""
+        return self.by_row.get(row)
+
+    # ---- per call --------------------------------------------------------------------------
+    def _find(self, calls: Intervals, i: int) -> None:
+        name = calls.name(i)
+        event = calls.row(i)
+        start, end = int(calls.start[i]), int(calls.end[i])
+        tid = int(calls.tid[i]) if calls.tid[i] >= 0 else None
+        elem = self._element_size_of(name, event)
+        form = forms.FORMS.get(name)
+        layout = form.layout if form is not None else None
+        if layout in ("f_gather", "f_scatter", "f_all_to_all") or (
+            name.startswith("_c10d_functional") and not name.endswith("_")
+        ):  # a functional collective allocates its output and returns it
+            for row in self._made_inside(start, end, tid):
+                self._claim(row, Handed("returned", name, start))
+            self._claim_shapes(forms.input_shapes(name, event), elem, start, tid, "input", name)
+            return
+        if layout == "inplace" or (form is None and name == "record_param_comms"):
+            role = "output" if form is not None and form.kind in _FILLED else "input"
+            shapes = forms.input_shapes(name, event) if form is not None else None
+            if shapes is None and form is None:
+                shapes = self._recorded_elements(event)
+            self._claim_shapes(shapes, elem, start, tid, role, name)
+            return
+        if layout is None:
+            return
+        self._claim_shapes(forms.output_shapes(name, event), elem, start, tid, "output", name)
+        inputs = forms.input_shapes(name, event)
+        self._claim_shapes(inputs, elem, start, tid, "input", name)
+        if layout == "gather_lists" and inputs:  # the output pieces are not recorded: one per member
+            for size in (elem,) if elem else _ELEMENT_SIZES:
+                for row in self._pieces(math.prod(inputs[0]) * size, start, tid):
+                    self._claim(row, Handed("output", name, start))
+
+    def _claim_shapes(
+        self, shapes: list | None, elem: int | None, start: int, tid: int | None, role: str, name: str
+    ) -> None:
+        """Claim, for each recorded shape, the latest allocation alive at the call of its bytes
+        (at ``elem`` bytes an element; where no element type is recorded, as c10d's TensorList
+        arguments record none, at any element size: the latest fit wins)."""
+        if not shapes:
+            return
+        for shape in shapes:
+            if not is_shape(shape) or not shape:
+                continue
+            numel = math.prod(shape)
+            fits = [r for size in ((elem,) if elem else _ELEMENT_SIZES)
+                    if (r := self._latest_alive(numel * size, start, tid)) is not None]  # fmt: skip
+            if fits:
+                self._claim(max(fits, key=lambda r: self._alloc[r]), Handed(role, name, start))
+
+    def _claim(self, row: int, handed: Handed) -> None:
+        self.by_row.setdefault(row, handed)
+
+    # ---- finding allocations ---------------------------------------------------------------
+    def _fits(self, nbytes: int) -> np.ndarray:
+        return (self._bytes >= nbytes) & (self._bytes <= nbytes + self._slack)
+
+    def _alive_before(self, start: int, tid: int | None) -> np.ndarray:
+        mask = (self._alloc < start) & (np.isnan(self._free) | (self._free >= start))
+        if tid is not None:
+            mask &= self._tid == tid
+        return mask
+
+    def _latest_alive(self, nbytes: int, start: int, tid: int | None) -> int | None:
+        """The latest allocation on ``tid`` alive at ``start`` that fits ``nbytes``, not yet
+        claimed by another call."""
+        hit = np.flatnonzero(self._fits(nbytes) & self._alive_before(start, tid))
+        hit = [int(h) for h in hit[np.argsort(self._alloc[hit], kind="stable")[::-1]] if int(h) not in self.by_row]
+        return hit[0] if hit else None
+
+    def _pieces(self, nbytes: int, start: int, tid: int | None) -> list[int]:
+        """A list all-gather's output pieces: the allocations of one piece's bytes alive at the
+        call, made since the previous call on the thread (``[torch.empty_like(x) for _ in
+        range(P)]`` runs right before the call)."""
+        hit = np.flatnonzero(self._fits(nbytes) & self._alive_before(start, tid))
+        return [int(h) for h in hit if int(h) not in self.by_row and self._alloc[h] >= self._since(start, tid)]
+
+    def _since(self, start: int, tid: int | None) -> int:
+        claimed = [self.by_row[r].call_ns for r in self.by_row if self.by_row[r].call_ns < start]
+        return max(claimed, default=0)
+
+    def _made_inside(self, start: int, end: int, tid: int | None) -> list[int]:
+        mask = (self._alloc >= start) & (self._alloc <= end) & (np.isnan(self._free) | (self._free > end))
+        if tid is not None:
+            mask &= self._tid == tid
+        return [int(r) for r in np.flatnonzero(mask)]
+
+    def _element_size_of(self, name: str, event: Any) -> int | None:
+        for t in load_list(event.get("input_types")):
+            size = dtypes.element_size(t)
+            if size:
+                return size
+        coll = event.get("coll_dtype")
+        if coll is not None and not (isinstance(coll, float) and math.isnan(coll)):
+            size = dtypes.element_size(str(coll))
+            if size:
+                return size
+        return self._element_size
+
+    @staticmethod
+    def _recorded_elements(event: Any) -> list | None:
+        """record_param_comms alone (no c10d op around it): its element counts, as one-dim shapes."""
+        out = []
+        for key in ("in_nelems", "out_nelems"):
+            n = event.get(key)
+            if n is not None and not pd.isna(n) and int(n) > 0:
+                out.append([int(n)])
+        return out or None
+
+
+def _outermost_calls(collectives: Intervals) -> list[int]:
+    """The collective calls of the rank's own threads, outermost only (a c10d op records
+    record_param_comms inside it, a functional collective its c10d op)."""
+    calls = [i for i in range(len(collectives)) if collectives.name(i).startswith(CALLS)]
+    outer = []
+    for i in calls:
+        around = collectives.enclosing(int(collectives.start[i]), int(collectives.end[i]), int(collectives.tid[i]))
+        if not any(int(j) != i and collectives.name(int(j)).startswith(CALLS) for j in around):
+            outer.append(i)
+    return outer
+
