@@ -48,10 +48,11 @@ def assert_sequence_sharded(
     ``inputs``: a tensor, or a tuple of positional arguments whose first is the [B, S/P, H]
     (``seq_dim`` = 1) or [S/P, B, H] (``seq_dim`` = 0) activation. Raises ShardingViolation naming
     each module that keeps a full-sequence tensor (unless it matches an ``allow`` glob); returns
-    the saved activations otherwise. ``heads`` and ``ffn`` (when a tensor-parallel shard width can
-    equal H, as with a 4H MLP at P=4) let widths be judged that shapes alone cannot; tensors that
-    stay ambiguous are not counted as violations. Works inside a unit test, e.g. under a 1-process group or
-    torchrun.
+    the saved activations otherwise. ``heads`` and ``ffn`` let widths be judged that shapes alone
+    cannot: with F undeclared, a full-sequence tensor H or more wide could be a [B, S, F/P]
+    tensor-parallel shard, and a tensor that stays ambiguous is not counted as a violation (nothing
+    here sees which op made it, as a trace does); pass ``ffn``. Works inside a unit test, e.g.
+    under a 1-process group or torchrun.
     """
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     x = local_shard(args[0])

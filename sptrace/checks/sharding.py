@@ -23,23 +23,14 @@ import math
 import re
 from dataclasses import dataclass
 
+from sptrace.vocab import dtypes
 from sptrace.vocab.shape import ModelShape
 from sptrace.vocab.units import count, significant
 
 CLASSES = ("full", "head-sharded", "seq-sharded", "ambiguous", "other", "unknown")
 JUDGED = ("full", "head-sharded", "seq-sharded")
 NEEDS = ("batch", "seq", "hidden", "sp_size")
-_MLP = re.compile(
-    r"(mlp|ffn|feed_?forward|\bfc\d|\.fc\d|\bw[123]\b|up_proj|down_proj|gate_proj|dense_h_to_4h|dense_4h_to_h|"
-    r"linear_fc\d|c_fc|experts?)",
-    re.I,
-)
-_ATTN = re.compile(
-    r"(attn|attention|q_proj|k_proj|v_proj|o_proj|qkv|query|key|value|\bwq\b|\bwk\b|\bwv\b|\bwo\b|out_proj)", re.I
-)
 _GATHER = re.compile(r"all_?gather|allgather", re.I)
-# ops that compute an MLP's activations (a column-parallel linear's output, its nonlinearity)
-_MLP_OPS = re.compile(r"^aten::(mm|addmm|matmul|linear|bmm|gelu|silu|relu|mul|sigmoid|tanh)$")
 
 
 @dataclass(frozen=True)
@@ -59,6 +50,12 @@ class Judge:
         """Bytes of a full [B, S, H] activation (None when the dtype is not declared)."""
         m = self.model
         return None if m.dtype_bytes is None else m.batch * m.seq * m.hidden * m.dtype_bytes
+
+    @property
+    def full_elements(self) -> int:
+        """B*S*H: the elements of a full [B, S, H] activation."""
+        m = self.model
+        return m.batch * m.seq * m.hidden
 
     @property
     def shard_bytes(self) -> int | None:
@@ -111,11 +108,17 @@ class Judge:
         storage_bytes = storage_bytes or nbytes
         if origin is None and producer and _GATHER.search(producer):
             origin, origin_text = "gathered", f"made by {producer}"
+        if shape and origin == "gathered" and math.prod(int(d) for d in shape) >= self.full_elements:
+            # element count before dims: what a gather made holds P shards' worth, the whole
+            # sequence, however its dims read ([P*B, S/P, H] reads as a shard)
+            numel = math.prod(int(d) for d in shape)
+            return "full", (f"a gathered tensor ({origin_text}) of {numel} elements, at least B*S*H = "
+                            f"{self.full_elements}: the whole sequence, whatever its dims read")  # fmt: skip
         if shape:
             cls, why = self._by_shape(tuple(int(d) for d in shape), nbytes, module or "", producer or "", origin,
                                       origin_text or "")  # fmt: skip
         else:
-            return self._by_size(nbytes, module or "", producer or "", origin, origin_text or "")
+            return self._by_size(nbytes, module or "", producer or "", origin, origin_text or "", dtype)
         if cls in ("head-sharded", "seq-sharded", "other") and storage_bytes > nbytes:
             numel = math.prod(int(d) for d in shape)
             elem = nbytes // numel if numel and nbytes % numel == 0 else self.model.dtype_bytes
@@ -137,7 +140,9 @@ class Judge:
             return width in whole and whole[width] != "H" and width not in shard
         return True
 
-    def _by_size(self, nbytes: int, module: str, producer: str, origin: str | None, text: str) -> tuple[str, str]:
+    def _by_size(
+        self, nbytes: int, module: str, producer: str, origin: str | None, text: str, dtype: str | None = None
+    ) -> tuple[str, str]:
         """A tensor known by its bytes alone (a compiled graph's buffer): FULL when only a
         full-sequence tensor has its size, sharded when only shards do, else ambiguous."""
         m = self.model
@@ -146,6 +151,12 @@ class Judge:
         token_bytes = m.hidden * m.dtype_bytes
         if nbytes < token_bytes:
             return "other", "no shape; smaller than one token's activation"
+        elem = (dtypes.element_size(dtype) if dtype else None) or min(m.dtype_bytes, 2)
+        if nbytes < self.full_elements * elem and nbytes != self.shard_bytes:
+            # fewer elements than a full activation, at its own element size where known, else at
+            # the smaller of the activation's and a 16-bit type's (autocast keeps bf16 copies)
+            return "other", (f"no shape; {nbytes} bytes, fewer than B*S*H = {self.full_elements} elements at "
+                             f"{elem} bytes each: not a full-sequence tensor")  # fmt: skip
         tokens_full = m.batch * m.seq * m.dtype_bytes
         if origin == "gathered" and nbytes >= self.full_bytes:
             return "full", f"no shape; {nbytes} bytes {text}: a gathered full sequence"
@@ -159,8 +170,8 @@ class Judge:
         )
         if origin in ("column", "attention") and explains_full:
             return "head-sharded", f"no shape; {text}"
-        if explains_full and origin is None and self._collision_possible(nbytes // tokens_full, module, producer):
-            explains_shard = True  # F undeclared: an MLP's [B, S, F/P] may have this size
+        if explains_full and origin is None and m.ffn is None:
+            explains_shard = True  # F undeclared: a [B, S, F/P] tensor-parallel shard may have this size
         if explains_full and not explains_shard:
             width = nbytes // tokens_full
             return "full", (
@@ -270,7 +281,15 @@ class Judge:
             if not views:
                 return "other", f"gathered ({text}), no token dimension (a weight or a statistic)"
         if not views:
-            return "other", "no token dimension"
+            return self._no_token_axis(shape, origin, text)
+        if not full_views and math.prod(shape) >= self.full_elements and origin is None:
+            # dims read a shard P*H or more wide per token, yet it holds a whole [B, S, H]'s
+            # elements: [H, B*S] with H == B*S/P reads so; only the op that made it tells
+            return "ambiguous", (
+                f"its dims read a sequence shard {math.prod(shape) // (m.batch * m.local_seq)} wide per token, yet it "
+                f"holds {math.prod(shape)} elements, at least B*S*H = {self.full_elements}, and the trace does not "
+                "show the op that made it"
+            )
         if not full_views:
             return "seq-sharded", f"a sequence shard ({S // P} of {S} tokens)"
         if origin in ("column", "attention", "all-to-all"):
@@ -302,6 +321,28 @@ class Judge:
             return cls, f"not full whichever way its shape reads ({readings_text})"
         readings = "; ".join(f"as {v[2]}{' scores' if v[3] else ''}: {c}" for v, (c, _) in zip(views, judged))
         return "ambiguous", f"its shape reads several ways ({readings}) and its origin is not in the trace"
+
+    def _no_token_axis(self, shape: tuple[int, ...], origin: str | None, text: str) -> tuple[str, str]:
+        """A shape no [B, S, ...] layout reads. Fewer than B*S*H elements: no full activation
+        (a statistic, a mask, a weight's piece). As many or more: a full activation laid out
+        otherwise ([B, H, S], [H, B*S], flat) is as likely as anything else, and only the op that
+        made it, or a declared 1/P share of the heads, tells: never passed on its dims alone."""
+        m = self.model
+        numel = math.prod(shape)
+        if numel < self.full_elements:
+            return "other", f"no token dimension, and fewer than B*S*H = {self.full_elements} elements"
+        if origin in ("column", "attention", "all-to-all", "reduce-scattered", "received"):
+            return "head-sharded", f"no [B, S, ...] layout reads it; {text}"
+        B, S, d = m.batch, m.seq, m.head_dim
+        shares = {m.heads // m.sp_size, (m.kv_heads or 0) // m.sp_size} - {0} if m.heads else set()
+        if S in shape and (B == 1 or B in shape) and d and len(shape) >= 3 and shape[-1] == d and shape[-2] in shares:
+            # K and V stacked over the whole sequence, a/P heads each ([2, B, S, a/P, d] in USP)
+            return "head-sharded", f"the whole sequence, {shape[-2]} heads of d = {d} ({list(shape)}): a 1/P share"
+        return "ambiguous", (
+            f"no [B, S, ...] layout reads {list(shape)}, yet it holds {numel} elements, at least B*S*H = "
+            f"{self.full_elements}: a full activation laid out otherwise ([B, H, S], [H, B*S], flat) or a tensor of "
+            "another kind, and the trace does not show the op that made it"
+        )
 
     def _tokens(self, view: tuple[bool, int, str, bool]) -> int:
         m = self.model
@@ -335,20 +376,17 @@ class Judge:
         if in_shard and not in_whole:
             return "head-sharded", f"full sequence, {width} wide per token ({shard[width]})"
         if in_whole and in_shard:  # e.g. F/P = H: a 4H MLP at P = 4
-            resolved = self._resolve_collision(width, module, whole[width], shard[width], producer)
-            if resolved is not None:
-                return resolved
             return "ambiguous", (
                 f"full sequence, {width} wide per token: {whole[width]} (full) and {shard[width]} (a tensor-parallel "
-                "shard) alike; the module does not tell which"
+                "shard) alike, and the trace does not show the op that made it"
             )
         if width >= H:
-            if self._collision_possible(width, module, producer):
+            if m.ffn is None:
                 return "ambiguous", (
-                    f"full sequence, {width} wide per token in an MLP module: a full tensor, or a [B, S, F/P] shard if "
-                    "F/P = " + str(width) + "; pass --ffn to judge"
+                    f"full sequence, {width} wide per token: a full tensor, or a [B, S, F/P] tensor-parallel shard if "
+                    f"F/P = {width}, and the trace does not show the op that made it; pass --ffn to judge"
                 )
-            return "full", f"full sequence, {width} wide per token (H = {H})"
+            return "full", f"full sequence, {width} wide per token (H = {H}; no declared shard is that wide)"
         return "head-sharded", f"full sequence, {width} wide per token: a 1/{significant(H / width)} share of H"
 
     def _heads_of(self, shape: tuple[int, ...], tokens: int) -> str | None:
@@ -371,27 +409,6 @@ class Judge:
         if h in whole and h not in share:
             return "all"
         return None
-
-    def _resolve_collision(
-        self, width: int, module: str, whole: str, shard: str, producer: str = ""
-    ) -> tuple[str, str] | None:
-        """A width both whole and a shard: the module, or the op that produced the tensor, says
-        which kind of shard it would be."""
-        if shard.startswith(("F", "2F")) and _MLP.search(module) and not _ATTN.search(module):
-            return "head-sharded", f"full sequence, {width} wide per token: {shard} in MLP module {module}"
-        if shard.startswith(("F", "2F")) and _MLP_OPS.match(producer) and not _ATTN.search(module):
-            return "head-sharded", f"full sequence, {width} wide per token: {shard}, computed by {producer}"
-        if not shard.startswith(("F", "2F")) and _ATTN.search(module):
-            return "head-sharded", f"full sequence, {width} wide per token: a head shard in attention module {module}"
-        return None
-
-    def _collision_possible(self, width: int, module: str, producer: str = "") -> bool:
-        """Could a tensor this wide be a 1/P MLP shard the flags did not declare? (In an MLP
-        module, or computed by an MLP's ops, when F is not declared.)"""
-        m = self.model
-        if m.ffn is not None:
-            return width in (m.ffn // m.sp_size, 2 * m.ffn // m.sp_size) and m.ffn % m.sp_size == 0
-        return bool(_MLP.search(module)) or (bool(_MLP_OPS.match(producer)) and not _ATTN.search(module))
 
 
 def classify(

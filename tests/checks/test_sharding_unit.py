@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import sptrace
-from sptrace.checks.sharding import classify
+from sptrace.checks.sharding import Judge, classify
 from sptrace.vocab.shape import ModelShape
 
 # the reference default: B=2, S=128, H=96, P=8, a=16, g=8 (d=6), F=160, fp32
@@ -60,22 +60,42 @@ def test_scores_need_the_head_count():
     assert cls == "ambiguous" and "--heads" in why
 
 
-def test_4h_ffn_at_p4_is_ambiguous_until_resolved():
-    # F = 4H at P = 4: a [B, S, F/P] shard has the shape of a full [B, S, H] activation
+def test_4h_ffn_at_p4_is_decided_by_the_op_that_made_it_never_by_names():
+    """F = 4H at P = 4: a [B, S, F/P] shard has the shape of a full [B, S, H] activation. Module
+    and op names are no evidence; declaring F never makes a full tensor pass; the op that made
+    the tensor (its origin) decides."""
     p4 = ModelShape(batch=2, seq=64, hidden=32, sp_size=4, dtype="float32")
-    shape = (2, 64, 32)
-    assert classify(shape, _bytes(shape), None, p4, module="layers.0.mlp.act")[0] == "ambiguous"
-    # outside an MLP module it is what its shape says
-    assert classify(shape, _bytes(shape), None, p4, module="layers.0.attn")[0] == "full"
-    # --ffn declared: the MLP module resolves it as the F/P shard
-    with_ffn = p4.override("flags", ffn=128)
-    assert classify(shape, _bytes(shape), None, with_ffn, module="layers.0.mlp.act")[0] == "head-sharded"
-    # ... but not anywhere else: outside the MLP both readings stay open
-    assert classify(shape, _bytes(shape), None, with_ffn, module="layers.0.norm")[0] == "ambiguous"
-    # a tensor an all-gather produced is a gathered sequence, whatever its width collides with
-    assert classify(shape, _bytes(shape), None, with_ffn, "layers.0.mlp.fc1", "c10d::_allgather_base_")[0] == "full"
-    # F known and F/P != H: no collision, a [B, S, H] tensor in the MLP is full
-    assert classify(shape, _bytes(shape), None, p4.override("flags", ffn=96), module="layers.0.mlp")[0] == "full"
+    shape, n = (2, 64, 32), _bytes((2, 64, 32))
+    for module in ("layers.0.mlp.act", "layers.0.attn", "layers.0.norm"):
+        cls, why = classify(shape, n, None, p4, module=module)
+        assert cls == "ambiguous" and "--ffn" in why, module  # F undeclared: F/P may be 32
+    with_ffn = p4.override("flags", ffn=128)  # F/P == H, declared: both readings stay open
+    for module in ("layers.0.mlp.act", "layers.0.norm"):
+        assert classify(shape, n, None, with_ffn, module=module)[0] == "ambiguous"
+    judge = Judge(with_ffn)
+    # a tensor an all-gather produced is the gathered sequence, whatever its width collides with
+    assert judge.classify(shape, n, None, "layers.0.mlp.fc1", "c10d::_allgather_base_")[0] == "full"
+    # a column-parallel product (this rank's [H, F/P] weight) is the shard
+    assert judge.classify(shape, n, None, "layers.0.mlp.act", None, "column", "a column-parallel product")[0] == (
+        "head-sharded")  # fmt: skip
+    # F known and F/P != H: no collision, a [B, S, H] tensor is full wherever it is
+    assert classify(shape, n, None, p4.override("flags", ffn=96), module="layers.0.norm")[0] == "full"
+
+
+def test_element_count_before_dims():
+    """A gathered tensor in rank-major layout [P*B, S/P, H] holds B*S*H elements: the whole
+    sequence, though one dim equals S/P (selective checkpointing saving all_gather_into_tensor's
+    output); a full activation laid out [B, H, S], [H, B*S] or flat is never 'other'."""
+    m = ModelShape(batch=2, seq=256, hidden=64, sp_size=8, dtype="float32")
+    judge = Judge(m)
+    rank_major = (16, 32, 64)
+    assert classify(rank_major, _bytes(rank_major), None, m)[0] != "full"  # dims alone read [B*h, S/P, d]
+    cls, why = judge.classify(rank_major, _bytes(rank_major), None, None, "_c10d_functional::all_gather_into_tensor")
+    assert cls == "full" and "whatever its dims read" in why
+    for shape in ((2, 64, 256), (64, 512), (2 * 256 * 64,)):
+        cls, _ = classify(shape, _bytes(shape), None, m)
+        assert cls in ("full", "ambiguous"), shape  # never other: it holds B*S*H elements
+    assert classify((48, 48), _bytes((48, 48)), None, m)[0] == "other"  # fewer than B*S*H: a weight
 
 
 def test_views_and_sizes():
@@ -84,10 +104,10 @@ def test_views_and_sizes():
         "full", "a view of 20480 bytes keeping a 163840-byte storage alive"
     )  # fmt: skip
     assert classify(None, 98304, 98304, MODEL)[0] == "full"
-    assert classify(None, 98304, 98304, BARE)[0] == "full"  # outside an MLP module
-    assert classify(None, 98304, 98304, BARE, module="layers.0.mlp")[0] == "ambiguous"  # F unknown
+    for module in ("layers.0.norm", "layers.0.mlp"):  # F unknown: [B, S, F/P] may have its size
+        assert classify(None, 98304, 98304, BARE, module=module)[0] == "ambiguous"
     assert classify(None, 12288, 12288, MODEL)[0] == "seq-sharded"
-    assert classify(None, 5000, 5000, MODEL)[0] == "unknown"
+    assert classify(None, 5000, 5000, MODEL)[0] == "other"  # fewer bytes than B*S*H 16-bit elements
     assert classify(None, 8, 8, MODEL)[0] == "other"  # smaller than one token: a scalar
 
 
@@ -120,12 +140,14 @@ def test_assert_sequence_sharded_passes_and_fails():
     # the norm saves x (an input), fc the norm's output, the root's relu its result
     assert {r.module for r in saved} == {"norm", "fc", "<root>"}
     assert all(8 in r.shape or 2 * 8 in r.shape for r in saved)
+    # F undeclared: a [B*S, H] tensor could be a [B*S, F/P] shard with F = 4H; declared (F/P = 6), it cannot
+    assert sptrace.assert_sequence_sharded(Gathering(4), x, sp_size=4)
     with pytest.raises(sptrace.ShardingViolation) as err:
-        sptrace.assert_sequence_sharded(Gathering(4), x, sp_size=4)
+        sptrace.assert_sequence_sharded(Gathering(4), x, sp_size=4, ffn=24)
     (rec, _why), *_ = err.value.records
     assert rec.module == "fc" and rec.shape == (64, 16) and rec.nbytes == 64 * 16 * 4
     assert "fc saves [64, 16] float32" in str(err.value)
-    assert sptrace.assert_sequence_sharded(Gathering(4), x, sp_size=4, allow=("fc",))
+    assert sptrace.assert_sequence_sharded(Gathering(4), x, sp_size=4, ffn=24, allow=("fc",))
     # sequence-first layout
     sptrace.assert_sequence_sharded(Clean(), x.transpose(0, 1).contiguous(), sp_size=4, seq_dim=0)
 
