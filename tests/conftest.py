@@ -37,7 +37,7 @@ class Launches:
     Each launch is a subprocess with its output kept, so nothing it prints reaches a test's
     captured output. Only the launches the selected tests need are started."""
 
-    ORDER = ("demo", "ranks8", "ranks4", "user_models", "generated")
+    ORDER = ("demo", "ranks8", "ranks4", "user_models", "frameworks", "generated")
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="launches-", dir=_SCRATCH))
@@ -130,6 +130,11 @@ class Launches:
         self.out("verify").mkdir(parents=True, exist_ok=True)
         return _torchrun("tests.user_models.job", self.out("user_models"), self.run,
                          args=("--verify-out", str(self.out("verify"))))  # fmt: skip
+
+    def _frameworks(self) -> subprocess.CompletedProcess[str]:
+        """The real Megatron-Core and DeepSpeed-Ulysses layers on 4 gloo ranks (one launch)."""
+        self.out("frameworks").mkdir(parents=True, exist_ok=True)
+        return _torchrun("tests.user_models.frameworks.job", self.out("frameworks"), self.run, nproc=4)
 
     def _generated(self) -> subprocess.CompletedProcess[str]:
         self.out("generated").mkdir(parents=True, exist_ok=True)
@@ -228,6 +233,16 @@ def user_runs() -> Path:
 
 
 @pytest.fixture(scope="session")
+def framework_runs() -> Path:
+    """One 4-rank run of tests.user_models.frameworks.job: the real Megatron-Core and
+    DeepSpeed-Ulysses layers, clean and with a planted stray, each with its census."""
+    proc = LAUNCHES.result("frameworks")
+    out = LAUNCHES.out("frameworks")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return out
+
+
+@pytest.fixture(scope="session")
 def generated_runs() -> Path:
     """One 4-rank run of tests.user_models.generated.job: the drawn models (draw.default_count), each with its truth
     and `sptrace check`'s verdict on it (tests.user_models.generated.judge)."""
@@ -256,7 +271,7 @@ def cache_dir(tmp_path: Path) -> Path:
 # Fixtures that launch torchrun jobs: a test that uses one (directly or through another fixture)
 # is marked `distributed`, and every browser test `browser`, so that `make test-fast` can leave
 # both out by marker (pytest -m "not distributed and not browser").
-_LAUNCHING = frozenset({"profiled", "verify_reports", "user_runs", "generated_runs"})
+_LAUNCHING = frozenset({"profiled", "verify_reports", "user_runs", "framework_runs", "generated_runs"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -285,6 +300,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             wanted |= {"demo", "ranks8", "ranks4"}
         if "user_runs" in used or "verify_reports" in used:
             wanted.add("user_models")
+        if "framework_runs" in used:
+            wanted.add("frameworks")
         if "generated_runs" in used:
             wanted.add("generated")
     if wanted and not session.config.option.collectonly:

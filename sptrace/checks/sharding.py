@@ -112,8 +112,8 @@ class Judge:
             # element count before dims: what a gather made holds P shards' worth, the whole
             # sequence, however its dims read ([P*B, S/P, H] reads as a shard)
             numel = math.prod(int(d) for d in shape)
-            return "full", (f"a gathered tensor ({origin_text}) of {numel} elements, at least B*S*H = "
-                            f"{self.full_elements}: the whole sequence, whatever its dims read")  # fmt: skip
+            return "full", (f"a gathered full sequence ({origin_text}): {numel} elements, at least B*S*H = "
+                            f"{self.full_elements}, whatever its dims read")  # fmt: skip
         if shape:
             cls, why = self._by_shape(tuple(int(d) for d in shape), nbytes, module or "", producer or "", origin,
                                       origin_text or "")  # fmt: skip
@@ -147,6 +147,9 @@ class Judge:
         full-sequence tensor has its size, sharded when only shards do, else ambiguous."""
         m = self.model
         if m.dtype_bytes is None:
+            own = dtypes.element_size(dtype) if dtype else None
+            if nbytes < self.full_elements * (own or 1):  # fewer elements than B*S*H at any element size
+                return "other", f"no shape; {nbytes} bytes hold fewer than B*S*H = {self.full_elements} elements"
             return "unknown", "no shape, and no declared dtype to read its size with"
         token_bytes = m.hidden * m.dtype_bytes
         if nbytes < token_bytes:

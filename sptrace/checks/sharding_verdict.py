@@ -54,7 +54,9 @@ class ShardingReport:
         return self.verdict.status == "pass"
 
     def counts(self) -> dict[str, int]:
-        return {c: int((self.saved["class"] == c).sum()) for c in CLASSES}
+        """Classes of what the step keeps (autograd, the model): a backend's buffer or a
+        parameter is not the step's, whatever its shape."""
+        return _class_counts(self.saved)
 
     def holders(self) -> dict[str, int]:
         return {h: int((self.saved["holder"] == h).sum()) for h in HOLDERS}
@@ -123,18 +125,24 @@ def check_sharding(
     layers = _layer_table(saved, expected_per_layer)
     caller_notes = notes
     notes = list(dict.fromkeys(n for r in retained for n in r.notes))
-    counts = {c: int((saved["class"] == c).sum()) for c in CLASSES}
+    counts = _class_counts(saved)
     by_backend = saved[(saved["holder"] == "backend") & saved["class"].isin(("full", "ambiguous", "unknown"))]
     if len(by_backend):
         notes.append(
             f"{count(len(by_backend), 'full-size allocation')} alive at the boundary "
             f"{'is' if len(by_backend) == 1 else 'are'} a collective call's own "
             f"{'tensor' if len(by_backend) == 1 else 'tensors'} ({', '.join(sorted(set(by_backend['collective'].dropna())))}), "
-            "held by the backend, which drops its reference on a thread the profiler does not record: not the step's"
+            "held by the backend, which drops its reference on a thread the profiler does not record (not kept by "
+            "the step)"
         )
     coverage = _coverage(retained, saved, missing_ranks)
     verdict = _conclude(retained, saved, findings, model, counts, coverage, missing_ranks)
     return ShardingReport(model, saved, findings, layers, verdict, [*notes, *caller_notes], coverage)
+
+
+def _class_counts(saved: pd.DataFrame) -> dict[str, int]:
+    kept = saved[saved["holder"].isin(KEEPERS)]
+    return {c: int((kept["class"] == c).sum()) for c in CLASSES}
 
 
 def _decides(holder: object, cls: str) -> str:
@@ -151,7 +159,7 @@ def _decides(holder: object, cls: str) -> str:
     return "undecided-holder" if could_be_full else "settled"
 
 
-GROUPS = ("sharded", "full", "undecided", "other", "not the step's")
+GROUPS = ("sharded", "full", "undecided", "other", "backend or parameter")
 """How a retained tensor is shown (the memory figure's stacks, the dashboard's filter): what the
 step keeps by class, what no evidence decides, and what the backend or a parameter holds."""
 
@@ -160,7 +168,7 @@ def _group(holder: object, cls: str, decides: str) -> str:
     if decides in ("undecided-holder", "unjudged"):
         return "undecided"
     if holder in ("backend", "parameter"):
-        return "not the step's"
+        return "backend or parameter"
     if cls == "full":
         return "full"
     return "sharded" if cls in ("seq-sharded", "head-sharded") else "other"
@@ -252,6 +260,7 @@ def _coverage(retained: list[Retention], saved: pd.DataFrame, missing: Sequence[
         "steps": sorted({b.step for r in retained for b in r.boundaries if b.step is not None}),
         "memory_events": sorted(r.rank for r in retained if r.has_memory),
         "saved_records": sorted(r.rank for r in retained if r.has_records),
+        "census": sorted(r.rank for r in retained if r.has_census),
         "tensors": len(saved),
     }
 
@@ -343,7 +352,8 @@ def _conclude(
                        "backward in the window and the memory profiled?")  # fmt: skip
     if reasons:
         return Verdict("undecided", "CANNOT DECIDE", reasons[0], tuple(reasons))
-    return Verdict("pass", "PASS", f"every tensor alive at the boundary is sharded or not the step's; {summary}")
+    return Verdict("pass", "PASS", f"every tensor alive at the boundary is sharded, or held by the backend or a "
+                                   f"parameter; {summary}")
 
 
 def _places(rows: pd.DataFrame) -> str:

@@ -68,14 +68,17 @@ def render_text(analysis: RunAnalysis, report: ShardingReport) -> str:
     ]
     classes = ("seq-sharded", "head-sharded", "full", "ambiguous", "other", "unknown")
     cells = {}
-    for rank in sorted(analysis.run.ranks):  # the ranks that have a trace; missing ones are a note
+    for rank in sorted(analysis.run.ranks):  # the ranks that have a trace; missing ones are a verdict
         mine = report.saved[report.saved["rank"] == rank]
-        tally = mine["class"].value_counts()
+        kept = mine[mine["holder"].isin(("autograd", "model"))]  # what the step keeps, by class
+        tally = kept["class"].value_counts()
+        held = mine["holder"].value_counts()
         cells[rank] = (str(len(mine)), *(str(tally.get(c, 0)) for c in classes),
-                       human_bytes(float(mine["storage_bytes"].sum())))  # fmt: skip
+                       str(held.get("backend", 0) + held.get("parameter", 0)), str(held.get("undecided", 0)),
+                       human_bytes(float(kept["storage_bytes"].sum())))  # fmt: skip
     rows = [[rank_ranges(ranks), *row] for ranks, row in by_rank_set(cells)]
     if len(report.saved):  # a table of zeros says nothing the verdict does not
-        lines += fixed_width(["ranks", "retained", *classes, "kept"], rows, left={0})
+        lines += fixed_width(["ranks", "alive", *classes, "backend", "no holder", "kept"], rows, left={0})
     if not report.layers.empty:
         layer = report.layers.groupby("layer").agg(
             most=("measured_bytes", "max"), least=("measured_bytes", "min"), expected=("expected_bytes", "first"),

@@ -121,6 +121,8 @@ class Retention:
     """The first backward's start; None when the profiled window has no backward."""
     has_records: bool
     has_memory: bool
+    has_census: bool = False
+    """sptrace.instrument's census of Python-held storages is in the trace (at some boundary)."""
     layers_seen: set[int] = field(default_factory=set)
     """Layers the trace shows running (markers, python stacks, attributed tensors)."""
     shapes_seen: set[tuple[int, ...]] = field(default_factory=set)
@@ -151,13 +153,15 @@ def detect_retained(
     nodes = idx.backward_nodes
     # (tests on the distinct names, not on every row turned into a Python string: see Distinct)
     records = take_columns(ev, idx.by_name.prefix(markers.SAVED), ["name", "ts_ns", "tid"])
+    censuses = take_columns(ev, idx.by_name.prefix(markers.HELD), ["name", "ts_ns"])
     is_op = idx.by_cat.one_of(["cpu_op"]) & idx.is_x
     cpu = take_columns(ev, is_op, ["ts_ns", "input_dims", "input_types"])  # what _shapes_seen reads
     ops = Intervals.of(idx.table, is_op & ~idx.by_name.prefix(markers.PREFIX))
     collectives = Intervals.of(idx.table, is_op & idx.by_name.prefix(_COLLECTIVE_PREFIXES))
     cuda = bool((ledger["device_type"] == 1).any())
     slack = CUDA_SLACK if cuda else 0
-    origins = Provenance(ledger, ops, collectives, hidden)
+    handed = HandedTensors(ledger, collectives, element_size, slack) if not ledger.empty else None
+    origins = Provenance(ledger, ops, collectives, hidden, handed)
     at_address = AddressIndex(ledger)
     backend_rows = idx.is_x & idx.by_name.prefix(BACKEND_THREADS)
     backend_ranges = Intervals.of(idx.table, backend_rows)
@@ -182,7 +186,6 @@ def detect_retained(
     last = ev["ts_ns"].max()
     rules = HolderRules(nodes, backend_ranges, unrecorded_allocator_activity(trace) if not ledger.empty else {},
                         int(last) if pd.notna(last) else 0)  # fmt: skip
-    handed = HandedTensors(ledger, collectives, element_size, slack) if not ledger.empty else None
     rows: list[RetainedRow] = []
     covered: set[int] = set()
     seen_ptrs: set[tuple[int, int]] = set()
@@ -230,6 +233,8 @@ def detect_retained(
             "collective": call.collective if call is not None else None, **where(b),
         })  # fmt: skip
     if not ledger.empty:
+        held = _census_of(bounds, censuses)
+        out.has_census = bool(held)
         made, freed = at_address.alloc, at_address.free
         in_backward = within(idx.backward_nodes, made) | within(_backward_phases(idx), made)
         own = Intervals.of(idx.table, (is_op & idx.by_name.prefix(_COLLECTIVE_PREFIXES)) | backend_rows)
@@ -241,7 +246,8 @@ def detect_retained(
                     continue
                 rec = at_address.record(row_number)
                 call = handed.of(row_number) if handed is not None else None
-                row = _retained_from_memory(rec, b, idx, ops, collectives, own, rules, call, slack, element_size)
+                row = _retained_from_memory(rec, b, idx, ops, collectives, own, rules, call, slack, element_size,
+                                            held.get(b))  # fmt: skip
                 if row is None:  # a backend's own buffer inside a c10d call or its worker's annotation
                     continue
                 origin = origins.of_row(row_number, row["producer"], b.forward_ns)
@@ -256,6 +262,20 @@ def detect_retained(
     out.tensors = frame
     out.layers_seen |= {int(x) for x in frame["layer"].dropna()}
     out.shapes_seen |= {tuple(s) for s in frame["shape"] if isinstance(s, (tuple, list))}
+    return out
+
+
+def _census_of(bounds: list[Boundary], censuses: pd.DataFrame) -> dict[Boundary, dict[int, int]]:
+    """Each boundary's census of Python-held storages (sptrace.instrument's ``sptrace.held::``
+    event, taken when the backward first reached the model's output): the first one inside the
+    boundary's backward."""
+    taken = sorted((int(ts), str(name)) for name, ts in zip(censuses["name"], censuses["ts_ns"]) if pd.notna(ts))
+    out: dict[Boundary, dict[int, int]] = {}
+    for b in bounds:
+        inside = [name for ts, name in taken if b.backward_ns <= ts <= b.backward_end_ns]
+        census = markers.HeldCensus.from_marker(inside[0]) if inside else None
+        if census is not None:
+            out[b] = census.storages
     return out
 
 
@@ -274,6 +294,7 @@ def _backward_phases(idx: RankIndex) -> Intervals:
 def _retained_from_memory(
     rec: Allocation, b: Boundary, idx: RankIndex, ops: Intervals, collectives: Intervals, own: Intervals,
     rules: HolderRules, call: Handed | None, slack: int, element_size: int | None,
+    census: dict[int, int] | None = None,
 ) -> RetainedRow | None:  # fmt: skip
     """One allocation alive at boundary ``b``, with its holder from evidence
     (sptrace.detect.holders); None for a buffer a c10d call or the backend's worker made for
@@ -284,7 +305,7 @@ def _retained_from_memory(
     if inside is not None and own.name(inside).startswith(_IN_PLACE):
         return None
     producer = producing_collective(collectives, ops, rec, slack, element_size)
-    holder = rules.decide(rec, b, call)
+    holder = rules.decide(rec, b, call, census)
     i = ops.innermost(alloc_ns, alloc_ns, tid)
     op = ops.row(i) if i is not None else None
     inferred = infer_shape(op, int(rec.bytes), element_size, slack) if op is not None else None

@@ -73,11 +73,28 @@ class HolderRules:
         self.unrecorded = unrecorded
         self.trace_end_ns = trace_end_ns
 
-    def decide(self, rec: Allocation, b: Boundary, handed: Handed | None) -> Holder:
+    def decide(
+        self, rec: Allocation, b: Boundary, handed: Handed | None, census: dict[int, int] | None = None
+    ) -> Holder:
+        """``census``: the storages Python references held at this boundary (sptrace.instrument's
+        census), where the trace has one."""
         free = rec.free_ns
         never = free is None or pd.isna(free)
+        if census is not None and int(rec.addr) in census:
+            return Holder("model", "a Python reference held it at the boundary (sptrace.instrument's census): a list, "
+                                   "an attribute, a hook's closure or a variable")  # fmt: skip
         if not never and not rec.lost_free:
             return self._recorded_free(rec, int(free), b, handed)
+        if census is not None:  # its free is not in the trace, and no Python reference held it
+            if handed is not None:
+                return Holder("backend", f"{handed.describe()}; no Python reference held it at the boundary "
+                                         "(sptrace.instrument's census) and autograd saved no such tensor: only the "
+                                         "backend did, which drops its reference on a thread the profiler does not "
+                                         "record")  # fmt: skip
+            if never:
+                return Holder("autograd", "never freed within the trace, and no Python reference held it at the "
+                                          "boundary (sptrace.instrument's census): autograd or another C++ owner of "
+                                          "the step keeps it")  # fmt: skip
         counted = self.unrecorded.get((int(rec.device_type), int(rec.device_id)))
         if counted is not None:  # CUDA: the allocator's count shows frees the events do not
             by_count = self._counted(rec, b, handed, counted, never)

@@ -29,13 +29,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.intervals import Intervals
+
+if TYPE_CHECKING:
+    from sptrace.detect.handed import HandedTensors
 from sptrace.vocab import dtypes
 
 FACTORIES = frozenset({
@@ -79,11 +82,17 @@ def collective_kind(name: str) -> str | None:
 class Provenance:
     """Origins of one rank's allocations (rows of ``ledger``), cached per row."""
 
-    def __init__(self, ledger: pd.DataFrame, ops: Intervals, collectives: Intervals, hidden: int) -> None:
+    def __init__(
+        self, ledger: pd.DataFrame, ops: Intervals, collectives: Intervals, hidden: int,
+        handed: HandedTensors | None = None,
+    ) -> None:  # fmt: skip
         self.ledger = ledger
         self.ops = ops
         self.collectives = collectives
         self.hidden = hidden
+        self.handed = handed
+        """The buffers collective calls filled or returned (sptrace.detect.handed): a buffer made
+        by ``torch.empty`` before the call that fills it has that call's origin."""
         self._alloc = ledger["alloc_ns"].to_numpy(dtype=np.int64)
         self._bytes = ledger["bytes"].to_numpy(dtype=np.int64)
         self._tid = ledger["tid"].to_numpy(dtype=np.float64, na_value=np.nan)
@@ -119,6 +128,9 @@ class Provenance:
             kind = collective_kind(producer)
             if kind:
                 return Origin(kind, f"made by {producer}")
+        call = self.handed.of(row) if self.handed is not None else None
+        if call is not None and call.role in ("output", "returned") and collective_kind(call.collective):
+            return Origin(collective_kind(call.collective), f"the buffer {call.collective} filled")
         key = row
         if depth == 0 and key in self._cache:
             return self._cache[key]

@@ -94,7 +94,7 @@ def bandwidth_vs_size(matched: pd.DataFrame) -> go.Figure:
 
 def retained_by_layer(saved: pd.DataFrame, expected_bytes: float | None = None) -> go.Figure:
     """Bytes kept across the boundary per layer (mean over ranks), stacked by the sharding
-    check's groups (sharded / full / undecided / other / not the step's: the ``group`` column),
+    check's groups (sharded / full / undecided / other / backend or parameter: the ``group`` column),
     against Korthikanti's figure for the scheme."""
     if saved.empty:
         return empty("retained across the forward/backward boundary")

@@ -36,7 +36,7 @@ CLASS_COLORS = {
 }  # fmt: skip
 GROUP_COLORS = {
     "sharded": CLASS_COLORS["seq-sharded"], "full": CLASS_COLORS["full"], "undecided": VERDICT_COLORS["undecided"],
-    "other": CLASS_COLORS["other"], "not the step's": "#e9ecef",
+    "other": CLASS_COLORS["other"], "backend or parameter": "#e9ecef",
 }  # fmt: skip
 """The sharding check's groups of retained tensors (sptrace.checks.sharding_verdict.GROUPS), in
 the order the memory figure stacks them."""

@@ -8,6 +8,8 @@ analyzers) both use this module; no torch import here.
     sptrace.module::layers.1.mlp.fc1           one module call (forward, and recomputation)
     sptrace.comm::layers.1.mlp.fc1::ag_input   a collective issued on behalf of a module
     sptrace.saved::k=v|k=v|...                 one tensor saved for backward (see SavedTensor)
+    sptrace.held::ptr:bytes,ptr:bytes,...      the storages Python references hold at a boundary
+                                               (see HeldCensus)
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ PHASE = "sptrace.phase::"
 MODULE = "sptrace.module::"
 COMM = "sptrace.comm::"
 SAVED = "sptrace.saved::"
+HELD = "sptrace.held::"
+CENSUS = "sptrace.census"
+"""The range around sptrace.instrument's census of Python-held tensors (its time is sptrace's)."""
 PHASES = ("forward", "backward", "optimizer")
 
 
@@ -105,3 +110,29 @@ def saved_marker(
         f"{SAVED}module={module}|shape={dims}|dtype={dtype}|bytes={nbytes}"
         f"|ptr={storage_ptr:#x}|storage_bytes={storage_nbytes}|kind={kind}"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCensus:
+    """The storages that Python references held when a backward reached the instrumented model's
+    output (sptrace.instrument's census at the forward -> backward boundary): hex data pointers
+    with their bytes. A tensor autograd alone keeps, or a backend's buffer, is not among them."""
+
+    storages: dict[int, int]
+
+    def to_marker(self) -> str:
+        return HELD + ",".join(f"{ptr:x}:{n}" for ptr, n in self.storages.items())
+
+    @classmethod
+    def from_marker(cls, name: str) -> HeldCensus | None:
+        if not name.startswith(HELD):
+            return None
+        storages: dict[int, int] = {}
+        for item in name[len(HELD) :].split(","):
+            ptr, _, n = item.partition(":")
+            try:
+                storages[int(ptr, 16)] = int(n)
+            except ValueError:
+                if item.strip():
+                    return None  # a truncated or foreign name: no census rather than a wrong one
+        return cls(storages)

@@ -91,7 +91,7 @@ def test_element_count_before_dims():
     rank_major = (16, 32, 64)
     assert classify(rank_major, _bytes(rank_major), None, m)[0] != "full"  # dims alone read [B*h, S/P, d]
     cls, why = judge.classify(rank_major, _bytes(rank_major), None, None, "_c10d_functional::all_gather_into_tensor")
-    assert cls == "full" and "whatever its dims read" in why
+    assert cls == "full" and "whatever its dims read" in why and "gathered full sequence" in why
     for shape in ((2, 64, 256), (64, 512), (2 * 256 * 64,)):
         cls, _ = classify(shape, _bytes(shape), None, m)
         assert cls in ("full", "ambiguous"), shape  # never other: it holds B*S*H elements

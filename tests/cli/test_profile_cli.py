@@ -214,6 +214,6 @@ def test_demo_profiles_the_three_schemes(profiled):
     assert result.stdout.startswith("Profiled one training step of each scheme on 8 ranks, in one launch:")
     assert "megatron  MATCH: 21 collectives and 1.64 MiB on the wire per rank" in result.stdout
     assert "ulysses   MATCH: 17 collectives" in result.stdout and "hybrid    MATCH: 27 collectives" in result.stdout
-    assert result.stdout.count("PASS: every judged tensor is sharded") == 3
+    assert result.stdout.count("PASS: every tensor alive at the boundary is sharded") == 3
     assert "communication" in result.stdout and "% of the step" in result.stdout
     assert "sptrace dash " in result.stdout  # --no-serve: says how to browse instead of serving

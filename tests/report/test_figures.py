@@ -141,13 +141,13 @@ def test_wire_by_layer_per_phase(frame):
 
 
 def test_retained_by_layer_groups_and_the_expected_figure():
-    groups = ["sharded", "full", "sharded", "undecided", "other", "not the step's"]
+    groups = ["sharded", "full", "sharded", "undecided", "other", "backend or parameter"]
     saved = pd.DataFrame({"rank": [0, 0, 1, 1, 1, 1], "layer": [0, 0, 0, 0, None, 0], "group": groups,
                           "storage_bytes": [1024, 4096, 1024, 2048, 2048, 8192]})  # fmt: skip
     fig = figures.retained_by_layer(saved, expected_bytes=3 * 1024)
     by = {t.name: dict(zip(t.x, t.y)) for t in fig.data}
     assert by == {"sharded": {"layer 0": 1.0}, "undecided": {"layer 0": 1.0}, "full": {"layer 0": 2.0},
-                  "other": {"outside layers": 1.0}, "not the step's": {"layer 0": 4.0}}  # fmt: skip
+                  "other": {"outside layers": 1.0}, "backend or parameter": {"layer 0": 4.0}}  # fmt: skip
     colors = {t.name: t.marker.color for t in fig.data}
     assert colors["full"] == theme.VERDICT_COLORS["fail"] and colors["undecided"] == theme.VERDICT_COLORS[
         "undecided"]  # fmt: skip

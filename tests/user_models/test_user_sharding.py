@@ -47,8 +47,30 @@ def check(root, name, capsys, cache, *flags):
     return code, json.loads(capsys.readouterr().out)
 
 
+KEEPERS = ("autograd", "model")
+
+
+def kept_full(report):
+    """The full-size tensors the step itself keeps (autograd, the model)."""
+    return [s for s in report["saved"] if s["class"] == "full" and s["holder"] in KEEPERS]
+
+
+def undecided(report):
+    """Tensors that could be full-size whose holder the trace cannot show."""
+    return [s for s in report["saved"] if s["group"] == "undecided"]
+
+
+def cannot_decide_names_the_buffers(report) -> bool:
+    """A CANNOT DECIDE that names what it lacks: the collective buffers with no holder the trace can
+    show (gloo frees them on its own thread), and the one step that decides (sptrace.instrument)."""
+    reasons = " ".join(report["verdict"]["reasons"])
+    rows = undecided(report)
+    return (bool(rows) and "no holder the trace can show" in reasons and "sptrace.instrument" in reasons
+            and all(s["collective"] for s in rows))  # fmt: skip
+
+
 def full_per_rank(report):
-    rows = [s for s in report["saved"] if s["class"] == "full"]
+    rows = kept_full(report)
     return {r: sorted(tuple(s["shape"]) for s in rows if s["rank"] == r) for r in range(WORLD)}
 
 
@@ -67,26 +89,25 @@ def test_native_colwise_parallel_keeps_the_gathered_input(user_runs, capsys, pri
     assert all("gathered full sequence" in f["message"] and "autograd" in f["message"] for f in findings)
 
 
-def test_a_full_tensor_held_in_a_python_list_never_passes(user_runs, capsys, private_cache):
-    """The model appends each layer's gathered sequence to a Python list. That tensor is the
-    buffer its all-gather filled, and gloo may drop its own reference to a buffer on a worker
-    thread the profiler does not record: a buffer the model still holds and one gloo freed look
-    the same in a CPU trace. The gate never passes it: every held tensor is there, on every rank,
-    full-size (judged full, or full-size with its free not in the trace)."""
+def test_a_full_tensor_held_in_a_python_list_fails(user_runs, capsys, private_cache):
+    """The model appends each layer's gathered sequence (the very buffer its all-gather filled) to
+    a Python list, cleared once the step is done. Autograd keeps nothing full (torch's census); the
+    list's hold is what the trace shows: each buffer is freed after backward, outside any autograd
+    node, on the model's thread. The gate fails in both layers on every rank, saying the model
+    holds it and why."""
     o = oracle(user_runs, "stray_list")
     census = [s for s in o["saved"] if not s["param"]]
     assert not any(spans_the_sequence(s["shape"]) for s in census)  # autograd itself keeps nothing full
     code, report = check(user_runs, "stray_list", capsys, private_cache, "--ffn", "96")
-    assert code in (1, 2) and report["verdict"]["status"] != "pass"
+    assert code == 1 and report["verdict"]["status"] == "fail"
     held = [math.prod(s) for s in o["held"]]
     for rank in range(WORLD):
-        rows = [s for s in report["saved"] if s["rank"] == rank and s["class"] in ("full", "full-unknown-life")]
-        sizes = [math.prod(s["shape"]) for s in rows if s["shape"]]
-        assert all(sizes.count(n) >= held.count(n) for n in held), (rank, sizes, held)
-        assert {s["layer"] for s in rows} >= {0, 1}
-    if code == 2:
-        assert "no recorded free" in report["verdict"]["summary"] or any(
-            "no recorded free" in r for r in report["verdict"]["reasons"])  # fmt: skip
+        rows = [s for s in kept_full(report) if s["rank"] == rank]
+        assert sorted(math.prod(s["shape"]) for s in rows) == sorted(held), rank
+        assert {s["layer"] for s in rows} == {0, 1} and {s["holder"] for s in rows} == {"model"}
+    found = [f for f in report["findings"] if f["code"] == "full-size-save"]
+    assert {f["layer"] for f in found} == {0, 1} and all(f["ranks"] == list(range(WORLD)) for f in found)
+    assert all(f["holder"] == "model" and "freed after it outside autograd" in f["evidence"] for f in found)
 
 
 def test_4h_ffn_at_p4_is_judged_by_origin_without_ffn(user_runs, capsys, private_cache):
@@ -101,8 +122,8 @@ def test_4h_ffn_at_p4_is_judged_by_origin_without_ffn(user_runs, capsys, private
     assert report["counts"]["ambiguous"] == 0 and report["counts"]["full"] == 0
     shards = [s for s in report["saved"] if s["class"] == "head-sharded" and s["shape"] and s["shape"][-1] == H]
     assert len(shards) >= WORLD * len(collide) and {s["origin"] for s in shards} == {"column"}
-    # the model gathers into buffers gloo may free unrecorded: PASS, or CANNOT DECIDE saying so
-    assert code == 0 or (code == 2 and "no recorded free" in report["verdict"]["summary"])
+    # the model gathers into buffers gloo may free unrecorded: PASS, or CANNOT DECIDE naming them
+    assert code == 0 or (code == 2 and cannot_decide_names_the_buffers(report)), report["verdict"]
     # --ffn agrees with the trace, and changes nothing
     code2, report2 = check(user_runs, "ffn4h_p4", capsys, private_cache, *flags, "--ffn", "192")
     assert report2["counts"] == report["counts"] and code2 == code
@@ -119,14 +140,15 @@ def test_forward_only_window_cannot_decide(user_runs, capsys, private_cache):
 def test_selective_checkpointing_keeps_are_seen(user_runs, capsys, private_cache):
     """The SAC policy MUST_SAVEs the functional all-gather's output (the policy's own record of
     what it kept, by op): each gathered tensor it cached is in the report on every rank, full-size
-    (judged full, or full-size with its free not in the trace), and the check never passes."""
+    (kept by the step, or a buffer the call returned whose holder the trace cannot show), and the
+    check never passes."""
     sac = oracle(user_runs, "sac")["sac"]
     cached = {math.prod(shape) for op, shape in sac if "all_gather" in op or "wait_tensor" in op}
     assert cached  # the policy cached the gathered sequence
     code, report = check(user_runs, "sac", capsys, private_cache, "--sp", "8")
     assert code in (1, 2) and report["verdict"]["status"] != "pass"
     for rank in range(WORLD):
-        rows = [s for s in report["saved"] if s["rank"] == rank and s["class"] in ("full", "full-unknown-life")]
+        rows = [s for s in report["saved"] if s["rank"] == rank and s["group"] in ("full", "undecided")]
         assert cached <= {math.prod(s["shape"]) for s in rows if s["shape"]}, rank
         assert {s["layer"] for s in rows} == {0, 1}, rank
     assert sum(len(s) for s in full_per_rank(report).values()) >= WORLD  # most are judged, and fail
@@ -135,20 +157,17 @@ def test_selective_checkpointing_keeps_are_seen(user_runs, capsys, private_cache
 def test_clean_selective_checkpointing_instrumented_passes(user_runs, capsys, private_cache):
     """The clean SAC block (its policy saves only matmul outputs and recomputes the gather in
     backward), with sptrace.instrument as the README says: every tensor the policy kept is a
-    [B, S/P, H] shard by its own record, so a SAC user gets a green gate."""
+    [B, S/P, H] shard by its own record, and the census of what Python holds at the boundary
+    tells a gathered buffer gloo freed on its own thread from one the model kept, so a SAC user
+    gets a green gate, every time."""
     kept = oracle(user_runs, "sac_clean")["sac"]
     assert kept and {math.prod(shape) for _, shape in kept} == {B * S // WORLD * H}
     assert not any("all_gather" in op or "wait_tensor" in op for op, _ in kept)
     code, report = check(user_runs, "sac_clean", capsys, private_cache, "--sp", "8")
     assert report["counts"]["full"] == 0 and report["counts"]["ambiguous"] == 0
-    # PASS; or, when gloo's thread dropped the last reference to a gathered buffer (a race the
-    # README describes: the CPU allocator does not record that free), CANNOT DECIDE naming only
-    # those buffers, never anything else
-    unseen = [s for s in report["saved"] if s["class"] == "full-unknown-life"]
-    assert (code, report["verdict"]["status"]) == ((0, "pass") if not unseen else (2, "undecided")), report["verdict"]
-    gathered = [s for s in unseen
-                if s["origin"] == "gathered" or "all_gather" in f"{s.get('producer')} {s.get('alloc_op')}"]  # fmt: skip
-    assert gathered == unseen and (not unseen or "no recorded free" in report["verdict"]["summary"]), unseen
+    assert report["coverage"]["census"] == list(range(WORLD))  # sptrace.instrument's census, every rank
+    assert (code, report["verdict"]["status"]) == (0, "pass"), report["verdict"]
+    assert not undecided(report)
     for rank in range(WORLD):  # the kept shards are judged on every rank, in both layers
         judged = [s for s in report["saved"] if s["rank"] == rank and s["class"] == "seq-sharded"]
         assert {s["layer"] for s in judged} == {0, 1}, rank
@@ -222,7 +241,7 @@ def test_instrumented_dtensor_records_are_judged_by_their_local_shard(user_runs,
 
 
 def _full_rows(report):
-    return [s for s in report["saved"] if s["class"] == "full"]
+    return kept_full(report)
 
 
 def test_a_stray_in_one_micro_batch_fails_and_names_it(user_runs, capsys, private_cache):
@@ -263,9 +282,8 @@ def test_diff_names_the_stray_a_user_model_added(user_runs, capsys, private_cach
     """The same user model and step twice, once with the debug list that keeps each layer's
     gathered sequence: `sptrace diff` names each layer that began keeping a full-size tensor, with
     the held tensors' size (as the model recorded what its list held), and the list's own
-    all-gathers as the only collectives added. A gather buffer whose free the CPU trace does not
-    show counts as full-size too, as the gate counts it (see the test above): at least the held
-    tensors, never fewer."""
+    all-gathers as the only collectives added. The list is cleared once the step is done: the free
+    the trace records after backward, outside autograd, shows the model held each buffer."""
     held = oracle(user_runs, "stray_list")["held"]
     assert oracle(user_runs, "stray_list_clean")["held"] == []
     code = main(["diff", str(user_runs / "stray_list_clean"), str(user_runs / "stray_list"), "--format", "json",
