@@ -10,23 +10,19 @@ so its storage pointer still names its allocation. Everything checks
 ``torch.autograd._profiler_enabled()`` first: with no profiler running the hooks only push and
 pop a name, so an instrumented model can stay instrumented in production.
 
-With ``census=True`` (the default), when a backward first reaches the root's output (the forward
--> backward boundary), one ``sptrace.held::`` event lists the storages that Python references
-hold then: whatever a list, a module attribute, a hook's closure or a local variable keeps. A
-tensor autograd alone keeps (in C++), or a communication backend's buffer, is not among them. This
-is the evidence a CPU trace lacks: gloo drops its reference to a collective's buffer on a thread
-the profiler does not record, so a buffer the model kept and one gloo freed look the same in the
-memory events (sptrace.detect.holders reads the census).
+With ``census=True`` (the default), the buffers the forward's collectives fill or return are
+watched, and when the backward that consumes the forward ends one ``sptrace.released::`` event
+says who released each: the communication backend's thread, the model's, or nobody yet
+(sptrace.census). This is the evidence a CPU trace lacks: gloo drops its reference to a
+collective's buffer on a thread the profiler does not record, so a buffer the model kept and one
+gloo freed look the same in the memory events (sptrace.detect.holders reads the census).
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import itertools
 import operator
-import sys
-import warnings
 from typing import Any
 
 import torch
@@ -34,8 +30,9 @@ from torch import nn
 from torch.autograd.profiler import record_function
 from torch.utils._python_dispatch import _disable_current_modes
 
+from sptrace import census as released
 from sptrace.vocab import markers
-from sptrace.vocab.markers import HeldCensus, SavedTensor
+from sptrace.vocab.markers import SavedTensor
 
 _profiler_enabled = torch.autograd._profiler_enabled
 
@@ -121,6 +118,8 @@ class Instrumentation:
         self.prefix = prefix
         self.saved_tensors = saved_tensors
         self.census = census
+        if census:
+            released.install()
         # (qualname, open range's handle or None, open saved_tensors_hooks or None) per call
         self._stack: list[tuple[str, Any, Any]] = []
         self._pending: list[tuple[str, torch.Tensor, str]] = []
@@ -151,6 +150,8 @@ class Instrumentation:
             if self.saved_tensors and not self._stack and _in_backward() == -1:
                 hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack_first)
                 hooks.__enter__()
+            if self.census and not self._stack and _in_backward() == -1:
+                released.begin()
             handle = _range_enter_unseen(range_name) if _dispatch_modes() else _range_enter(range_name, None)
             self._stack += ((qualname, handle, hooks),)
 
@@ -169,7 +170,10 @@ class Instrumentation:
             if not self._stack and self._pending:
                 self._flush()
             if not self._stack and self.census and _profiler_enabled() and _in_backward() == -1:
-                _census_at_boundary(output)
+                watch = released._ACTIVE[0] if released._ACTIVE else None
+                released.end()
+                if watch is not None and watch.entries:
+                    _report_at_backward_end(output, watch)
 
         return post_hook
 
@@ -220,6 +224,8 @@ class Instrumentation:
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+        if self._handles and self.census:
+            released.uninstall()
         self._handles.clear()
 
     def __enter__(self) -> Instrumentation:
@@ -258,40 +264,45 @@ _unpack_first = operator.itemgetter(0)
 def instrument(
     model: nn.Module, *, prefix: str = "", saved_tensors: bool = True, census: bool = True
 ) -> Instrumentation:
-    """Add module markers, saved-tensor records and, at each forward -> backward boundary, a
-    census of the storages Python references hold (``census``) to ``model``; all active only
-    while profiling.
+    """Add module markers, saved-tensor records and a census of who released each buffer the
+    forward's collectives filled (``census``: sptrace.census) to ``model``; all active only while
+    profiling.
 
     Call it before wrapping the model (``fully_shard``, DDP) so that the wrapper's own
     collectives fall inside the module ranges. Use as a plain call or as a context manager that
-    removes the hooks on exit. The census walks the Python heap once per boundary (about 0.3 s
-    for a process of 170,000 objects, in its own ``sptrace.census`` range); ``census=False``
-    leaves it out.
+    removes the hooks on exit.
     """
     return Instrumentation(model, prefix=prefix, saved_tensors=saved_tensors, census=census)
 
 
-# ---- the census of Python-held storages at the boundary ----------------------------------------
-
-_is_tensor = torch.Tensor.__instancecheck__
-_is_parameter = nn.Parameter.__instancecheck__
+# ---- the census of who released the collectives' buffers -------------------------------------
 
 
-def _census_at_boundary(output: Any) -> None:
-    """Register, on the first tensor of the root's output that has a grad_fn, a one-shot hook
-    that takes the census when a backward reaches it."""
+def _report_at_backward_end(output: Any, watch: released.Watch) -> None:
+    """When a backward reaches the root's output, queue the census's event for that backward's
+    end (autograd's engine runs queued callbacks on its own thread once the graph is done)."""
     first = next((t for t in _tensors_in(output) if t.grad_fn is not None), None)
     if first is None:
         return
     fired: list[bool] = []
 
-    def hook(grad_outputs: Any) -> None:  # returns None: the gradients pass unchanged
+    def at_boundary(grad_outputs: Any) -> None:  # returns None: the gradients pass unchanged
         if fired or not _profiler_enabled():
             return
         fired.append(True)
-        _take_census()
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: _emit(watch))
 
-    first.grad_fn.register_prehook(hook)
+    first.grad_fn.register_prehook(at_boundary)
+
+
+def _emit(watch: released.Watch) -> None:
+    if not _profiler_enabled():
+        return
+    name = watch.census().to_marker()
+    if _dispatch_modes():
+        _range_exit_unseen(_range_enter_unseen(name))
+    else:
+        _range_exit(_range_enter(name, None))
 
 
 def _tensors_in(output: Any) -> list[torch.Tensor]:
@@ -302,41 +313,3 @@ def _tensors_in(output: Any) -> list[torch.Tensor]:
     if isinstance(output, dict):
         return [t for item in output.values() for t in _tensors_in(item)]
     return []
-
-
-def _take_census() -> None:
-    modes = _dispatch_modes()
-    handle = _range_enter_unseen(markers.CENSUS) if modes else _range_enter(markers.CENSUS, None)
-    try:
-        with warnings.catch_warnings():  # isinstance on deprecated aliases (torch.distributed.reduce_op) warns
-            warnings.simplefilter("ignore")
-            held = python_held_storages()
-    finally:
-        _range_exit_unseen(handle) if modes else _range_exit(handle)
-    name = HeldCensus(held).to_marker()
-    _range_exit_unseen(_range_enter_unseen(name)) if modes else _range_exit(_range_enter(name, None))
-
-
-def python_held_storages() -> dict[int, int]:
-    """{storage data pointer: bytes} of every tensor a Python object refers to (a list, a dict,
-    an object's attributes, a closure's cell) or a running frame's local variable names, weights
-    left out. A tensor whose only owners are C++ (autograd's saved tensors, a backend's work) is
-    not one, even where PyTorch keeps its Python object alive for it.
-
-    Runs over the heap inside ``map`` and ``filter``, whose calls the profiler's Python tracer
-    does not record (it records calls made by Python code)."""
-    objects = gc.get_objects()
-    referents = itertools.chain.from_iterable(map(gc.get_referents, itertools.filterfalse(_is_tensor, objects)))
-    tensors = list(itertools.filterfalse(_is_parameter, filter(_is_tensor, referents)))
-    del objects, referents
-    frame = sys._getframe()
-    while frame is not None:
-        tensors += filter(_is_tensor, frame.f_locals.values())
-        frame = frame.f_back
-    locals_ = list(map(getattr, tensors, itertools.repeat("_local_tensor"), tensors))  # a DTensor's shard
-    del tensors
-    try:
-        storages = list(map(_storage_of, locals_))
-        return dict(zip(map(_storage_ptr, storages), map(_storage_nbytes, storages)))
-    except (RuntimeError, NotImplementedError):  # a subclass without storage (fake, sparse)
-        return {ptr: n for ptr, n in map(_storage_or_none, locals_) if ptr}

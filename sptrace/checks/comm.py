@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -125,135 +125,18 @@ def check_collectives(
     kind, and leaves a size-unknown finding: the run cannot be called a match on its bytes.
     ``also``: findings of other checks that count in this verdict (the point-to-point ones);
     ``notes``: the caller's, after this check's own; ``scope``: what the model was compared over."""
-    per_layer, per_step = _expected_by_layer(est)
-    per_layer_specs = [c for c in est.collectives if c.per_layer]
-    totals = [c for c in est.collectives if c.total_only]
-    L = est.layers
     findings: list[Finding] = []
     rank_rows, layer_rows = [], []
     for rank in ranks:
         obs = frame[frame["rank"] == rank]
-        observed = list(obs.itertuples())  # once per rank, split by layer below: itertuples costs per column
-        missing: list[tuple[Sig, int | None]] = []
-        extra: list[tuple[Sig, int | None, str | None]] = []
-        unsized: list[tuple[Sig, int | None, str | None]] = []
-        for layer in range(L):
-            rows = [r for r in observed if not pd.isna(r.layer) and r.layer == layer]
-            used = [False] * len(rows)
-            unmet: list[int] = list(range(len(per_layer_specs)))
-            # passes, strictest first: the observed collective from the module the model names
-            # with the model's size; from any module with that size; then one of the same phase
-            # and kind whose size the trace does not know. What is left over is extra.
-            for strict, exact in ((True, True), (False, True), (False, False)):
-                todo, unmet = unmet, []
-                for j in todo:
-                    spec = per_layer_specs[j]
-                    sig = (spec.phase, spec.kind, spec.in_bytes)
-                    hit = next(
-                        (
-                            i
-                            for i, r in enumerate(rows)
-                            if not used[i]
-                            and (_sig(r) == sig if exact else _fits(_sig(r), sig))
-                            and (not strict or _from(r.module, spec.module))
-                        ),
-                        None,
-                    )
-                    if hit is None:
-                        unmet.append(j)
-                    else:
-                        used[hit] = True
-                        if _sig(rows[hit])[2] is None:
-                            unsized.append((sig, layer, rows[hit].module))
-                        else:
-                            findings += _compare(rank, layer, spec, rows[hit])
-            missing += [
-                ((per_layer_specs[j].phase, per_layer_specs[j].kind, per_layer_specs[j].in_bytes), layer) for j in unmet
-            ]
-            extra += [(_sig(r), layer, r.module) for i, r in enumerate(rows) if not used[i]]
-            if not unmet and all(used):
-                findings += _check_order(rank, layer, rows, per_layer_specs)
-        # what no layer explained: collectives without a layer (FSDP2's post-backward traffic,
-        # gradient syncs) may meet a layer's missing expectation or a step-level one; extras that
-        # do have a layer may only meet step-level ones (never another layer's: that would hide
-        # a misplaced collective behind a missing one)
-        step_left = list(per_step)
-        miss = list(missing)
-        extras: list[tuple[Sig, int | None, str | None]] = []
-        leftovers = [(_sig(r), None, r.module) for r in observed if pd.isna(r.layer) or r.layer >= L]
-        for exact in (True, False):
-            pending, leftovers = leftovers, []
-            for sig, layer, module in pending:
-                hit = _take(miss, sig, exact)
-                if hit is not None:
-                    if sig[2] is None:
-                        unsized.append((miss[hit][0], miss[hit][1], module))
-                    miss.pop(hit)
-                    continue
-                hit = _take(step_left, sig, exact)
-                if hit is not None:
-                    if sig[2] is None:
-                        unsized.append((step_left[hit], None, module))
-                    step_left.pop(hit)
-                    continue
-                leftovers.append((sig, layer, module))
-        for sig, layer, module in extra:
-            hit = _take(step_left, sig, exact_only=False)
-            if hit is not None:
-                if sig[2] is None:
-                    unsized.append((step_left[hit], None, module))
-                step_left.pop(hit)
-            else:
-                leftovers.append((sig, layer, module))
-        # gradient buckets the model cannot count: what is left of their kind, compared in total
-        for spec in totals:
-            mine = [e for e in leftovers if e[0][:2] == (spec.phase, spec.kind) and e[1] is None]
-            leftovers = [e for e in leftovers if e not in mine]
-            if est.grad_bytes is None and mine:
-                findings.append(Finding(
-                    "warning", "collectives", "grad-dtype-unknown",
-                    f"{spec.phase} (step level): {len(mine)} {spec.kind}s of gradients, "
-                    f"{human_bytes(sum(int(e[0][2] or 0) for e in mine))} in all; their element size is neither "
-                    "declared (--grad-dtype) nor recorded in the trace, so their bytes are not checked",
-                    (rank,), page="collectives",
-                ))  # fmt: skip
-            elif any(e[0][2] is None for e in mine):
-                unsized.append(((spec.phase, spec.kind, spec.in_bytes), None, "grad_sync"))
-            elif sum(int(e[0][2] or 0) for e in mine) != spec.in_bytes:
-                got = sum(int(e[0][2] or 0) for e in mine)
-                findings.append(Finding(
-                    "error", "collectives", "wrong-size",
-                    f"{spec.phase} (step level): {len(mine)} {spec.kind}s of {human_bytes(got)} in all, where the "
-                    f"scheme sends {human_bytes(spec.in_bytes)} of gradients", (rank,), page="collectives",
-                ))  # fmt: skip
-        extras = leftovers
-        miss += [(s, None) for s in step_left]
-        findings += _explain(rank, miss, extras)
-        for sig, layer, module in unsized:
-            where = f"layer {layer} {sig[0]}" if layer is not None else f"{sig[0]} (step level)"
-            findings.append(Finding(
-                "warning", "collectives", "size-unknown",
-                f"{where}: {_a(sig[1])} where the scheme sends {human_bytes(sig[2])}; the trace does not record its "
-                "size", (rank,), layer, module, page="collectives",
-            ))  # fmt: skip
-        # per layer: what the layer was expected to issue, less what is still missing there, plus
-        # what is extra there (collectives no marker placed in a layer but that the pool matched
-        # to a layer's expectation, e.g. FSDP2's post-backward reduce-scatter, count as present)
-        for layer in range(L):
-            for phase in ("forward", "backward"):
-                expected = sum(1 for s in per_layer if s[0] == phase)
-                gone = sum(1 for s, lay in miss if lay == layer and s[0] == phase)
-                more = sum(1 for s, lay, _ in extras if lay == layer and s[0] == phase)
-                layer_rows.append({
-                    "rank": rank, "layer": layer, "phase": phase, "observed": expected - gone + more,
-                    "expected": expected,
-                })  # fmt: skip
-        observed_wire = float(obs["wire_bytes"].dropna().sum())
-        rank_rows.append({
-            "rank": rank, "observed": len(obs), "expected": est.count(),
-            "observed_wire_bytes": observed_wire, "expected_wire_bytes": est.wire_per_step(),
-            "unknown_wire": int(obs["wire_bytes"].isna().sum()), "missing": len(miss), "extra": len(extras),
-        })  # fmt: skip
+        steps = _steps_of(obs)
+        per_step_results = [_check_rank(rank, part, est) for _, part in steps]
+        findings += _across_steps([r[0] for r in per_step_results], [s for s, _ in steps] if len(steps) > 1 else None)
+        layer_rows += per_step_results[0][1] if per_step_results else []
+        rows = [r[2] for r in per_step_results]  # per step: several steps' rows are their mean
+        rank_rows.append(rows[0] if len(rows) == 1 else {
+            key: rows[0][key] if key in ("rank", "expected", "expected_wire_bytes") else sum(r[key] for r in rows) / len(rows)
+            for key in rows[0]})  # fmt: skip
     ranks_frame = pd.DataFrame(rank_rows)
     findings = merge_ranks([*merge_ranks(findings), *also])
     report = CommReport(est.scheme, ranks_frame, pd.DataFrame(layer_rows), findings, matching, scope=scope)
@@ -274,6 +157,161 @@ def check_collectives(
         report.notes += matching.notes
     report.notes += notes
     return report
+
+
+def _check_rank(rank: int, obs: pd.DataFrame, est: CommEstimate) -> tuple[list[Finding], list[JSONObject], JSONObject]:
+    """One rank's collectives of one profiled step against the model: (findings, rows per layer
+    and phase, the rank's row)."""
+    per_layer, per_step = _expected_by_layer(est)
+    per_layer_specs = [c for c in est.collectives if c.per_layer]
+    totals = [c for c in est.collectives if c.total_only]
+    L = est.layers
+    findings: list[Finding] = []
+    layer_rows: list[JSONObject] = []
+    observed = list(obs.itertuples())  # once per rank, split by layer below: itertuples costs per column
+    missing: list[tuple[Sig, int | None]] = []
+    extra: list[tuple[Sig, int | None, str | None]] = []
+    unsized: list[tuple[Sig, int | None, str | None]] = []
+    for layer in range(L):
+        rows = [r for r in observed if not pd.isna(r.layer) and r.layer == layer]
+        used = [False] * len(rows)
+        unmet: list[int] = list(range(len(per_layer_specs)))
+        # passes, strictest first: the observed collective from the module the model names
+        # with the model's size; from any module with that size; then one of the same phase
+        # and kind whose size the trace does not know. What is left over is extra.
+        for strict, exact in ((True, True), (False, True), (False, False)):
+            todo, unmet = unmet, []
+            for j in todo:
+                spec = per_layer_specs[j]
+                sig = (spec.phase, spec.kind, spec.in_bytes)
+                hit = next(
+                    (
+                        i
+                        for i, r in enumerate(rows)
+                        if not used[i]
+                        and (_sig(r) == sig if exact else _fits(_sig(r), sig))
+                        and (not strict or _from(r.module, spec.module))
+                    ),
+                    None,
+                )
+                if hit is None:
+                    unmet.append(j)
+                else:
+                    used[hit] = True
+                    if _sig(rows[hit])[2] is None:
+                        unsized.append((sig, layer, rows[hit].module))
+                    else:
+                        findings += _compare(rank, layer, spec, rows[hit])
+        missing += [
+            ((per_layer_specs[j].phase, per_layer_specs[j].kind, per_layer_specs[j].in_bytes), layer) for j in unmet
+        ]
+        extra += [(_sig(r), layer, r.module) for i, r in enumerate(rows) if not used[i]]
+        if not unmet and all(used):
+            findings += _check_order(rank, layer, rows, per_layer_specs)
+    # what no layer explained: collectives without a layer (FSDP2's post-backward traffic,
+    # gradient syncs) may meet a layer's missing expectation or a step-level one; extras that
+    # do have a layer may only meet step-level ones (never another layer's: that would hide
+    # a misplaced collective behind a missing one)
+    step_left = list(per_step)
+    miss = list(missing)
+    extras: list[tuple[Sig, int | None, str | None]] = []
+    leftovers = [(_sig(r), None, r.module) for r in observed if pd.isna(r.layer) or r.layer >= L]
+    for exact in (True, False):
+        pending, leftovers = leftovers, []
+        for sig, layer, module in pending:
+            hit = _take(miss, sig, exact)
+            if hit is not None:
+                if sig[2] is None:
+                    unsized.append((miss[hit][0], miss[hit][1], module))
+                miss.pop(hit)
+                continue
+            hit = _take(step_left, sig, exact)
+            if hit is not None:
+                if sig[2] is None:
+                    unsized.append((step_left[hit], None, module))
+                step_left.pop(hit)
+                continue
+            leftovers.append((sig, layer, module))
+    for sig, layer, module in extra:
+        hit = _take(step_left, sig, exact_only=False)
+        if hit is not None:
+            if sig[2] is None:
+                unsized.append((step_left[hit], None, module))
+            step_left.pop(hit)
+        else:
+            leftovers.append((sig, layer, module))
+    # gradient buckets the model cannot count: what is left of their kind, compared in total
+    for spec in totals:
+        mine = [e for e in leftovers if e[0][:2] == (spec.phase, spec.kind) and e[1] is None]
+        leftovers = [e for e in leftovers if e not in mine]
+        if est.grad_bytes is None and mine:
+            findings.append(Finding(
+                "warning", "collectives", "grad-dtype-unknown",
+                f"{spec.phase} (step level): {len(mine)} {spec.kind}s of gradients, "
+                f"{human_bytes(sum(int(e[0][2] or 0) for e in mine))} in all; their element size is neither "
+                "declared (--grad-dtype) nor recorded in the trace, so their bytes are not checked",
+                (rank,), page="collectives",
+            ))  # fmt: skip
+        elif any(e[0][2] is None for e in mine):
+            unsized.append(((spec.phase, spec.kind, spec.in_bytes), None, "grad_sync"))
+        elif sum(int(e[0][2] or 0) for e in mine) != spec.in_bytes:
+            got = sum(int(e[0][2] or 0) for e in mine)
+            findings.append(Finding(
+                "error", "collectives", "wrong-size",
+                f"{spec.phase} (step level): {len(mine)} {spec.kind}s of {human_bytes(got)} in all, where the "
+                f"scheme sends {human_bytes(spec.in_bytes)} of gradients", (rank,), page="collectives",
+            ))  # fmt: skip
+    extras = leftovers
+    miss += [(s, None) for s in step_left]
+    findings += _explain(rank, miss, extras)
+    for sig, layer, module in unsized:
+        where = f"layer {layer} {sig[0]}" if layer is not None else f"{sig[0]} (step level)"
+        findings.append(Finding(
+            "warning", "collectives", "size-unknown",
+            f"{where}: {_a(sig[1])} where the scheme sends {human_bytes(sig[2])}; the trace does not record its "
+            "size", (rank,), layer, module, page="collectives",
+        ))  # fmt: skip
+    # per layer: what the layer was expected to issue, less what is still missing there, plus
+    # what is extra there (collectives no marker placed in a layer but that the pool matched
+    # to a layer's expectation, e.g. FSDP2's post-backward reduce-scatter, count as present)
+    for layer in range(L):
+        for phase in ("forward", "backward"):
+            expected = sum(1 for s in per_layer if s[0] == phase)
+            gone = sum(1 for s, lay in miss if lay == layer and s[0] == phase)
+            more = sum(1 for s, lay, _ in extras if lay == layer and s[0] == phase)
+            layer_rows.append({
+                "rank": rank, "layer": layer, "phase": phase, "observed": expected - gone + more,
+                "expected": expected,
+            })  # fmt: skip
+    observed_wire = float(obs["wire_bytes"].dropna().sum())
+    return findings, layer_rows, {
+        "rank": rank, "observed": len(obs), "expected": est.count(),
+        "observed_wire_bytes": observed_wire, "expected_wire_bytes": est.wire_per_step(),
+        "unknown_wire": int(obs["wire_bytes"].isna().sum()), "missing": len(miss), "extra": len(extras),
+    }  # fmt: skip
+
+
+def _steps_of(obs: pd.DataFrame) -> list[tuple[int | None, pd.DataFrame]]:
+    """A rank's collectives by profiled step (a trace of several ProfilerStep# windows holds the
+    scheme's collectives once per step): [(step, its rows)], or one part of them all. Rows outside
+    every step go with the first."""
+    if "step" not in obs or obs["step"].nunique() < 2:
+        return [(None, obs)]
+    steps = sorted(int(s) for s in obs["step"].dropna().unique())
+    first = obs["step"].isna() | (obs["step"] == steps[0])
+    return [(steps[0], obs[first])] + [(s, obs[obs["step"] == s]) for s in steps[1:]]
+
+
+def _across_steps(parts: list[list[Finding]], steps: list[int | None] | None) -> list[Finding]:
+    """Each step's findings as one list: one that every step has once; one that only some steps
+    have, named with its step ("step 3: ...")."""
+    if steps is None:
+        return parts[0] if parts else []
+    everywhere = set.intersection(*(set(p) for p in parts)) if parts else set()
+    out = [f for f in parts[0] if f in everywhere]
+    for step, part in zip(steps, parts):
+        out += [replace(f, message=f"step {step}: {f.message}") for f in part if f not in everywhere]
+    return out
 
 
 def _a(kind: str) -> str:

@@ -101,11 +101,17 @@ class Judge:
         origin: str | None = None,
         origin_text: str | None = None,
         dtype: str | None = None,
+        operator_made: bool = True,
     ) -> tuple[str, str]:
         """(class, why) of one retained tensor. Its origin (what made it: sptrace.detect.provenance)
         decides first; its shape where the origin is silent; its bytes where it has no shape.
-        ``dtype``: its element type, where known (else the declared activation's)."""
+        ``dtype``: its element type, where known (else the declared activation's);
+        ``operator_made``: False for memory no operator allocated (an activation is always some
+        operator's output or a factory's buffer)."""
         storage_bytes = storage_bytes or nbytes
+        if not operator_made and not shape:
+            return "other", ("allocated by no operator (a random generator's state, a tensor made from NumPy, a C++ "
+                             "cache): not an activation")  # fmt: skip
         if origin is None and producer and _GATHER.search(producer):
             origin, origin_text = "gathered", f"made by {producer}"
         if shape and origin == "gathered" and math.prod(int(d) for d in shape) >= self.full_elements:

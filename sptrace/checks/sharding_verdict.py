@@ -31,10 +31,6 @@ from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.shape import ModelShape
 from sptrace.vocab.units import count, human_bytes, rank_ranges
 
-INSTRUMENT = "run the model under sptrace.instrument (its saved-tensor records name what autograd keeps)"
-TWO_STEPS = "profile two steps: torch.profiler.schedule(wait=0, warmup=1, active=2), as sptrace.profile_step does"
-
-
 @dataclass
 class ShardingReport:
     model: ModelShape
@@ -101,10 +97,12 @@ def check_sharding(
             int(sb) if sb is not None and sb == sb else None, mod if isinstance(mod, str) else None,
             prod if isinstance(prod, str) else None, org if isinstance(org, str) else None,
             txt if isinstance(txt, str) else None, dt if isinstance(dt, str) else None,
+            not (str(src).startswith("memory events") and not isinstance(prod, str)),
         )
-        for s, n, sb, mod, prod, org, txt, dt in zip(
+        for s, n, sb, mod, prod, org, txt, dt, src in zip(
             saved["shape"], saved["nbytes"], saved["storage_bytes"], saved["module"],
-            saved["producer"].fillna(saved["alloc_op"]), saved["origin"], saved["origin_text"], saved["dtype"])
+            saved["producer"].fillna(saved["alloc_op"]), saved["origin"], saved["origin_text"], saved["dtype"],
+            saved["source"])
     ]  # fmt: skip
     saved["class"] = [c for c, _ in classes]
     saved["why"] = [w for _, w in classes]
@@ -335,9 +333,9 @@ def _conclude(
         reasons.append(
             f"{count(len(undecided), 'allocation')} that could be full-size {'has' if len(undecided) == 1 else 'have'} "
             f"no holder the trace can show ({_places(undecided)}): {undecided['evidence'].iloc[0]}; "
-            + ("run the model under sptrace.instrument, whose records name what autograd keeps, and profile two "
-               "steps (torch.profiler.schedule(wait=0, warmup=1, active=2)): a buffer the backend released is "
-               "allocated again in the next step")
+            + ("run the model under sptrace.instrument, whose census watches who releases each buffer a "
+               "collective fills (or profile two steps, torch.profiler.schedule(wait=0, warmup=1, active=2): a "
+               "buffer the backend released is often allocated again in the next step)")
         )
     unjudged = saved[saved["decides"] == "unjudged"]
     if len(unjudged):

@@ -153,7 +153,7 @@ def detect_retained(
     nodes = idx.backward_nodes
     # (tests on the distinct names, not on every row turned into a Python string: see Distinct)
     records = take_columns(ev, idx.by_name.prefix(markers.SAVED), ["name", "ts_ns", "tid"])
-    censuses = take_columns(ev, idx.by_name.prefix(markers.HELD), ["name", "ts_ns"])
+    censuses = take_columns(ev, idx.by_name.prefix(markers.RELEASED), ["name", "ts_ns"])
     is_op = idx.by_cat.one_of(["cpu_op"]) & idx.is_x
     cpu = take_columns(ev, is_op, ["ts_ns", "input_dims", "input_types"])  # what _shapes_seen reads
     ops = Intervals.of(idx.table, is_op & ~idx.by_name.prefix(markers.PREFIX))
@@ -265,17 +265,21 @@ def detect_retained(
     return out
 
 
-def _census_of(bounds: list[Boundary], censuses: pd.DataFrame) -> dict[Boundary, dict[int, int]]:
-    """Each boundary's census of Python-held storages (sptrace.instrument's ``sptrace.held::``
-    event, taken when the backward first reached the model's output): the first one inside the
-    boundary's backward."""
+def _census_of(bounds: list[Boundary], censuses: pd.DataFrame) -> dict[Boundary, markers.ReleasedCensus]:
+    """Each boundary's census of who released the buffers its forward's collectives filled
+    (sptrace.instrument's ``sptrace.released::`` event, written when the backward that consumes
+    the forward ends): the first one after the boundary that no earlier boundary took."""
     taken = sorted((int(ts), str(name)) for name, ts in zip(censuses["name"], censuses["ts_ns"]) if pd.notna(ts))
-    out: dict[Boundary, dict[int, int]] = {}
-    for b in bounds:
-        inside = [name for ts, name in taken if b.backward_ns <= ts <= b.backward_end_ns]
-        census = markers.HeldCensus.from_marker(inside[0]) if inside else None
+    out: dict[Boundary, markers.ReleasedCensus] = {}
+    used: set[int] = set()
+    for b in sorted(bounds, key=lambda b: b.backward_ns):
+        k = next((k for k, (ts, _) in enumerate(taken) if k not in used and ts >= b.backward_ns), None)
+        if k is None:
+            continue
+        used.add(k)
+        census = markers.ReleasedCensus.from_marker(taken[k][1])
         if census is not None:
-            out[b] = census.storages
+            out[b] = census
     return out
 
 
@@ -294,7 +298,7 @@ def _backward_phases(idx: RankIndex) -> Intervals:
 def _retained_from_memory(
     rec: Allocation, b: Boundary, idx: RankIndex, ops: Intervals, collectives: Intervals, own: Intervals,
     rules: HolderRules, call: Handed | None, slack: int, element_size: int | None,
-    census: dict[int, int] | None = None,
+    census: markers.ReleasedCensus | None = None,
 ) -> RetainedRow | None:  # fmt: skip
     """One allocation alive at boundary ``b``, with its holder from evidence
     (sptrace.detect.holders); None for a buffer a c10d call or the backend's worker made for

@@ -32,6 +32,7 @@ from sptrace.detect.boundaries import Boundary
 from sptrace.detect.handed import Handed
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.ledger import Allocation, Unrecorded
+from sptrace.vocab.markers import ReleasedCensus
 
 HOLDERS = ("autograd", "model", "backend", "parameter", "undecided")
 KEEPERS = ("autograd", "model")
@@ -74,32 +75,26 @@ class HolderRules:
         self.trace_end_ns = trace_end_ns
 
     def decide(
-        self, rec: Allocation, b: Boundary, handed: Handed | None, census: dict[int, int] | None = None
+        self, rec: Allocation, b: Boundary, handed: Handed | None, census: ReleasedCensus | None = None
     ) -> Holder:
-        """``census``: the storages Python references held at this boundary (sptrace.instrument's
-        census), where the trace has one."""
+        """``census``: who released the buffers this boundary's forward's collectives filled
+        (sptrace.instrument's census, sptrace.census), where the trace has one."""
         free = rec.free_ns
         never = free is None or pd.isna(free)
-        if census is not None and int(rec.addr) in census:
-            return Holder("model", "a Python reference held it at the boundary (sptrace.instrument's census): a list, "
-                                   "an attribute, a hook's closure or a variable")  # fmt: skip
         if not never and not rec.lost_free:
             return self._recorded_free(rec, int(free), b, handed)
-        if census is not None:  # its free is not in the trace, and no Python reference held it
-            if handed is not None:
-                return Holder("backend", f"{handed.describe()}; no Python reference held it at the boundary "
-                                         "(sptrace.instrument's census) and autograd saved no such tensor: only the "
-                                         "backend did, which drops its reference on a thread the profiler does not "
-                                         "record")  # fmt: skip
-            if never:
-                return Holder("autograd", "never freed within the trace, and no Python reference held it at the "
-                                          "boundary (sptrace.instrument's census): autograd or another C++ owner of "
-                                          "the step keeps it")  # fmt: skip
         counted = self.unrecorded.get((int(rec.device_type), int(rec.device_id)))
         if counted is not None:  # CUDA: the allocator's count shows frees the events do not
             by_count = self._counted(rec, b, handed, counted, never)
             if by_count is not None:
                 return by_count
+        who = census.who(int(rec.addr)) if census is not None and handed is not None else None
+        if who == "backend":
+            return Holder("backend", f"{handed.describe()}; its free is not in the trace, and sptrace.instrument "
+                                     "watched the backend's thread release it (the census)")  # fmt: skip
+        if who == "alive" and never:
+            return Holder("model", f"{handed.describe()}, and still held when the backward ended: nobody had "
+                                   "released it (sptrace.instrument's census), so the model kept it")  # fmt: skip
         if not never:  # the address was allocated again: something released it unrecorded
             if handed is not None:
                 return Holder("backend", f"{handed.describe()}; its free is not in the trace and its address was "

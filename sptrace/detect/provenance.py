@@ -167,8 +167,12 @@ class Provenance:
         if elem is None:
             return UNKNOWN
         src = self.source(start, math.prod(shapes[0]) * elem, tid, since_ns)
-        if src is None:  # a view (q of a fused qkv): the storage its strides reach into
-            src = self._viewed(name, math.prod(shapes[0]), elem, start, tid, since_ns)
+        # a view (q of a fused qkv): the storage its strides reach into. Where an allocation of
+        # exactly the view's bytes exists too (q of a/P heads has a gathered [B, S, H]'s bytes when
+        # a*d/P == H), the later of the two is the copy's input: a view is taken of what was made last
+        viewed = self._viewed(name, math.prod(shapes[0]), elem, start, tid, since_ns)
+        if viewed is not None and (src is None or self._alloc[viewed] > self._alloc[src]):
+            src = viewed
         if src is None:
             return UNKNOWN
         inner = self.of_row(src, self._producer_of(src), since_ns, depth + 1)
@@ -180,8 +184,7 @@ class Provenance:
     def _viewed(self, name: str, numel: int, elem: int, start: int, tid: int | None, since: int) -> int | None:
         """A copy that materializes a view (q of a fused qkv, a transposed context): the latest
         allocation larger than the view but at most 4x its bytes (a fused projection's output holds
-        3 views of one size). Kineto keeps the view's shape, not its storage, so only a copy whose
-        input matched no allocation exactly is read this way."""
+        3 views of one size). Kineto keeps the view's shape, not its storage (nor its strides)."""
         if name not in _COPIES:
             return None
         nbytes = numel * elem

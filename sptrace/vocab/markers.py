@@ -8,8 +8,8 @@ analyzers) both use this module; no torch import here.
     sptrace.module::layers.1.mlp.fc1           one module call (forward, and recomputation)
     sptrace.comm::layers.1.mlp.fc1::ag_input   a collective issued on behalf of a module
     sptrace.saved::k=v|k=v|...                 one tensor saved for backward (see SavedTensor)
-    sptrace.held::ptr:bytes,ptr:bytes,...      the storages Python references hold at a boundary
-                                               (see HeldCensus)
+    sptrace.released::ptr:bytes:who,...        who released each buffer a forward's collectives
+                                               filled (see ReleasedCensus)
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ PHASE = "sptrace.phase::"
 MODULE = "sptrace.module::"
 COMM = "sptrace.comm::"
 SAVED = "sptrace.saved::"
-HELD = "sptrace.held::"
-CENSUS = "sptrace.census"
-"""The range around sptrace.instrument's census of Python-held tensors (its time is sptrace's)."""
+RELEASED = "sptrace.released::"
 PHASES = ("forward", "backward", "optimizer")
 
 
@@ -113,26 +111,36 @@ def saved_marker(
 
 
 @dataclass(frozen=True, slots=True)
-class HeldCensus:
-    """The storages that Python references held when a backward reached the instrumented model's
-    output (sptrace.instrument's census at the forward -> backward boundary): hex data pointers
-    with their bytes. A tensor autograd alone keeps, or a backend's buffer, is not among them."""
+class ReleasedCensus:
+    """Who released each buffer one instrumented forward's collectives filled or returned
+    (sptrace.census), said when the backward that consumes the forward ends: (storage data
+    pointer, bytes, who) with who ``backend`` (another thread dropped the last reference: the
+    communication backend's), ``model`` (the model's thread) or ``alive`` (nobody yet: the model
+    still holds it)."""
 
-    storages: dict[int, int]
+    entries: list[tuple[int, int, str]]
 
     def to_marker(self) -> str:
-        return HELD + ",".join(f"{ptr:x}:{n}" for ptr, n in self.storages.items())
+        return RELEASED + ",".join(f"{ptr:x}:{n}:{who}" for ptr, n, who in self.entries)
+
+    def who(self, ptr: int) -> str | None:
+        """Who released the latest buffer watched at ``ptr`` (None: not watched)."""
+        hit = [who for p, _, who in self.entries if p == ptr]
+        return hit[-1] if hit else None
 
     @classmethod
-    def from_marker(cls, name: str) -> HeldCensus | None:
-        if not name.startswith(HELD):
+    def from_marker(cls, name: str) -> ReleasedCensus | None:
+        if not name.startswith(RELEASED):
             return None
-        storages: dict[int, int] = {}
-        for item in name[len(HELD) :].split(","):
-            ptr, _, n = item.partition(":")
+        entries: list[tuple[int, int, str]] = []
+        for item in name[len(RELEASED) :].split(","):
+            if not item.strip():
+                continue
+            parts = item.split(":")
+            if len(parts) != 3 or parts[2] not in ("backend", "model", "alive"):
+                return None  # a truncated or foreign name: no census rather than a wrong one
             try:
-                storages[int(ptr, 16)] = int(n)
+                entries.append((int(parts[0], 16), int(parts[1]), parts[2]))
             except ValueError:
-                if item.strip():
-                    return None  # a truncated or foreign name: no census rather than a wrong one
-        return cls(storages)
+                return None
+        return cls(entries)

@@ -1,12 +1,18 @@
 """Draws of sequence-parallel models for the gate's generator (no torch here: the tests read the
 draws at collection time).
 
-Each draw fixes B, S, H, F, heads a, head dim d, P, the dtype, the activation layout (batch- or
-sequence-first), how many steps the profiler records, how many micro-batches each step has and
-in which order they run, and where (if anywhere) the model keeps one stray full-sequence tensor:
+Each draw fixes B, S, H, F, heads a, head dim d, P (a group of 2, 4 or all 8 ranks), the dtype
+(and autocast), the activation layout (batch- or sequence-first), how the sequence is gathered
+(into a buffer the model made, as a list then ``cat``, or a functional collective) and how partial
+sums return to shards (reduce-scatter, all-reduce then ``chunk``, or a functional collective),
+activation checkpointing (none, non-reentrant, selective), a full-size positional parameter whose
+shard the model multiplies by, whether the model runs under ``sptrace.instrument`` (the README's
+recipe) or bare, how many steps the profiler records, how many micro-batches each step has and in
+which order they run, and where (if anywhere) the model keeps one stray full-sequence tensor:
 which step, micro-batch, layer and in which way. At least half of the draws force a collision of
 dimensions that a shape-only rule cannot tell apart (S == H, F/P == H, a*d/P == H, S == F/P,
-B == P). The truth is what the draw placed; the job (job.py) checks that torch saw it there.
+B == P). The truth is not this intent but what torch saw (job.py): a weak reference to the
+planted tensor's storage, read at the forward -> backward boundary.
 """
 
 from __future__ import annotations
@@ -15,13 +21,23 @@ import os
 import random
 from dataclasses import asdict, dataclass
 
-WORLD = 4
-"""The job's rank count: P is 4 (one group) or 2 (two groups, as data parallelism x SP)."""
+WORLD = 8
+"""The job's rank count: P is 8 (one group), 4 or 2 (groups of consecutive ranks)."""
 WAYS = ("autograd", "list", "attr", "hook", "sac", "compile")
 """How a stray full-sequence tensor is kept: autograd saves the gathered input of a plain
 F.linear; the model appends it to a Python list, caches it on a module attribute, or a forward
 hook keeps it; a selective-checkpointing policy MUST_SAVEs the functional all-gather's output;
-a torch.compile'd block runs on the gathered tensor and saves it (and a buffer of its size)."""
+a torch.compile'd block runs on the gathered tensor and saves it."""
+GATHERS = ("into_tensor", "list", "funcol")
+"""all_gather_into_tensor into a buffer the model made (the buffer is the collective's own);
+all_gather into a list, then cat (the cat is the model's); a functional collective (its output
+is the collective's own)."""
+SCATTERS = ("reduce_scatter", "all_reduce_chunk", "funcol")
+"""reduce_scatter_tensor; all_reduce in place, then chunk(P)[rank] (a common way to write it);
+the functional reduce-scatter."""
+CHECKPOINTS = ("none", "full", "sac")
+"""Each block as it is; under non-reentrant torch.utils.checkpoint (gather and matmul recomputed
+in backward); under a selective-checkpointing policy that keeps matmul outputs."""
 COLLISIONS = ("S==H", "F/P==H", "a*d/P==H", "S==F/P", "B==P")
 
 
@@ -36,32 +52,28 @@ class Draw:
     head_dim: int
     sp: int
     dtype: str
+    autocast: bool  # float32 weights under bf16 autocast
     layout: str  # "bsh" (batch-first) or "sbh" (sequence-first)
+    gather: str
+    scatter: str
+    checkpoint: str
+    compiled: bool  # every layer runs a torch.compile'd block
+    pos_param: bool  # a full-size [S, H] positional parameter (B = 1): the model multiplies by its shard
+    instrumented: bool  # sptrace.instrument(model), as the README says
     layers: int
     steps: int
     micro_batches: int
     order: str  # "interleaved": f0 b0 f1 b1; "grouped": f0 f1 b0 b1
-    checkpointed: bool  # every layer runs under selective activation checkpointing
-    compiled: bool  # every layer runs a torch.compile'd block
     collisions: tuple[str, ...]
     stray: dict | None  # {"way", "step", "micro_batch", "layer"}, or None for a clean model
 
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def undecidable(self) -> list[str]:
-        """Why a trace of this model may not show enough to decide (CANNOT DECIDE is then a right
-        answer, PASS or FAIL the other one), from how the model is written, never from a verdict:
-        * sequence-first, the model gathers straight into a buffer it made and hands it to gloo,
-          whose worker thread may drop the last reference: that free is not in the trace, and a
-          buffer still held by the model looks the same;
-        * a head dim equal to S gives q and k the shape of attention scores."""
-        why = []
-        if self.layout == "sbh":
-            why.append("gathers into its own buffer, which gloo may free on a thread the profiler does not record")
-        if self.head_dim == self.seq:
-            why.append("head dim == S: q and k have the shape of attention scores")
-        return why
+    @property
+    def kind(self) -> str:
+        """What the draw is scored as: its stray's way, or clean."""
+        return self.stray["way"] if self.stray else "clean"
 
 
 def collisions_of(b: int, s: int, h: int, f: int, a: int, d: int, p: int) -> tuple[str, ...]:
@@ -79,10 +91,11 @@ def collisions_of(b: int, s: int, h: int, f: int, a: int, d: int, p: int) -> tup
 def draw(index: int, seed: int = 0) -> Draw:
     rng = random.Random(seed * 100_003 + index)
     way = rng.choice((None, None, *WAYS)) if index % 6 else None  # a clean model in at least 1 of 6
-    p = rng.choice((2, 4))
+    p = rng.choice((2, 4, 8))
     forced = rng.choice(COLLISIONS) if index % 2 == 0 else None  # at least half collide
+    pos_param = way is None and forced != "B==P" and rng.random() < 0.2
     for _ in range(1000):
-        b = p if forced == "B==P" else rng.choice((1, 2, 3))
+        b = 1 if pos_param else p if forced == "B==P" else rng.choice((1, 2, 3))
         s_local = rng.choice((2, 3, 4, 6, 8))
         s = s_local * p
         d = rng.choice((2, 4, 8))
@@ -106,46 +119,74 @@ def draw(index: int, seed: int = 0) -> Draw:
         if forced and forced not in collisions_of(b, s, h, f, a, d, p):
             continue
         break
-    checkpointed = way == "sac" or (way is None and rng.random() < 0.15)
-    compiled = way == "compile" or (way is None and not checkpointed and rng.random() < 0.15)
+    checkpoint = "sac" if way == "sac" else rng.choice(("none", "none", "full", "sac")) if way is None else (
+        rng.choice(("none", "none", "full")) if way in ("list", "attr", "hook") else "none")  # fmt: skip
+    compiled = way == "compile" or (way is None and checkpoint == "none" and rng.random() < 0.1)
+    gather = "funcol" if checkpoint == "sac" else rng.choice(GATHERS)
+    scatter = "funcol" if checkpoint == "sac" else rng.choice(SCATTERS)
     steps = rng.choice((1, 2))
     micro = rng.choice((1, 2))
     order = rng.choice(("interleaved", "grouped")) if micro > 1 else "interleaved"
     layers = 2
     stray = None
     if way is not None:
-        stray = {
-            "way": way,
-            "step": rng.randrange(steps),
-            "micro_batch": rng.randrange(micro),
-            "layer": rng.randrange(layers),
-        }
+        stray = {"way": way, "step": rng.randrange(steps), "micro_batch": rng.randrange(micro),
+                 "layer": rng.randrange(layers)}  # fmt: skip
+    dtype = "float32" if compiled else rng.choice(("float32", "bfloat16"))  # one inductor compile per dtype
     return Draw(
-        name=f"g{index:02d}", batch=b, seq=s, hidden=h, ffn=f, heads=a, head_dim=d, sp=p,
-        # torch.compile'd draws stay float32: each dtype would be another inductor compile
-        dtype="float32" if compiled else rng.choice(("float32", "bfloat16")),
-        layout=rng.choice(("bsh", "sbh")), layers=layers, steps=steps, micro_batches=micro, order=order,
-        checkpointed=checkpointed, compiled=compiled, collisions=collisions_of(b, s, h, f, a, d, p), stray=stray,
+        name=f"g{index:02d}", batch=b, seq=s, hidden=h, ffn=f, heads=a, head_dim=d, sp=p, dtype=dtype,
+        autocast=dtype == "float32" and not compiled and rng.random() < 0.2, layout=rng.choice(("bsh", "sbh")),
+        gather=gather, scatter=scatter, checkpoint=checkpoint, compiled=compiled, pos_param=pos_param,
+        instrumented=rng.random() < 0.5, layers=layers, steps=steps, micro_batches=micro, order=order,
+        collisions=collisions_of(b, s, h, f, a, d, p), stray=stray,
     )  # fmt: skip
 
 
 def default_count() -> int:
     """How many models the suite draws: SPTRACE_GENERATED_DRAWS, else 24, which keeps `make test`
-    inside its time budget and still covers every way, layout, dtype and collision the gate must
-    survive (test_the_draws_cover_what_the_gate_must_survive); CI draws 42."""
+    inside its time budget and still covers every way, layout, gather, scatter and collision the
+    gate must survive (test_the_draws_cover_what_the_gate_must_survive); CI draws more."""
     return int(os.environ.get("SPTRACE_GENERATED_DRAWS") or 24)
 
 
 def draws(count: int | None = None, seed: int = 0) -> list[Draw]:
-    """The job's draws. Every way of keeping a stray appears at least once: the draw cycles
-    through WAYS when chance left one out."""
+    """The job's draws. Every way of keeping a stray appears in both layouts, bare and
+    instrumented, with a collective's own buffer and with a tensor derived from one: where chance
+    left a combination out, a stray draw is turned into it."""
     out = [draw(i, seed) for i in range(count or default_count())]
-    ways = {d.stray["way"] for d in out if d.stray}
-    missing = [w for w in WAYS if w not in ways]
-    for k, way in enumerate(missing):
-        i = 6 * k + 1  # never one of the guaranteed-clean draws
+    wanted = [(way, layout) for way in WAYS for layout in ("bsh", "sbh")]
+    have = {(d.stray["way"], d.layout) for d in out if d.stray}
+    spare = [i for i, d in enumerate(out) if i % 6 and (d.stray is None or
+             [(x.stray["way"], x.layout) for x in out if x.stray].count((d.stray["way"], d.layout)) > 1)]  # fmt: skip
+    for way, layout in [w for w in wanted if w not in have]:
+        if not spare:
+            break
+        i = spare.pop(0)
         d = out[i]
         stray = {"way": way, "step": d.steps - 1, "micro_batch": d.micro_batches - 1, "layer": 1}
-        out[i] = Draw(**{**d.to_dict(), "stray": stray, "checkpointed": way == "sac", "compiled": way == "compile",
-                         "dtype": "float32" if way == "compile" else d.dtype, "collisions": d.collisions})  # fmt: skip
+        checkpoint = "sac" if way == "sac" else "none"
+        out[i] = Draw(**{**d.to_dict(), "stray": stray, "layout": layout, "checkpoint": checkpoint,
+                         "gather": "funcol" if way == "sac" else d.gather,
+                         "scatter": "funcol" if way == "sac" else d.scatter,
+                         "compiled": way == "compile", "pos_param": False, "batch": d.batch,
+                         "dtype": "float32" if way == "compile" else d.dtype,
+                         "autocast": d.autocast and way != "compile"})  # fmt: skip
+    # a stray the model holds itself (list, attribute, hook), both as the very buffer a collective
+    # filled and as a tensor derived from one (a cat), bare and under sptrace.instrument
+    held = [i for i, d in enumerate(out) if d.kind in ("list", "attr", "hook")]
+
+    def combo(d: Draw) -> tuple[bool, bool]:
+        return d.gather != "list", d.instrumented
+
+    for want in [(e, i) for e in (True, False) for i in (True, False)]:
+        have = [combo(out[i]) for i in held]
+        if want in have:
+            continue
+        spare = next((i for i in held if have.count(combo(out[i])) > 1), None)
+        if spare is None:
+            break
+        exact, instrumented = want
+        d = out[spare]
+        out[spare] = Draw(**{**d.to_dict(), "gather": ("into_tensor" if d.layout == "sbh" else "funcol") if exact
+                             else "list", "instrumented": instrumented})  # fmt: skip
     return out

@@ -1,26 +1,32 @@
-"""Profile every drawn model (draw.py) on 4 gloo ranks in one launch, the way a user profiles a
-training run: plain torch.distributed collectives, torch.profiler with memory events and shapes,
-prof.step() after each step; no sptrace code anywhere in the model or the step.
+"""Profile every drawn model (draw.py) on 8 gloo ranks in one launch, the way a user profiles a
+training run: plain torch.distributed collectives (or functional ones), torch.profiler with
+memory events and shapes, prof.step() after each step; sptrace.instrument only where the draw
+follows the README's recipe.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 4 \
-        -m tests.user_models.generated.job --out DIR [--count N] [--seed K]
+    python -m torch.distributed.run --standalone --nproc-per-node 8 \\
+        -m tests.user_models.generated.job --out DIR [--count N] [--seed K] [--only gNN ...]
 
 DIR/<draw>/rank{r}.json   the traces
-DIR/truth/<draw>.json     the draw, where its stray went (the step number the profiler had,
-                          the micro-batch, the layer), and torch's own record of it: a
-                          saved_tensors_hooks census of the stray micro-batch (what autograd
-                          saved of a full-sequence size) and the shapes the model held itself
+DIR/truth/<draw>.json     the draw and torch's own record of it, per rank: the planted tensor's
+                          storage (pointer, elements), whether it was alive at the forward ->
+                          backward boundary of its micro-batch (a weak reference to its storage,
+                          read there), whether it is a buffer a collective filled or returned
+                          (the only tensors a backend can hold), the profiler's step number when
+                          it ran, and every buffer a collective filled that was still alive at a
+                          boundary
 
 The model: per layer, Megatron-style attention and MLP around a sequence all-gather and a
-reduce-scatter; column-parallel linears save the sequence SHARD and gather it again in backward
-(what keeps activations sharded); row-parallel outputs are reduce-scattered.
+return of partial sums to shards; column-parallel linears save the sequence SHARD and gather it
+again in backward (what keeps activations sharded).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import weakref
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -39,47 +45,99 @@ from tests.user_models.generated.draw import Draw, draws
 STASH: list[Tensor] = []  # the "list" stray: a module appends the gathered sequence here
 
 
-def gather_seq(x: Tensor, group: dist.ProcessGroup, dim: int) -> Tensor:
+class Truth:
+    """Torch's record of a draw on this rank: the planted tensor and the collectives' buffers."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.buffers: list[tuple[Any, int, int]] = []  # (weakref to a collective's buffer's storage, ptr, micro-batch)
+        self.micro_batch = -1
+        self.plant: Any = None
+        self.plant_info: dict | None = None
+
+    def collective_buffer(self, t: Tensor) -> Tensor:
+        """A buffer a collective filled or returned (the only tensors a backend can hold)."""
+        if self.recording:
+            storage = _storage(t)
+            self.buffers.append((weakref.ref(storage), storage.data_ptr(), self.micro_batch))
+        return t
+
+    def planted(self, t: Tensor) -> None:
+        storage = _storage(t)
+        ptrs = {ptr for _, ptr, _ in self.buffers}
+        self.plant = weakref.ref(storage)
+        self.plant_info = {"ptr": storage.data_ptr(), "bytes": storage.nbytes(), "shape": list(t.shape),
+                           "numel": t.numel(), "collective_buffer": storage.data_ptr() in ptrs}  # fmt: skip
+
+    def alive(self) -> list[int]:
+        """The pointers of the collectives' buffers of this micro-batch still alive."""
+        return [ptr for ref, ptr, mb in self.buffers if mb == self.micro_batch and ref() is not None]
+
+
+TRUTH = Truth()
+
+
+def _storage(t: Tensor) -> torch.UntypedStorage:
+    return getattr(t, "elem", t).untyped_storage()  # an AsyncCollectiveTensor wraps its result
+
+
+# ---- collectives, in the forms users write -----------------------------------------------------
+
+
+def gather_seq(x: Tensor, group: dist.ProcessGroup, dim: int, form: str) -> Tensor:
     """This rank's sequence shard -> the whole sequence, along ``dim``."""
     p = dist.get_world_size(group)
-    if dim == 0:
-        out = torch.empty((p * x.shape[0], *x.shape[1:]), dtype=x.dtype)
-        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
-        return out
-    pieces = [torch.empty_like(x) for _ in range(p)]
-    dist.all_gather(pieces, x.contiguous(), group=group)
-    return torch.cat(pieces, dim=dim)
+    if form == "list":  # the pieces are the backend's; their cat is the model's own tensor
+        pieces = [torch.empty_like(x) for _ in range(p)]
+        dist.all_gather(pieces, x.contiguous(), group=group)
+        return torch.cat(pieces, dim=dim)
+    xs = x.movedim(dim, 0).contiguous()
+    if form == "funcol":
+        out = funcol.all_gather_tensor(xs, 0, group)
+        out = out.wait() if hasattr(out, "wait") else out
+    else:  # into_tensor: a buffer the model made, filled by the collective
+        out = torch.empty((p * xs.shape[0], *xs.shape[1:]), dtype=x.dtype)
+        dist.all_gather_into_tensor(out, xs, group=group)
+    return TRUTH.collective_buffer(out).movedim(0, dim)
 
 
-def scatter_seq(x: Tensor, group: dist.ProcessGroup, dim: int) -> Tensor:
+def scatter_seq(x: Tensor, group: dist.ProcessGroup, dim: int, form: str) -> Tensor:
     """Sum over the group and keep this rank's sequence shard along ``dim``."""
     p = dist.get_world_size(group)
+    if form == "all_reduce_chunk":  # in place, then this rank's chunk (a view where it is contiguous)
+        full = x.contiguous()
+        dist.all_reduce(full, group=group)
+        return full.chunk(p, dim=dim)[dist.get_rank(group)].contiguous()
     full = x.movedim(dim, 0).contiguous()
-    out = torch.empty((full.shape[0] // p, *full.shape[1:]), dtype=x.dtype)
-    dist.reduce_scatter_tensor(out, full, group=group)
+    if form == "funcol":
+        out = funcol.reduce_scatter_tensor(full, "sum", 0, group)
+        out = out.wait() if hasattr(out, "wait") else out
+    else:
+        out = torch.empty((full.shape[0] // p, *full.shape[1:]), dtype=x.dtype)
+        dist.reduce_scatter_tensor(out, full, group=group)
     return out.movedim(0, dim)
 
 
 class Gather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, group: dist.ProcessGroup, dim: int) -> Tensor:
-        ctx.group, ctx.dim = group, dim
-        return gather_seq(x, group, dim)
+    def forward(ctx, x: Tensor, group: dist.ProcessGroup, dim: int, form: str) -> Tensor:
+        ctx.group, ctx.dim, ctx.form = group, dim, form
+        return gather_seq(x, group, dim, form)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return scatter_seq(grad, ctx.group, ctx.dim), None, None
+        return scatter_seq(grad, ctx.group, ctx.dim, "reduce_scatter"), None, None, None
 
 
 class Scatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, group: dist.ProcessGroup, dim: int) -> Tensor:
+    def forward(ctx, x: Tensor, group: dist.ProcessGroup, dim: int, form: str) -> Tensor:
         ctx.group, ctx.dim = group, dim
-        return scatter_seq(x, group, dim)
+        return scatter_seq(x, group, dim, form)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return gather_seq(grad, ctx.group, ctx.dim), None, None
+        return gather_seq(grad, ctx.group, ctx.dim, "into_tensor"), None, None, None
 
 
 class ColumnParallel(torch.autograd.Function):
@@ -87,29 +145,30 @@ class ColumnParallel(torch.autograd.Function):
     backward."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, group: dist.ProcessGroup, dim: int) -> Tensor:
+    def forward(ctx, x: Tensor, weight: Tensor, group: dist.ProcessGroup, dim: int, form: str) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.dim = group, dim
-        return F.linear(gather_seq(x, group, dim), weight)
+        return F.linear(gather_seq(x, group, dim, form), weight)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, weight = ctx.saved_tensors
-        full = gather_seq(x, ctx.group, ctx.dim)
-        grad_weight = grad.reshape(-1, grad.shape[-1]).t() @ full.reshape(-1, full.shape[-1])
-        return scatter_seq(grad @ weight, ctx.group, ctx.dim), grad_weight, None, None
+        full = gather_seq(x, ctx.group, ctx.dim, "into_tensor")
+        grad_weight = grad.reshape(-1, grad.shape[-1]).t() @ full.reshape(-1, full.shape[-1]).to(grad.dtype)
+        return scatter_seq(grad @ weight.to(grad.dtype), ctx.group, ctx.dim, "reduce_scatter"), grad_weight.to(
+            weight.dtype), None, None, None  # fmt: skip
 
 
 class Probe(nn.Module):
     """Gathers the sequence outside autograd (a user's debugging view of the whole activation)."""
 
-    def __init__(self, group: dist.ProcessGroup, dim: int) -> None:
+    def __init__(self, group: dist.ProcessGroup, dim: int, form: str) -> None:
         super().__init__()
-        self.group, self.dim = group, dim
+        self.group, self.dim, self.form = group, dim, form
 
     def forward(self, x: Tensor) -> Tensor:
         with torch.no_grad():
-            return gather_seq(x, self.group, self.dim)
+            return gather_seq(x, self.group, self.dim, self.form)
 
 
 @torch.compile(dynamic=True)
@@ -133,73 +192,81 @@ class Layer(nn.Module):
         self.fc1 = nn.Parameter(torch.randn(d.ffn // p, d.hidden) / d.hidden**0.5)
         self.fc2 = nn.Parameter(torch.randn(d.hidden, d.ffn // p) / (d.ffn // p) ** 0.5)
         self.scale = nn.Parameter(torch.ones(d.hidden))
-        self.probe = Probe(group, self.dim)
+        self.probe = Probe(group, self.dim, d.gather)
         self.cache: Tensor | None = None
         self.stray: str | None = None  # the way this forward keeps a stray, when it does
 
     def attention(self, x: Tensor) -> Tensor:
-        qkv = ColumnParallel.apply(self.attn_norm(x), self.wqkv, self.group, self.dim)
+        d = self.d
+        qkv = ColumnParallel.apply(self.attn_norm(x), self.wqkv, self.group, self.dim, d.gather)
         if self.dim == 0:
             qkv = qkv.transpose(0, 1)  # [B, S, 3w]
         b, s, _ = qkv.shape
-        q, k, v = qkv.view(b, s, 3, self.local_heads, self.d.head_dim).permute(2, 0, 3, 1, 4)  # [B, a/P, S, d]
-        probs = (q @ k.transpose(-1, -2) / math.sqrt(self.d.head_dim)).softmax(-1)
+        q, k, v = qkv.reshape(b, s, 3, self.local_heads, d.head_dim).permute(2, 0, 3, 1, 4)  # [B, a/P, S, d]
+        probs = (q @ k.transpose(-1, -2) / math.sqrt(d.head_dim)).softmax(-1)
         ctx = (probs @ v).transpose(1, 2).reshape(b, s, -1)
         if self.dim == 0:
             ctx = ctx.transpose(0, 1)
-        return Scatter.apply(F.linear(ctx, self.wo), self.group, self.dim)
+        return Scatter.apply(F.linear(ctx, self.wo), self.group, self.dim, d.scatter)
 
     def mlp(self, x: Tensor) -> Tensor:
+        d, way = self.d, self.stray
         h = self.mlp_norm(x)
-        way = self.stray
         if way == "autograd":  # a plain linear on the gathered input: autograd saves it whole
-            up = F.linear(Gather.apply(h, self.group, self.dim), self.fc1)
+            full = Gather.apply(h, self.group, self.dim, d.gather).contiguous()
+            if torch.is_autocast_enabled("cpu"):  # what the linear saves: its input in the autocast dtype
+                full = full.to(torch.get_autocast_dtype("cpu"))
+            TRUTH.planted(full)
+            up = F.linear(full, self.fc1)
         else:
-            up = ColumnParallel.apply(h, self.fc1, self.group, self.dim)
+            up = ColumnParallel.apply(h, self.fc1, self.group, self.dim, d.gather)
         if way in ("list", "attr", "hook"):
             full = self.probe(h)  # the hook way: a forward hook on probe keeps it (see Model)
+            TRUTH.planted(full)
             if way == "list":
                 STASH.append(full)
             elif way == "attr":
                 self.cache = full
         if way == "compile":  # the compiled block moved inside the gathered region
-            full = Gather.apply(h, self.group, self.dim)
+            full = Gather.apply(h, self.group, self.dim, d.gather).contiguous()
+            TRUTH.planted(full)
             up = up + F.linear(compiled_block(full, self.scale), self.fc1)
-        return Scatter.apply(F.linear(F.gelu(up), self.fc2), self.group, self.dim)
+        return Scatter.apply(F.linear(F.gelu(up), self.fc2), self.group, self.dim, d.scatter)
 
     def block(self, x: Tensor) -> Tensor:
         x = x + self.attention(x)
-        if self.d.compiled:
+        if self.d.compiled and self.stray != "compile":
             x = compiled_block(x, self.scale)  # on the shard: sharded saves
         return x + self.mlp(x)
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.d.checkpointed:
-            return self.block(x)
-        return checkpoint(self.block_sac, x, use_reentrant=False, context_fn=partial(
-            create_selective_checkpoint_contexts, self.policy))  # fmt: skip
+        if self.d.checkpoint == "full":
+            return checkpoint(self.block, x, use_reentrant=False)
+        if self.d.checkpoint == "sac":
+            return checkpoint(self.block_sac, x, use_reentrant=False, context_fn=partial(
+                create_selective_checkpoint_contexts, self.policy))  # fmt: skip
+        return self.block(x)
 
     def block_sac(self, x: Tensor) -> Tensor:
         """The block with its gathers as functional collectives, which a SAC policy can see."""
         h = self.attn_norm(x)
-        full = funcol.all_gather_tensor_autograd(h.movedim(self.dim, 0).contiguous(), 0, self.group).movedim(
-            0, self.dim
-        )
-        qkv = F.linear(full, self.wqkv)
+        full = funcol.all_gather_tensor_autograd(h.movedim(self.dim, 0).contiguous(), 0, self.group)
+        qkv = F.linear(TRUTH.collective_buffer(full).movedim(0, self.dim), self.wqkv)
         if self.dim == 0:
             qkv = qkv.transpose(0, 1)
         b, s, _ = qkv.shape
-        q, k, v = qkv.view(b, s, 3, self.local_heads, self.d.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.reshape(b, s, 3, self.local_heads, self.d.head_dim).permute(2, 0, 3, 1, 4)
         ctx = ((q @ k.transpose(-1, -2)).softmax(-1) @ v).transpose(1, 2).reshape(b, s, -1)
         if self.dim == 0:
             ctx = ctx.transpose(0, 1)
         part = F.linear(ctx, self.wo).movedim(self.dim, 0).contiguous()
         x = x + funcol.reduce_scatter_tensor_autograd(part, "sum", 0, self.group).movedim(0, self.dim)
         h = self.mlp_norm(x)
-        full = funcol.all_gather_tensor_autograd(h.movedim(self.dim, 0).contiguous(), 0, self.group).movedim(
-            0, self.dim
-        )
-        part = F.linear(F.gelu(F.linear(full, self.fc1)), self.fc2).movedim(self.dim, 0).contiguous()
+        full = funcol.all_gather_tensor_autograd(h.movedim(self.dim, 0).contiguous(), 0, self.group)
+        if self.stray == "sac":
+            TRUTH.planted(full)
+        part = F.linear(F.gelu(F.linear(TRUTH.collective_buffer(full).movedim(0, self.dim), self.fc1)), self.fc2)
+        part = part.movedim(self.dim, 0).contiguous()
         return x + funcol.reduce_scatter_tensor_autograd(part, "sum", 0, self.group).movedim(0, self.dim)
 
     def policy(self, ctx, op, *args, **kwargs):
@@ -220,7 +287,11 @@ class Layer(nn.Module):
 class Model(nn.Module):
     def __init__(self, d: Draw, group: dist.ProcessGroup) -> None:
         super().__init__()
+        self.d = d
         self.layers = nn.ModuleList(Layer(d, group) for _ in range(d.layers))
+        # a learned positional table of the whole sequence, [S, H] (full-size at B = 1): each rank
+        # multiplies by its own rows, and autograd saves that view of the parameter
+        self.pos = nn.Parameter(torch.randn(d.seq, d.hidden) * 0.02) if d.pos_param else None
         self.kept: dict[str, Tensor] = {}
         for i, layer in enumerate(self.layers):
             layer.probe.register_forward_hook(partial(self._keep, i))
@@ -230,23 +301,14 @@ class Model(nn.Module):
             self.kept[f"layers.{i}"] = output
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.pos is not None:
+            s = x.shape[1 if self.d.layout == "bsh" else 0]
+            r = dist.get_rank(self.layers[0].group)
+            rows = self.pos[r * s : (r + 1) * s]  # [S/P, H], a view of the full-size parameter
+            x = x * (rows.unsqueeze(1) if self.d.layout == "sbh" else rows)  # autograd saves the view
         for layer in self.layers:
             x = layer(x)
         return x
-
-
-def census(model: Model, run) -> list[list[int]]:
-    """Shapes of what autograd saves during ``run`` that span the whole sequence at H or wider."""
-    shapes: list[list[int]] = []
-
-    def pack(t: Tensor) -> Tensor:
-        shapes.append(list(t.shape))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = run()
-    loss.backward()
-    return shapes
 
 
 def run_draw(d: Draw, groups: dict[int, dist.ProcessGroup], root: Path) -> None:
@@ -255,51 +317,61 @@ def run_draw(d: Draw, groups: dict[int, dist.ProcessGroup], root: Path) -> None:
     dtype = getattr(torch, d.dtype)
     torch.manual_seed(1000 + int(d.name[1:]))
     model = Model(d, group).to(dtype)
+    if d.instrumented:
+        import sptrace
+
+        sptrace.instrument(model)
     local = (d.batch, d.seq // d.sp, d.hidden) if d.layout == "bsh" else (d.seq // d.sp, d.batch, d.hidden)
-    xs = [torch.randn(local, dtype=dtype) for _ in range(d.micro_batches)]
+    # (an input that needs its gradient, as an embedding's output does, where the positional
+    # table multiplies it: then autograd saves the table's rows)
+    xs = [torch.randn(local, dtype=dtype).requires_grad_(d.pos_param) for _ in range(d.micro_batches)]
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     stray = d.stray or {}
-    truth: dict[str, Any] = {"draw": d.to_dict(), "stray": None, "world": world}
+    record: dict[str, Any] = {"plant": None, "profiler_step": None, "alive_buffers": []}
 
     def set_stray(step: int | None, mb: int) -> None:
         for i, layer in enumerate(model.layers):
             hit = stray and step == stray["step"] and mb == stray["micro_batch"] and i == stray["layer"]
             layer.stray = stray["way"] if hit else None
 
-    def train_step(step: int | None, prof=None) -> None:
+    def boundary(step: int | None, mb: int, prof: Any) -> None:
+        """What torch saw at this micro-batch's forward -> backward boundary."""
+        if step is None:
+            return
+        record["alive_buffers"] += [{"step": prof.step_num, "micro_batch": mb, "ptr": p} for p in TRUTH.alive()]
+        if stray and step == stray["step"] and mb == stray["micro_batch"]:
+            info = dict(TRUTH.plant_info or {})
+            info["alive_at_boundary"] = TRUTH.plant is not None and TRUTH.plant() is not None
+            record["plant"], record["profiler_step"] = info, prof.step_num
+
+    def forward(step: int | None, mb: int, x: Tensor) -> Tensor:
+        set_stray(step, mb)
+        TRUTH.micro_batch = mb
+        cast = torch.autocast("cpu", dtype=torch.bfloat16) if d.autocast else contextlib.nullcontext()
+        with cast:
+            return model(x).float().square().mean() / len(xs)
+
+    def train_step(step: int | None, prof: Any = None) -> None:
+        TRUTH.recording = step is not None
+        TRUTH.buffers.clear()
         losses = []
         for mb, x in enumerate(xs):
-            set_stray(step, mb)
-            if step is not None and stray and layer_hit(step, mb) and prof is not None:
-                truth["stray"] = {**stray, "profiler_step": prof.step_num}
-            loss = model(x).float().square().mean() / len(xs)
+            loss = forward(step, mb, x)
             if d.order == "interleaved":
+                boundary(step, mb, prof)
                 loss.backward()
             else:
                 losses.append(loss)
-        for loss in losses:  # grouped: f0 f1 ... then b0 b1 ...
+        for mb, loss in enumerate(losses):  # grouped: f0 f1 ... then b0 b1 ...
+            TRUTH.micro_batch = mb
+            boundary(step, mb, prof)
             loss.backward()
         set_stray(None, -1)
+        TRUTH.recording = False
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    def layer_hit(step: int, mb: int) -> bool:
-        return step == stray["step"] and mb == stray["micro_batch"]
-
     train_step(None)  # warm-up (and the compile, for compiled draws)
-    if stray:  # torch's own view of the stray micro-batch: autograd's saves, and what is held
-        set_stray(stray["step"], stray["micro_batch"])
-        saved = census(model, lambda: model(xs[stray["micro_batch"]]).float().square().mean())
-        held = [list(t.shape) for t in [*STASH, *model.kept.values()]] + [
-            list(layer.cache.shape) for layer in model.layers if layer.cache is not None
-        ]
-        set_stray(None, -1)
-        truth["census"] = {"saved": saved, "held": held}
-        STASH.clear()
-        model.kept.clear()
-        for layer in model.layers:
-            layer.cache = None
-        opt.zero_grad(set_to_none=True)
     dist.barrier()
     with profile(
         activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True,
@@ -315,7 +387,11 @@ def run_draw(d: Draw, groups: dict[int, dist.ProcessGroup], root: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(out / f"rank{rank}.json"))
     STASH.clear()
+    per_rank: list[Any] = [None] * world
+    dist.all_gather_object(per_rank, record)
     if rank == 0:
+        truth = {"draw": d.to_dict(), "world": world, "ranks": per_rank,
+                 "stray": {**stray, "profiler_step": per_rank[0]["profiler_step"]} if stray else None}  # fmt: skip
         (root / "truth").mkdir(exist_ok=True)
         (root / "truth" / f"{d.name}.json").write_text(json.dumps(truth, indent=1))
     dist.barrier()
@@ -331,10 +407,11 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(minutes=10))
     rank, world = dist.get_rank(), dist.get_world_size()
-    # every rank takes part in creating every group; P = 2 is two groups of consecutive ranks
+    # every rank takes part in creating every group; P = 2 and 4 are groups of consecutive ranks
     groups = {world: dist.group.WORLD}
-    pairs = [dist.new_group([r, r + 1]) for r in range(0, world, 2)]
-    groups[2] = pairs[rank // 2]
+    for p in (2, 4):
+        mine = [dist.new_group(list(range(start, start + p))) for start in range(0, world, p)]
+        groups[p] = mine[rank // p]
     root = Path(args.out)
     chosen = [d for d in draws(args.count, args.seed) if not args.only or d.name in args.only]
     if any(d.compiled for d in chosen):  # rank 0 compiles first; the others read its cache

@@ -1,0 +1,105 @@
+"""GIVEN a model under sptrace.instrument whose forward gathers into a buffer it made (a
+one-process gloo group), and keeps that buffer in a list, drops it, or leaves the last reference
+to another thread (as gloo's worker thread holds a call's tensors), profiled over a training step
+WHEN the backward that consumes the forward ends
+THEN the census event says who released the buffer (alive, the model's thread, another thread),
+the holder of its allocation follows, and the census changes no tensor's life (the same frees with
+it as without it)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+import sptrace
+from sptrace.detect.allocations import detect_retained
+from sptrace.vocab import markers
+
+N = 4096  # elements of the gathered buffer: large enough to be its own allocation
+
+
+@pytest.fixture(scope="module")
+def group():
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+class Gathering(nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(N // 16, N // 16)
+        self.how, self.kept, self.handed = how, [], []
+
+    def forward(self, x):
+        out = torch.empty(N)
+        dist.all_gather_into_tensor(out, x.reshape(-1).contiguous())
+        with torch.no_grad():  # a statistic of the gathered sequence: autograd keeps nothing of it
+            scale = out.abs().mean()
+        y = self.fc(x.view(16, -1)).relu() * scale
+        if self.how == "list":
+            self.kept.append(out)
+        elif self.how == "thread":  # another thread holds the last reference, and drops it later
+            ready = threading.Event()
+            holder = threading.Thread(target=lambda t=out: (ready.wait(), t.sum()), name="backend-like")
+            self.handed.append((holder, ready))
+            holder.start()
+        return y
+
+
+def _step(tmp_path, how: str, census: bool = True):
+    model = Gathering(how)
+    handle = sptrace.instrument(model, census=census)
+    x = torch.randn(N)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) as prof:
+        loss = model(x).square().mean()
+        for holder, ready in model.handed:  # the model has let go; the other thread drops it now
+            ready.set()
+            holder.join()
+        loss.backward()
+    handle.remove()
+    path = tmp_path / f"rank0-{how}-{census}.json"
+    prof.export_chrome_trace(str(path))
+    return json.loads(path.read_text())["traceEvents"], path, model
+
+
+@pytest.mark.parametrize("how, who", [("list", "alive"), ("dropped", "model"), ("thread", "backend")])
+def test_the_census_says_who_released_the_buffer(group, tmp_path, how, who):
+    events, path, model = _step(tmp_path, how)
+    (name,) = [e["name"] for e in events if e.get("name", "").startswith(markers.RELEASED)]
+    census = markers.ReleasedCensus.from_marker(name)
+    assert census is not None and [w for _, n, w in census.entries if n == N * 4] == [who]
+    retained = detect_retained(sptrace.load_trace(path, cache=False), element_size=4).tensors
+    gathered = retained[retained["collective"] == "c10d::_allgather_base_"]
+    if how == "list":  # never freed, and still held when backward ended: the model kept it
+        assert list(gathered["holder"]) == ["model"] and "the model kept it" in gathered["evidence"].iloc[0]
+        assert gathered["storage_ptr"].iloc[0] == model.kept[0].untyped_storage().data_ptr()
+    else:  # released before the boundary: not alive across it, or the backend's
+        assert set(gathered["holder"]) <= {"backend"}
+
+
+def test_the_census_changes_no_tensor_life(group, tmp_path):
+    def frees(events):
+        return sorted(e["args"]["Bytes"] for e in events if e.get("name") == "[memory]" and e["args"]["Bytes"] < 0)
+
+    with_census, _, _ = _step(tmp_path, "dropped", census=True)
+    without, _, _ = _step(tmp_path, "dropped", census=False)
+    assert frees(with_census) == frees(without)
+    assert not any(e.get("name", "").startswith(markers.RELEASED) for e in without)
+
+
+def test_the_collectives_are_unwrapped_with_the_last_instrumentation(group):
+    original = dist.all_gather_into_tensor
+    first, second = sptrace.instrument(nn.Linear(2, 2)), sptrace.instrument(nn.Linear(2, 2))
+    assert dist.all_gather_into_tensor is not original and getattr(dist.all_gather_into_tensor, "_sptrace_watched")
+    first.remove()
+    assert dist.all_gather_into_tensor is not original
+    second.remove()
+    assert dist.all_gather_into_tensor is original
