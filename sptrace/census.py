@@ -31,8 +31,10 @@ import torch
 from sptrace.vocab.markers import ReleasedCensus
 
 _OUTPUT_FIRST = ("all_gather_into_tensor", "_all_gather_base", "reduce_scatter_tensor", "_reduce_scatter_base",
-                 "all_to_all_single", "broadcast", "recv", "irecv")  # fmt: skip
-"""torch.distributed functions whose first argument is the buffer the call fills."""
+                 "all_to_all_single", "broadcast")  # fmt: skip
+"""torch.distributed functions whose first argument is the buffer the call fills. (Not ``recv`` nor
+``irecv``: ``P2POp`` checks its op against them by identity, so they stay as they are, and a
+receive's buffer is watched where ``batch_isend_irecv`` takes it.)"""
 _OUTPUT_LIST_FIRST = ("all_gather", "all_to_all")
 """... whose first argument is a list of buffers the call fills."""
 _RETURNING = ("all_gather_tensor", "all_gather_tensor_autograd", "reduce_scatter_tensor",
@@ -105,6 +107,8 @@ def install() -> None:
             _wrap(module, name, _filled_by(name))
     for name in _RETURNING:
         _wrap(funcol, name, _returned)
+    for module in (dist, getattr(dist, "distributed_c10d", dist)):
+        _wrap(module, "batch_isend_irecv", _received)
 
 
 def uninstall() -> None:
@@ -135,8 +139,8 @@ def _wrap(module: Any, name: str, watched: Callable[[tuple, dict, Any], list[Any
 
 
 def _filled_by(name: str) -> Callable[[tuple, dict, Any], list[Any]]:
-    keyword = {"all_gather": "tensor_list", "all_to_all": "output_tensor_list", "recv": "tensor", "irecv": "tensor",
-               "broadcast": "tensor", "all_to_all_single": "output"}.get(name, "output_tensor")  # fmt: skip
+    keyword = {"all_gather": "tensor_list", "all_to_all": "output_tensor_list", "broadcast": "tensor",
+               "all_to_all_single": "output"}.get(name, "output_tensor")  # fmt: skip
     is_list = name in _OUTPUT_LIST_FIRST
 
     def watched(args: tuple, kwargs: dict, result: Any) -> list[Any]:
@@ -146,6 +150,14 @@ def _filled_by(name: str) -> Callable[[tuple, dict, Any], list[Any]]:
         return list(first) if is_list else [first]
 
     return watched
+
+
+def _received(args: tuple, kwargs: dict, result: Any) -> list[Any]:
+    """The buffers a batch's receives fill."""
+    import torch.distributed as dist
+
+    ops = args[0] if args else kwargs.get("p2p_op_list", ())
+    return [op.tensor for op in ops if getattr(op, "op", None) in (dist.irecv, dist.recv)]
 
 
 def _returned(args: tuple, kwargs: dict, result: Any) -> list[Any]:

@@ -140,7 +140,7 @@ class Launches:
         self.out("generated").mkdir(parents=True, exist_ok=True)
         # inductor's cache inside the launch's folder: the compiled draws compile once per launch
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.out("generated") / "inductor")}
-        proc = _torchrun("tests.user_models.generated.job", self.out("generated"), self.run, nproc=4, env=env)
+        proc = _torchrun("tests.user_models.generated.job", self.out("generated"), self.run, nproc=8, env=env)
         if proc.returncode != 0:
             return proc
         # the checks of the draws here too, in this thread: they overlap the tests running
@@ -244,7 +244,7 @@ def framework_runs() -> Path:
 
 @pytest.fixture(scope="session")
 def generated_runs() -> Path:
-    """One 4-rank run of tests.user_models.generated.job: the drawn models (draw.default_count), each with its truth
+    """One 8-rank run of tests.user_models.generated.job: the drawn models (draw.default_count), each with its truth
     and `sptrace check`'s verdict on it (tests.user_models.generated.judge)."""
     proc = LAUNCHES.result("generated")
     out = LAUNCHES.out("generated")
