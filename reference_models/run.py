@@ -5,7 +5,7 @@
 
 PLAN.json lists the runs of the launch, profiled one after the other in the same processes (an
 8-rank launch on a small machine spends most of its time importing torch eight times, so many
-configurations share one launch): ``{"warmup": 2, "device": "cpu", "runs": [{"config": {...},
+configurations share one launch): ``{"warmup": 2, "steps": 2, "device": "cpu", "runs": [{"config": {...},
 "out": DIR, "instrument": true, "lean": false}, ...]}``. Each run is written to its own DIR exactly
 as a launch of that run alone would write it. On failure the rank writes ``DIR/logs/rank{r}.error``
 (one line) of the run it was in, for the launcher to report, and stops: the runs before it stand.
@@ -34,7 +34,8 @@ import sptrace
 
 
 def run_rank(
-    cfg: StepConfig, out: Path, warmup: int, device_kind: str, instrument: bool = True, lean: bool = False
+    cfg: StepConfig, out: Path, warmup: int, device_kind: str, instrument: bool = True, lean: bool = False,
+    steps: int = 2,
 ) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     if device_kind == "cuda":
@@ -69,14 +70,14 @@ def run_rank(
         "layout": "batch-first",
         "instrumented": instrument,
     }
-    sptrace.profile_step(train_step, out, warmup=warmup, run_info=run_info, lean=lean)
+    sptrace.profile_step(train_step, out, warmup=warmup, steps=steps, run_info=run_info, lean=lean)
 
 
 def run_plan(plan: dict, rank: int) -> None:
     """Profile each run of ``plan`` in turn. Nothing of one run outlives it: its model, optimizer
     and their tensors are collected before the next starts, so no free of theirs falls into the
     next run's profiled step."""
-    warmup, device = int(plan.get("warmup", 2)), plan.get("device", "cpu")
+    warmup, device, steps = int(plan.get("warmup", 2)), plan.get("device", "cpu"), int(plan.get("steps", 2))
     for item in plan["runs"]:
         out = Path(item["out"])
         logs = out / "logs"
@@ -86,7 +87,8 @@ def run_plan(plan: dict, rank: int) -> None:
             if dist.get_world_size() != cfg.sp_size:
                 raise ValueError(f"world size {dist.get_world_size()} != sp_size {cfg.sp_size}")
             start = time.monotonic()
-            run_rank(cfg, out, warmup, device, instrument=item.get("instrument", True), lean=item.get("lean", False))
+            run_rank(cfg, out, warmup, device, instrument=item.get("instrument", True), lean=item.get("lean", False),
+                     steps=steps)
             gc.collect()
             dist.barrier()
             release_subgroups()

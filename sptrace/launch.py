@@ -61,15 +61,16 @@ def profile_reference(
     out_dir: Path,
     *,
     warmup: int = 2,
+    steps: int = 2,
     device: str = "auto",
     force: bool = False,
     instrument: bool = True,
     lean: bool = False,
     log=None,
 ) -> ProfiledRun:
-    """Profile one step of the reference model ``cfg`` on ``cfg.sp_size`` local ranks."""
-    (run,) = profile_references([RunRequest(cfg, out_dir, instrument, lean)], warmup=warmup, device=device,
-                                force=force, log=log)  # fmt: skip
+    """Profile ``steps`` steps of the reference model ``cfg`` on ``cfg.sp_size`` local ranks."""
+    (run,) = profile_references([RunRequest(cfg, out_dir, instrument, lean)], warmup=warmup, steps=steps,
+                                device=device, force=force, log=log)  # fmt: skip
     return run
 
 
@@ -82,11 +83,13 @@ def _check_request(req: RunRequest, force: bool) -> None:
         raise UsageError(f"{req.out_dir}: already holds a profiled run; pass --force to replace it")
 
 
-def check_requests(requests: list[RunRequest], *, warmup: int, force: bool) -> None:
+def check_requests(requests: list[RunRequest], *, warmup: int, force: bool, steps: int = 2) -> None:
     """What ``profile_references`` checks before it launches: one rank count, one folder per
     run, no run replaced without ``force``."""
     if warmup < 0:
         raise UsageError("--warmup must be >= 0")
+    if steps < 1:
+        raise UsageError("--steps must be >= 1")
     sizes = sorted({r.cfg.sp_size for r in requests})
     if len(sizes) > 1:
         raise UsageError(f"one launch runs one rank count; these runs ask for {', '.join(map(str, sizes))}")
@@ -99,7 +102,8 @@ def check_requests(requests: list[RunRequest], *, warmup: int, force: bool) -> N
 
 
 def profile_references(
-    requests: list[RunRequest], *, warmup: int = 2, device: str = "auto", force: bool = False, log=None
+    requests: list[RunRequest], *, warmup: int = 2, steps: int = 2, device: str = "auto", force: bool = False,
+    log=None,
 ) -> list[ProfiledRun]:
     """Profile several runs of the same rank count in ONE torchrun launch: the ranks import torch
     and meet once, then profile each run in turn (reference_models/run.py). Each run is written
@@ -108,7 +112,7 @@ def profile_references(
     failed and the unstarted ones leave their folders as they were, and the error names the run."""
     if not requests:
         return []
-    check_requests(requests, warmup=warmup, force=force)
+    check_requests(requests, warmup=warmup, force=force, steps=steps)
     nproc = requests[0].cfg.sp_size
     kind = pick_device(device, nproc)
     stagings = []
@@ -120,6 +124,7 @@ def profile_references(
         stagings.append(staging)
     plan = {
         "warmup": warmup,
+        "steps": steps,
         "device": kind,
         "runs": [
             {"config": r.cfg.to_dict(), "out": str(st), "instrument": r.instrument, "lean": r.lean}

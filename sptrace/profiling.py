@@ -1,7 +1,9 @@
-"""Profile one training step on every rank: ``profile_step`` runs warm-up steps, then one step
-under ``torch.profiler`` with the settings sptrace's analyses need (record_shapes,
+"""Profile training steps on every rank: ``profile_step`` runs warm-up steps, then two steps (by
+default) under ``torch.profiler`` with the settings sptrace's analyses need (record_shapes,
 profile_memory, with_stack), and writes ``rank{r}.pt.trace.json.gz`` plus, on rank 0,
-``run.json`` with what the user declares about the run (scheme, B, S, H, heads, P ...)."""
+``run.json`` with what the user declares about the run (scheme, B, S, H, heads, P ...). The second
+step decides what one alone cannot: a collective's buffer that the backend released on its own
+thread (no free in the trace) is usually allocated again in the next step."""
 
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ def profile_step(
     out_dir: str | os.PathLike[str],
     *,
     warmup: int = 2,
+    steps: int = 2,
     run_info: JSONObject | None = None,
     record_shapes: bool = True,
     profile_memory: bool = True,
@@ -59,7 +62,8 @@ def profile_step(
     activities: list[ProfilerActivity] | None = None,
     lean: bool = False,
 ) -> Path:
-    """Run ``step_fn(i)`` for ``warmup`` steps, then profile step ``warmup`` and export it.
+    """Run ``step_fn(i)`` for ``warmup`` steps, then profile ``steps`` more (each in its own
+    ``ProfilerStep#i`` range; ``sptrace check`` judges every one) and export them.
 
     ``step_fn`` runs one whole training step; mark its phases with ``sptrace.phase(...)``.
     Call it on every rank (torch.distributed initialised, or a single process). Returns this
@@ -74,6 +78,8 @@ def profile_step(
     """
     if lean:
         with_stack = False
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     distributed = dist.is_available() and dist.is_initialized()
@@ -93,9 +99,10 @@ def profile_step(
         profile_memory=profile_memory,
         with_stack=with_stack,
     ) as prof:
-        with record_function(f"ProfilerStep#{warmup}"):  # the name HTA and TensorBoard expect
-            step_fn(warmup)
-        _sync(distributed, barrier=False)
+        for k in range(warmup, warmup + steps):
+            with record_function(f"ProfilerStep#{k}"):  # the name HTA and TensorBoard expect
+                step_fn(k)
+            _sync(distributed, barrier=False)
     path = out / trace_name(rank)
     _export_trace(prof, path)
     if rank == 0:
@@ -112,6 +119,7 @@ def profile_step(
             "device": "cuda" if ProfilerActivity.CUDA in activities else "cpu",
             "torch_version": torch.__version__,
             "profiled_step": warmup,
+            "profiled_steps": list(range(warmup, warmup + steps)),
             "traces": [trace_name(r) for r in range(world_size)],
             "profiler": {
                 "record_shapes": record_shapes,

@@ -122,7 +122,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--out", required=True,
         help="directory for rank*.pt.trace.json.gz and run.json (with several runs: for their folders)",
     )  # fmt: skip
-    p.add_argument("--warmup", type=int, default=2, help="un-profiled steps before the profiled one")
+    p.add_argument("--warmup", type=int, default=2, help="un-profiled steps before the profiled ones")
+    p.add_argument("--steps", type=int, default=2, help="profiled steps (default 2: the second shows which "
+                   "collective buffers the backend released)")
     p.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto",
         help="auto: CUDA+NCCL when there are enough GPUs, else CPU+gloo",
@@ -143,6 +145,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=str(DEMO_DIR), help=f"default ./{DEMO_DIR}")
     p.add_argument("--nproc", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=2, help="profiled steps (default 2)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--port", type=int, default=8050, help="dashboard port (on 127.0.0.1)")
     p.add_argument("--no-serve", action="store_true", help="profile and analyse, do not serve the dashboard")
@@ -158,6 +161,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--nproc", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=2, help="profiled steps of each run (default 2)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--force", action="store_true", help="profile again runs that already exist")
     _add_model_flags(p, with_seq=False)
@@ -264,9 +268,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     for req in requests:
         by_size.setdefault(req.cfg.sp_size, []).append(req)
     for group in by_size.values():  # every launch is checked before the first starts
-        check_requests(group, warmup=args.warmup, force=args.force)
+        check_requests(group, warmup=args.warmup, force=args.force, steps=args.steps)
     for size in sorted(by_size, reverse=True):  # one launch per rank count
-        for run in profile_references(by_size[size], warmup=args.warmup, device=args.device, force=args.force, log=log):
+        for run in profile_references(by_size[size], warmup=args.warmup, steps=args.steps, device=args.device,
+                                      force=args.force, log=log):
             log(f"wrote {run.world_size} traces ({run.trace_bytes / 2**20:.1f} MiB) and run.json to {run.out_dir} in "
                 f"{run.seconds:.0f} s")  # fmt: skip
     return 0
@@ -279,7 +284,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     base = _config_from(args, "megatron", args.nproc)
     requests = [RunRequest(base.replace(scheme=scheme), out / scheme) for scheme in DEMO_SCHEMES]
-    runs = profile_references(requests, warmup=args.warmup, device=args.device, force=True, log=log)  # one launch
+    runs = profile_references(requests, warmup=args.warmup, steps=args.steps, device=args.device, force=True,
+                              log=log)  # one launch
     from sptrace.analysis import analyse_run  # (after the launch: its import overlaps nothing)
 
     print(f"Profiled one training step of each scheme on {args.nproc} ranks, in one launch:")
@@ -328,7 +334,8 @@ def sweep_config(base: StepConfig, scheme: str, seq: int) -> StepConfig:
 
 
 def run_sweep(
-    base: StepConfig, schemes: list[str], seqs: list[int], out: Path, *, warmup: int, device: str, force: bool, log: Any
+    base: StepConfig, schemes: list[str], seqs: list[int], out: Path, *, warmup: int, device: str, force: bool, log: Any,
+    steps: int = 2,
 ) -> tuple[pd.DataFrame, Fit | None]:
     """Profile each combination (skipping runs already complete unless ``force``) in one launch,
     then analyse every run of ``out`` and tabulate them (sptrace.sweep.summarize)."""
@@ -347,7 +354,7 @@ def run_sweep(
             log(f"{target.name}: already profiled")
     if todo:
         log(f"sweep: profiling {len(todo)} of {len(combos)} runs in one launch")
-        for run in profile_references(todo, warmup=warmup, device=device, force=True, log=None):
+        for run in profile_references(todo, warmup=warmup, steps=steps, device=device, force=True, log=None):
             log(f"{run.out_dir.name}: done")
     return summarize(out, (analyse_run(p) for p in sweep_runs(out)))  # one analysis held at a time
 
@@ -370,7 +377,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for n in seqs:
             sweep_config(base, s, n)
     out = Path(args.out)
-    table, fit = run_sweep(base, schemes, seqs, out, warmup=args.warmup, device=args.device, force=args.force, log=log)
+    table, fit = run_sweep(base, schemes, seqs, out, warmup=args.warmup, device=args.device, force=args.force, log=log,
+                           steps=args.steps)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if fit:
         c = fit["coefficients"]

@@ -139,6 +139,11 @@ def detect_timing(trace: RankTrace, collectives: pd.DataFrame, index: RankIndex 
     window, source = step_window(trace, idx)
     step_ms = None if window is None else (window[1] - window[0]) / 1e6
     mine = collectives[collectives["rank"] == trace.rank] if "rank" in collectives else collectives
+    if window is not None and source == "ProfilerStep#" and len(idx.steps) > 1 and len(mine):
+        # several profiled steps: the communication of the step measured (the longest), not of all
+        begin, end = window[0] / 1e3, window[1] / 1e3
+        start = mine["start_us"].astype(float)
+        mine = mine[(start >= begin) & (start <= end)]
     has_transfer = mine["transfer_start_us"].notna() if len(mine) else pd.Series(dtype=bool)
     starts = np.where(has_transfer, mine["transfer_start_us"].astype(float), mine["start_us"].astype(float))
     durs = np.where(has_transfer, mine["transfer_dur_us"].astype(float), mine["dur_us"].astype(float))

@@ -107,23 +107,24 @@ def test_profile_step_single_process(tmp_path):
             opt.zero_grad()
 
     path = sptrace.profile_step(train_step, tmp_path / "run", warmup=3, run_info={"scheme": "custom", "seq": 4})
-    assert seen == [0, 1, 2, 3]
+    assert seen == [0, 1, 2, 3, 4]  # two profiled steps by default: the second decides what one cannot
     assert path == tmp_path / "run" / "rank0.pt.trace.json.gz"
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["world_size"] == 1 and info["backend"] is None and info["profiled_step"] == 3
+    assert info["profiled_steps"] == [3, 4]
     assert info["config"] == {"scheme": "custom", "seq": 4}
     with gzip.open(path, "rt") as f:
         events = json.load(f)["traceEvents"]
     names = Counter(e["name"] for e in events)
-    assert names["ProfilerStep#3"] == 1
-    assert names["sptrace.module::tiny.fc1"] == 1
+    assert names["ProfilerStep#3"] == names["ProfilerStep#4"] == 1
+    assert names["sptrace.module::tiny.fc1"] == 2
     assert names["[memory]"] > 0
     assert not list((tmp_path / "run").glob(".*"))  # no temporary files left behind
-    # the forward's saved-tensor records survive the export (which drops newlines) as one event,
+    # each forward's saved-tensor records survive the export (which drops newlines) as one event,
     # and read back as the tensors autograd saved: what the profiler saw in memory
     saved = [e["name"] for e in events if e["name"].startswith("sptrace.saved::")]
     records = [r for name in saved for r in SavedTensor.all_from_marker(name)]
-    assert len(saved) == 1 and len(records) == saved[0].count("sptrace.saved::") >= 4
+    assert len(saved) == 2 and len(records) == sum(name.count("sptrace.saved::") for name in saved) >= 8
     assert {(r.module, r.shape) for r in records} >= {("tiny.fc1", (4, 12)), ("tiny.block.0", (4, 20))}
 
 

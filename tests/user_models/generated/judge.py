@@ -23,14 +23,21 @@ from sptrace.cli import main as sptrace
 
 
 def judge(run: Path) -> dict:
+    """check's verdict with the flags a user knows (B, S, H, P), and again with every true flag
+    the draw has (heads, kv heads, F, dtype): declaring more must never turn a FAIL into a PASS."""
     draw = json.loads((run.parent / "truth" / f"{run.name}.json").read_text())["draw"]
     shape = ["--batch", str(draw["batch"]), "--seq", str(draw["seq"]), "--hidden", str(draw["hidden"]),
              "--sp", str(draw["sp"])]  # fmt: skip
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = sptrace(["check", str(run), "--format", "json", "--workers", "1", "--no-cache", *shape])
-    text = out.getvalue()
-    return {"code": code, "report": json.loads(text) if text.strip() else None, "stderr": err.getvalue()[-2000:]}
+    more = ["--heads", str(draw["heads"]), "--kv-heads", str(draw["heads"]), "--ffn", str(draw["ffn"])]
+    out = {}
+    for key, flags in (("", shape), ("_flags", [*shape, *more])):
+        stdout, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(err):
+            code = sptrace(["check", str(run), "--format", "json", "--workers", "1", "--no-cache", *flags])
+        text = stdout.getvalue()
+        out |= {f"code{key}": code, f"report{key}": json.loads(text) if text.strip() else None,
+                f"stderr{key}": err.getvalue()[-2000:]}  # fmt: skip
+    return out
 
 
 def main() -> int:

@@ -73,3 +73,18 @@ def test_check_equals_the_truth_on_every_drawn_model(generated_runs):
     assert sum(k["right"] for k in kinds.values()) * 4 >= len(DRAWS) * 3, kinds
     # every instrumented draw is decided: the census shows who holds each collective's buffer
     assert all(outcome == "right" for draw, outcome, _ in results if draw["instrumented"]), kinds
+
+
+def test_declaring_true_flags_never_turns_a_fail_into_a_pass(generated_runs):
+    """The same draws judged again with every true flag the draw has (--heads, --kv-heads, --ffn):
+    as right as with B, S, H and P alone, and never a PASS where those gave a FAIL."""
+    wrong = []
+    for d in DRAWS:
+        result = json.loads((generated_runs / "checks" / f"{d.name}.json").read_text())
+        bare, flagged = result["report"]["verdict"]["status"], result["report_flags"]["verdict"]["status"]
+        if bare == "fail" and flagged != "fail":
+            wrong.append(f"{d.name}: FAIL with B, S, H, P; {flagged} with every flag")
+        outcome, why = score(d.to_dict(), _truth(generated_runs, d), result["report_flags"])
+        if outcome in WRONG:
+            wrong.append(f"{d.name} with every flag: {outcome}: {why}")
+    assert not wrong, "\n".join(wrong)
