@@ -301,6 +301,10 @@ class Judge:
             )
         if not full_views:
             return "seq-sharded", f"a sequence shard ({S // P} of {S} tokens)"
+        if origin == "attention" and m.heads and all(v[3] for v in full_views):
+            # attention scores (keys on the last axis) with the heads declared: heads are counted over
+            # the keys, not a head dim
+            return self._by_view(full_views[0], shape, module, producer)
         if origin in ("column", "attention", "all-to-all"):
             heads = self._heads_of(shape, self._tokens(full_views[0]))
             if heads == "all" and origin != "column":

@@ -24,11 +24,14 @@ from sptrace.cli import main as sptrace
 
 def judge(run: Path) -> dict:
     """check's verdict with the flags a user knows (B, S, H, P), and again with every true flag
-    the draw has (heads, kv heads, F, dtype): declaring more must never turn a FAIL into a PASS."""
+    the draw has (F; the heads where the head dim is H / a, as --heads declares it): declaring more
+    must never turn a FAIL into a PASS."""
     draw = json.loads((run.parent / "truth" / f"{run.name}.json").read_text())["draw"]
     shape = ["--batch", str(draw["batch"]), "--seq", str(draw["seq"]), "--hidden", str(draw["hidden"]),
              "--sp", str(draw["sp"])]  # fmt: skip
-    more = ["--heads", str(draw["heads"]), "--kv-heads", str(draw["heads"]), "--ffn", str(draw["ffn"])]
+    more = ["--ffn", str(draw["ffn"])]
+    if draw["heads"] * draw["head_dim"] == draw["hidden"]:  # sptrace's --heads means d = H / a
+        more += ["--heads", str(draw["heads"]), "--kv-heads", str(draw["heads"])]
     out = {}
     for key, flags in (("", shape), ("_flags", [*shape, *more])):
         stdout, err = io.StringIO(), io.StringIO()

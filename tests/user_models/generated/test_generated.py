@@ -76,8 +76,9 @@ def test_check_equals_the_truth_on_every_drawn_model(generated_runs):
 
 
 def test_declaring_true_flags_never_turns_a_fail_into_a_pass(generated_runs):
-    """The same draws judged again with every true flag the draw has (--heads, --kv-heads, --ffn):
-    as right as with B, S, H and P alone, and never a PASS where those gave a FAIL."""
+    """The same draws judged again with every true flag the draw has (--ffn; --heads and
+    --kv-heads where the head dim is H / a, which is what they declare): as right as with B, S, H
+    and P alone, and never a PASS where those gave a FAIL."""
     wrong = []
     for d in DRAWS:
         result = json.loads((generated_runs / "checks" / f"{d.name}.json").read_text())
