@@ -33,7 +33,8 @@ from tests.user_models.generated.score import OUTCOMES, WRONG, score, tally  # n
 def profile(out: Path, count: int, seed: int) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_CACHE_DIR=str(out / "inductor"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=8", "-m",
-           "tests.user_models.generated.job", "--out", str(out), "--count", str(count), "--seed", str(seed)]  # fmt: skip
+           "tests.user_models.generated.job", "--out", str(out), "--count", str(count),
+           "--seed", str(seed)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode:
         sys.exit(f"the generator's launch failed:\n{proc.stderr[-3000:]}")

@@ -34,7 +34,12 @@ import sptrace
 
 
 def run_rank(
-    cfg: StepConfig, out: Path, warmup: int, device_kind: str, instrument: bool = True, lean: bool = False,
+    cfg: StepConfig,
+    out: Path,
+    warmup: int,
+    device_kind: str,
+    instrument: bool = True,
+    lean: bool = False,
     steps: int = 2,
 ) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -87,8 +92,15 @@ def run_plan(plan: dict, rank: int) -> None:
             if dist.get_world_size() != cfg.sp_size:
                 raise ValueError(f"world size {dist.get_world_size()} != sp_size {cfg.sp_size}")
             start = time.monotonic()
-            run_rank(cfg, out, warmup, device, instrument=item.get("instrument", True), lean=item.get("lean", False),
-                     steps=steps)
+            run_rank(
+                cfg,
+                out,
+                warmup,
+                device,
+                instrument=item.get("instrument", True),
+                lean=item.get("lean", False),
+                steps=steps,
+            )
             gc.collect()
             dist.barrier()
             release_subgroups()

@@ -165,13 +165,17 @@ class RunAnalysis:
         comm = [float(t.comm_ms) for t in self.timing]
         frame = self.collectives  # a collective whose size or group the trace does not record counts nothing
         steps = max(int(frame["step"].nunique()), 1) if not frame.empty and "step" in frame else 1
-        wire = 0.0 if frame.empty else float(frame["wire_bytes"].dropna().sum()) / max(frame["rank"].nunique(), 1) / steps
+        wire = (
+            0.0 if frame.empty else float(frame["wire_bytes"].dropna().sum()) / max(frame["rank"].nunique(), 1) / steps
+        )
         layers = self.sharding.layers if self.sharding is not None else None
         return RunFacts(
             step_ms=max(step_times) if step_times else None,
             comm_ms=sum(comm) / len(comm) if comm else None,
             exposed_ms=sum(exposed) / len(exposed) if exposed else None,
-            comm_share=(sum(comm) / len(comm)) / max(step_times) if comm and step_times and max(step_times) > 0 else None,
+            comm_share=(sum(comm) / len(comm)) / max(step_times)
+            if comm and step_times and max(step_times) > 0
+            else None,
             step_source=step_sources(self.timing),
             wire_bytes=wire,
             model_wire_bytes=self.estimate.wire_per_step() if self.estimate is not None else None,

@@ -162,4 +162,3 @@ def _received(args: tuple, kwargs: dict, result: Any) -> list[Any]:
 
 def _returned(args: tuple, kwargs: dict, result: Any) -> list[Any]:
     return list(result) if isinstance(result, (list, tuple)) else [result]
-

@@ -219,8 +219,9 @@ class RunDiff:
         """Layers keeping more bytes than the baseline (per token when B or S changed), beyond
         ``bytes_tolerance``: (layer, base, new)."""
         scale = (1 / self.tokens[0], 1 / self.tokens[1]) if self.per_token else (1.0, 1.0)  # type: ignore[operator]
+        tolerance = 1 + self.bytes_tolerance
         return [(layer, b, n) for layer, (b, n) in self.kept_layers.items()
-                if n * scale[1] > b * scale[0] * (1 + self.bytes_tolerance) + 1e-9 * max(b * scale[0], 1.0)]  # fmt: skip
+                if n * scale[1] > b * scale[0] * tolerance + 1e-9 * max(b * scale[0], 1.0)]  # fmt: skip
 
     @property
     def undecided(self) -> list[tuple[int, float, float]]:

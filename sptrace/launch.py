@@ -102,7 +102,12 @@ def check_requests(requests: list[RunRequest], *, warmup: int, force: bool, step
 
 
 def profile_references(
-    requests: list[RunRequest], *, warmup: int = 2, steps: int = 2, device: str = "auto", force: bool = False,
+    requests: list[RunRequest],
+    *,
+    warmup: int = 2,
+    steps: int = 2,
+    device: str = "auto",
+    force: bool = False,
     log=None,
 ) -> list[ProfiledRun]:
     """Profile several runs of the same rank count in ONE torchrun launch: the ranks import torch

@@ -52,8 +52,10 @@ class BaselineGate:
         if self.undecided:
             return f"CANNOT DECIDE: {self.undecided}"
         n = len(self.cases)
-        return (f"PASS: no module keeps a full-size tensor, keeps more bytes or sends more bytes than the baseline "
-                f"({n} modules)")
+        return (
+            f"PASS: no module keeps a full-size tensor, keeps more bytes or sends more bytes than the baseline "
+            f"({n} modules)"
+        )
 
     def to_dict(self) -> JSONObject:
         status = "fail" if self.failed else "undecided" if self.undecided else "pass"

@@ -135,7 +135,8 @@ def check_collectives(
         layer_rows += per_step_results[0][1] if per_step_results else []
         rows = [r[2] for r in per_step_results]  # per step: several steps' rows are their mean
         rank_rows.append(rows[0] if len(rows) == 1 else {
-            key: rows[0][key] if key in ("rank", "expected", "expected_wire_bytes") else sum(r[key] for r in rows) / len(rows)
+            key: rows[0][key] if key in ("rank", "expected", "expected_wire_bytes")
+            else sum(r[key] for r in rows) / len(rows)
             for key in rows[0]})  # fmt: skip
     ranks_frame = pd.DataFrame(rank_rows)
     findings = merge_ranks([*merge_ranks(findings), *also])

@@ -31,6 +31,7 @@ from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.shape import ModelShape
 from sptrace.vocab.units import count, human_bytes, rank_ranges
 
+
 @dataclass
 class ShardingReport:
     model: ModelShape
@@ -129,7 +130,8 @@ def check_sharding(
         notes.append(
             f"{count(len(by_backend), 'full-size allocation')} alive at the boundary "
             f"{'is' if len(by_backend) == 1 else 'are'} a collective call's own "
-            f"{'tensor' if len(by_backend) == 1 else 'tensors'} ({', '.join(sorted(set(by_backend['collective'].dropna())))}), "
+            f"{'tensor' if len(by_backend) == 1 else 'tensors'} "
+            f"({', '.join(sorted(set(by_backend['collective'].dropna())))}), "
             "held by the backend, which drops its reference on a thread the profiler does not record (not kept by "
             "the step)"
         )
@@ -286,12 +288,12 @@ def _conclude(
     errors = [f for f in findings if f.severity == "error"]
     judged = saved[saved["decides"] != "undecided-holder"]
     by_holder = saved["holder"].value_counts()
+    held = ", ".join(f"{int(by_holder[h])} held by {h}" for h in ("autograd", "model", "backend", "parameter")
+                     if by_holder.get(h, 0))  # fmt: skip
     summary = (
         f"{count(len(judged), 'tensor')} alive at the boundary judged on {_covered(coverage)} "
         f"({counts['seq-sharded']} sequence-sharded, {counts['head-sharded']} head-sharded, {counts['full']} full; "
-        + ", ".join(f"{int(by_holder.get(h, 0))} held by {h}" for h in ("autograd", "model", "backend", "parameter")
-                    if by_holder.get(h, 0))  # fmt: skip
-        + ")"
+        f"{held})"
     )
     if errors:
         full = [f for f in errors if f.code == "full-size-save"]
@@ -333,14 +335,17 @@ def _conclude(
         reasons.append(
             f"{count(len(undecided), 'allocation')} that could be full-size {'has' if len(undecided) == 1 else 'have'} "
             f"no holder the trace can show ({_places(undecided)}): {undecided['evidence'].iloc[0]}; "
-            + ("run the model under sptrace.instrument, whose census watches who releases each buffer a "
-               "collective fills (or profile two steps, torch.profiler.schedule(wait=0, warmup=1, active=2): a "
-               "buffer the backend released is often allocated again in the next step)")
+            + (
+                "run the model under sptrace.instrument, whose census watches who releases each buffer a "
+                "collective fills (or profile two steps, torch.profiler.schedule(wait=0, warmup=1, active=2): a "
+                "buffer the backend released is often allocated again in the next step)"
+            )
         )
     unjudged = saved[saved["decides"] == "unjudged"]
     if len(unjudged):
         remedy = ("pass --heads and --ffn" if unjudged["shape"].map(lambda x: isinstance(x, (tuple, list))).all()
-                  else "profile with record_shapes=True, or run the model under sptrace.instrument for exact shapes")  # fmt: skip
+                  else "profile with record_shapes=True, or run the model under sptrace.instrument for exact "
+                  "shapes")  # fmt: skip
         reasons.append(
             f"{count(len(unjudged), 'tensor')} kept for backward that could be full-size cannot be judged "
             f"({_places(unjudged)}): {unjudged['why'].iloc[0]}; {remedy}"
@@ -350,8 +355,11 @@ def _conclude(
                        "backward in the window and the memory profiled?")  # fmt: skip
     if reasons:
         return Verdict("undecided", "CANNOT DECIDE", reasons[0], tuple(reasons))
-    return Verdict("pass", "PASS", f"every tensor alive at the boundary is sharded, or held by the backend or a "
-                                   f"parameter; {summary}")
+    return Verdict(
+        "pass",
+        "PASS",
+        f"every tensor alive at the boundary is sharded, or held by the backend or a parameter; {summary}",
+    )
 
 
 def _places(rows: pd.DataFrame) -> str:
@@ -359,7 +367,8 @@ def _places(rows: pd.DataFrame) -> str:
     modules = sorted({m if isinstance(m, str) else "<unknown module>" for m in rows["module"]})
     shapes = sorted({"x".join(map(str, s)) if isinstance(s, (tuple, list)) else f"{n} bytes"
                      for s, n in zip(rows["shape"], rows["nbytes"])})  # fmt: skip
-    return (f"{_ranks(sorted({int(r) for r in rows['rank']}))}: {', '.join(modules[:4])}{', ...' if len(modules) > 4 else ''}"
+    more = ", ..." if len(modules) > 4 else ""
+    return (f"{_ranks(sorted({int(r) for r in rows['rank']}))}: {', '.join(modules[:4])}{more}"
             f" [{', '.join(shapes[:3])}{', ...' if len(shapes) > 3 else ''}]")  # fmt: skip
 
 

@@ -123,8 +123,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="directory for rank*.pt.trace.json.gz and run.json (with several runs: for their folders)",
     )  # fmt: skip
     p.add_argument("--warmup", type=int, default=2, help="un-profiled steps before the profiled ones")
-    p.add_argument("--steps", type=int, default=2, help="profiled steps (default 2: the second shows which "
-                   "collective buffers the backend released)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=2,
+        help="profiled steps (default 2: the second shows which collective buffers the backend released)",
+    )
     p.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto",
         help="auto: CUDA+NCCL when there are enough GPUs, else CPU+gloo",
@@ -270,8 +274,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     for group in by_size.values():  # every launch is checked before the first starts
         check_requests(group, warmup=args.warmup, force=args.force, steps=args.steps)
     for size in sorted(by_size, reverse=True):  # one launch per rank count
-        for run in profile_references(by_size[size], warmup=args.warmup, steps=args.steps, device=args.device,
-                                      force=args.force, log=log):
+        for run in profile_references(
+            by_size[size], warmup=args.warmup, steps=args.steps, device=args.device, force=args.force, log=log
+        ):
             log(f"wrote {run.world_size} traces ({run.trace_bytes / 2**20:.1f} MiB) and run.json to {run.out_dir} in "
                 f"{run.seconds:.0f} s")  # fmt: skip
     return 0
@@ -284,8 +289,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     base = _config_from(args, "megatron", args.nproc)
     requests = [RunRequest(base.replace(scheme=scheme), out / scheme) for scheme in DEMO_SCHEMES]
-    runs = profile_references(requests, warmup=args.warmup, steps=args.steps, device=args.device, force=True,
-                              log=log)  # one launch
+    runs = profile_references(
+        requests, warmup=args.warmup, steps=args.steps, device=args.device, force=True, log=log
+    )  # one launch
     from sptrace.analysis import analyse_run  # (after the launch: its import overlaps nothing)
 
     print(f"Profiled one training step of each scheme on {args.nproc} ranks, in one launch:")
@@ -334,7 +340,15 @@ def sweep_config(base: StepConfig, scheme: str, seq: int) -> StepConfig:
 
 
 def run_sweep(
-    base: StepConfig, schemes: list[str], seqs: list[int], out: Path, *, warmup: int, device: str, force: bool, log: Any,
+    base: StepConfig,
+    schemes: list[str],
+    seqs: list[int],
+    out: Path,
+    *,
+    warmup: int,
+    device: str,
+    force: bool,
+    log: Any,
     steps: int = 2,
 ) -> tuple[pd.DataFrame, Fit | None]:
     """Profile each combination (skipping runs already complete unless ``force``) in one launch,
@@ -377,8 +391,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for n in seqs:
             sweep_config(base, s, n)
     out = Path(args.out)
-    table, fit = run_sweep(base, schemes, seqs, out, warmup=args.warmup, device=args.device, force=args.force, log=log,
-                           steps=args.steps)
+    table, fit = run_sweep(
+        base, schemes, seqs, out, warmup=args.warmup, device=args.device, force=args.force, log=log, steps=args.steps
+    )
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if fit:
         c = fit["coefficients"]

@@ -25,11 +25,11 @@ import pandas as pd
 
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.boundaries import Boundary, find_boundaries
+from sptrace.detect.handed import Handed, HandedTensors
+from sptrace.detect.holders import BACKEND_THREADS, SAVED_RECORD, Holder, HolderRules
 from sptrace.detect.index import RankIndex, has_prefix, is_one_of, take_columns, within
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.kinds import AUTOGRAD_NODE
-from sptrace.detect.handed import Handed, HandedTensors
-from sptrace.detect.holders import BACKEND_THREADS, SAVED_RECORD, Holder, HolderRules
 from sptrace.detect.ledger import AddressIndex, Allocation, detect_ledger, unrecorded_allocator_activity
 from sptrace.detect.producers import producing_collective
 from sptrace.detect.provenance import Provenance
@@ -214,7 +214,8 @@ def detect_retained(
         if out.has_memory and rec.storage_ptr and (alloc is None or alloc.alloc_ns < b.forward_ns):
             # its storage was not made by this forward: a weight, a view of one, a persistent buffer
             holder = Holder("parameter", "an sptrace.saved record of a storage allocated before this forward (a "
-                                         "weight, a view of one, or a persistent buffer): not an activation of the step")  # fmt: skip
+                                         "weight, a view of one, or a persistent buffer): not an activation of "
+                                         "the step")  # fmt: skip
         made_by = _op_name(ops, int(alloc.alloc_ns), alloc.tid) if alloc is not None else None
         producer = producing_collective(collectives, ops, alloc, slack, element_size) if alloc is not None else None
         origin = origins.of_row(found[0], producer, b.forward_ns) if found is not None else None

@@ -201,4 +201,3 @@ def _outermost_calls(collectives: Intervals) -> list[int]:
         if not any(int(j) != i and collectives.name(int(j)).startswith(CALLS) for j in around):
             outer.append(i)
     return outer
-

@@ -47,11 +47,17 @@ def forward(call: str | None):
         events += [op("aten::cat", 9, 3, **{"Input Dims": [[[4, 8], [4, 8]], []], "Input type": ["TensorList", ""]}),
                    mem(10, 0xA000, FULL)]  # fmt: skip
     elif call == "c10d::allreduce_":  # in place: the tensor the call took
-        events += [op("aten::mm", 9, 3, **{"Input Dims": [[8, 4], [4, 8]], "Input type": ["float", "float"]}),
-                   mem(10, 0xA000, FULL), op(call, 20, 5, **{"Input Dims": [[[8, 8]]], "Input type": ["TensorList"]})]
+        events += [
+            op("aten::mm", 9, 3, **{"Input Dims": [[8, 4], [4, 8]], "Input type": ["float", "float"]}),
+            mem(10, 0xA000, FULL),
+            op(call, 20, 5, **{"Input Dims": [[[8, 8]]], "Input type": ["TensorList"]}),
+        ]
     else:  # c10d::_allgather_base_: the output buffer the model made, filled by the call
-        events += [op("aten::empty", 9, 3), mem(10, 0xA000, FULL),
-                   op(call, 20, 5, **{"Input Dims": [[16, 4], [4, 4]], "Input type": ["float", "float"]})]
+        events += [
+            op("aten::empty", 9, 3),
+            mem(10, 0xA000, FULL),
+            op(call, 20, 5, **{"Input Dims": [[16, 4], [4, 4]], "Input type": ["float", "float"]}),
+        ]
     return events
 
 
@@ -71,7 +77,7 @@ def forward(call: str | None):
     ],
 )  # fmt: skip
 def test_the_holder_follows_the_evidence(tmp_path, call, free, holder, says):
-    events = forward(call) + [node(100), op("autograd::engine::evaluate_function: AddBackward0", 120, 10)]
+    events = [*forward(call), node(100), op("autograd::engine::evaluate_function: AddBackward0", 120, 10)]
     if free == "in a node":
         events.append(mem(105, 0xA000, -FULL))
     elif free == "outside nodes":
@@ -97,7 +103,7 @@ def test_the_holder_follows_the_evidence(tmp_path, call, free, holder, says):
 def test_the_census_decides_a_buffer_a_collective_filled(tmp_path, who, holder, says):
     """A buffer c10d::_allgather_base_ filled, whose free the trace does not show: the census
     sptrace.instrument writes when the backward ends says who released it."""
-    events = forward("c10d::_allgather_base_") + [node(100)]
+    events = [*forward("c10d::_allgather_base_"), node(100)]
     if who is not None:
         census = markers.ReleasedCensus([(0xB000, 64, "backend"), (0xA000, FULL, who)])
         events.append({"ph": "X", "cat": "user_annotation", "name": census.to_marker(), "pid": 1, "tid": 1,

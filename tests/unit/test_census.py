@@ -98,7 +98,7 @@ def test_the_census_changes_no_tensor_life(group, tmp_path):
 def test_the_collectives_are_unwrapped_with_the_last_instrumentation(group):
     original = dist.all_gather_into_tensor
     first, second = sptrace.instrument(nn.Linear(2, 2)), sptrace.instrument(nn.Linear(2, 2))
-    assert dist.all_gather_into_tensor is not original and getattr(dist.all_gather_into_tensor, "_sptrace_watched")
+    assert dist.all_gather_into_tensor is not original and dist.all_gather_into_tensor._sptrace_watched
     # P2POp checks its op by identity: the point-to-point functions stay what they were
     assert dist.P2POp(dist.irecv, torch.empty(2), 0).op is dist.irecv
     assert not getattr(dist.isend, "_sptrace_watched", False)

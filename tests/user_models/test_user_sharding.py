@@ -185,8 +185,11 @@ def test_deepspeed_ulysses_sequence_first_passes(user_runs, capsys, private_cach
     assert (code, report["verdict"]["status"]) == (0, "pass"), report["verdict"]
     d = H // heads
     for rank in range(WORLD):
-        a2a = [s for s in report["saved"] if s["rank"] == rank and s["origin"] == "all-to-all"
-               and s["origin_text"].startswith("made by")]  # (not what attention computed from them)
+        a2a = [
+            s
+            for s in report["saved"]
+            if s["rank"] == rank and s["origin"] == "all-to-all" and s["origin_text"].startswith("made by")
+        ]  # (not what attention computed from them)
         # an all-to-all moves as many bytes as it takes: each buffer is 1/P of the sequence's
         assert a2a and all(s["storage_bytes"] == S * B * H // WORLD * 4 for s in a2a), rank
         assert not {s["class"] for s in a2a} & {"full", "ambiguous", "other"}, rank

@@ -32,6 +32,7 @@ losses (the stray is numerically harmless) and the collective counts, then the g
 CPU/gloo patches (each marked PATCH below): DS_ACCELERATOR=cpu; torch.cuda.current_device -> cpu for
 Megatron's allocations; DeepSpeed's shared-memory comm op marked incompatible so it is not JIT-built.
 """
+
 import time
 
 T_START = time.perf_counter()
@@ -44,10 +45,10 @@ import weakref  # noqa: E402
 # oneccl_bindings_for_pytorch is absent) instead of probing for CUDA.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
+import torch  # noqa: E402 (after DS_ACCELERATOR, which DeepSpeed reads when it is imported)
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 # PATCH: Megatron-Core allocates with device=torch.cuda.current_device() on the sequence-parallel paths
 # (global all-gather buffer, reduce-scatter outputs, the dgrad reduce-scatter buffer in backward) and has
@@ -89,19 +90,30 @@ class Census:
     def pack(self, t):
         if self.active:
             st = t.untyped_storage()
-            self.records.append({
-                "step": self.step, "module": self.stack[-1] if self.stack else "(loss)",
-                "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""), "numel": t.numel(),
-                "storage_nbytes": st.nbytes(), "data_ptr": st.data_ptr(),
-                "is_param": isinstance(t, nn.Parameter) or st.data_ptr() in self.param_ptrs,
-                "planted": st.data_ptr() == self.plant_ptr,
-            })
+            self.records.append(
+                {
+                    "step": self.step,
+                    "module": self.stack[-1] if self.stack else "(loss)",
+                    "shape": list(t.shape),
+                    "dtype": str(t.dtype).replace("torch.", ""),
+                    "numel": t.numel(),
+                    "storage_nbytes": st.nbytes(),
+                    "data_ptr": st.data_ptr(),
+                    "is_param": isinstance(t, nn.Parameter) or st.data_ptr() in self.param_ptrs,
+                    "planted": st.data_ptr() == self.plant_ptr,
+                }
+            )
         return t
 
     def planted(self, t, module, kind):
         self.plant, self.plant_ptr = weakref.ref(t), t.untyped_storage().data_ptr()
-        self.plant_info = {"module": module, "kind": kind, "shape": list(t.shape),
-                           "bytes": t.untyped_storage().nbytes(), "data_ptr": t.untyped_storage().data_ptr()}
+        self.plant_info = {
+            "module": module,
+            "kind": kind,
+            "shape": list(t.shape),
+            "bytes": t.untyped_storage().nbytes(),
+            "data_ptr": t.untyped_storage().data_ptr(),
+        }
 
 
 CENSUS = Census()
@@ -126,8 +138,9 @@ class MegatronMLP(nn.Module):
         init = lambda w: nn.init.normal_(w, std=0.05)  # noqa: E731
         col = StrayColumnParallelLinear if stray else ColumnParallelLinear
         self.fc1 = col(H, FFN, config=cfg, init_method=init, bias=True, gather_output=False)
-        self.fc2 = RowParallelLinear(FFN, H, config=cfg, init_method=init, bias=True,
-                                     input_is_parallel=True, skip_bias_add=False)
+        self.fc2 = RowParallelLinear(
+            FFN, H, config=cfg, init_method=init, bias=True, input_is_parallel=True, skip_bias_add=False
+        )
 
     def forward(self, x):  # x: [S/P, B, H] -> [S/P, B, H]
         h, _ = self.fc1(x)  # [S, B, FFN/P]: sequence all-gathered inside the layer
@@ -136,9 +149,13 @@ class MegatronMLP(nn.Module):
 
 
 def build_megatron(stray):
-    cfg = ModelParallelConfig(tensor_model_parallel_size=dist.get_world_size(), sequence_parallel=True,
-                              use_cpu_initialization=True,  # config, not patch: init weights on CPU
-                              params_dtype=torch.float32, gradient_accumulation_fusion=False)
+    cfg = ModelParallelConfig(
+        tensor_model_parallel_size=dist.get_world_size(),
+        sequence_parallel=True,
+        use_cpu_initialization=True,  # config, not patch: init weights on CPU
+        params_dtype=torch.float32,
+        gradient_accumulation_fusion=False,
+    )
     layers = [MegatronMLP(cfg, stray and i == STRAY_LAYER) for i in range(LAYERS)]
     return nn.ModuleDict({"layers": nn.Sequential(*layers)})
 
@@ -228,8 +245,13 @@ def run_scenario(name, out_dir, rank, world):
     os.makedirs(os.path.join(out_dir, name), exist_ok=True)
     sched = torch.profiler.schedule(wait=0, warmup=1, active=2, repeat=1)
     t0 = time.perf_counter()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=sched,
-                                record_shapes=True, profile_memory=True, with_stack=True) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        schedule=sched,
+        record_shapes=True,
+        profile_memory=True,
+        with_stack=True,
+    ) as prof:
         for i in range(3):
             step(i, record=i >= 1)  # step 0 is the profiler's warm-up
             prof.step()
@@ -237,19 +259,39 @@ def run_scenario(name, out_dir, rank, world):
     elapsed = time.perf_counter() - t0
 
     full_numel = S * B * H  # a saved tensor is "full-size" if its elements or its storage reach [S, B, H]
-    big = [r for r in CENSUS.records if not r["is_param"]
-           and max(r["numel"] * 4, r["storage_nbytes"]) >= full_numel * 4]
-    mine = {"records": CENSUS.records, "full_size_saved": big, "plant": CENSUS.plant_info,
-            "plant_alive_at_boundary": boundary, "plant_freed_after_backward": freed,
-            "losses": losses, "profiled_s": round(elapsed, 3)}
+    big = [
+        r for r in CENSUS.records if not r["is_param"] and max(r["numel"] * 4, r["storage_nbytes"]) >= full_numel * 4
+    ]
+    mine = {
+        "records": CENSUS.records,
+        "full_size_saved": big,
+        "plant": CENSUS.plant_info,
+        "plant_alive_at_boundary": boundary,
+        "plant_freed_after_backward": freed,
+        "losses": losses,
+        "profiled_s": round(elapsed, 3),
+    }
     gathered = [None] * world
     dist.gather_object(mine, gathered if rank == 0 else None, dst=0)  # after export: not in the trace
     if rank == 0:
         truth = {
-            "scenario": name, "framework": name.split("_")[0], "want_exit": int(stray),
-            "config": {"B": B, "S": S, "H": H, "P": world, "F": FFN, "heads": HEADS, "head_dim": D,
-                       "layers": LAYERS, "dtype": "float32", "layout": "seq_first",
-                       "full_activation_numel": full_numel, "full_activation_bytes": full_numel * 4},
+            "scenario": name,
+            "framework": name.split("_")[0],
+            "want_exit": int(stray),
+            "config": {
+                "B": B,
+                "S": S,
+                "H": H,
+                "P": world,
+                "F": FFN,
+                "heads": HEADS,
+                "head_dim": D,
+                "layers": LAYERS,
+                "dtype": "float32",
+                "layout": "seq_first",
+                "full_activation_numel": full_numel,
+                "full_activation_bytes": full_numel * 4,
+            },
             "stray": ({"layer": STRAY_LAYER, **gathered[0]["plant"]} if stray else None),
             "profiled_steps": [1, 2],
             "versions": versions(),
@@ -263,8 +305,8 @@ def run_scenario(name, out_dir, rank, world):
 def versions():
     import deepspeed
     import megatron.core
-    return {"torch": torch.__version__, "deepspeed": deepspeed.__version__,
-            "megatron_core": megatron.core.__version__}
+
+    return {"torch": torch.__version__, "deepspeed": deepspeed.__version__, "megatron_core": megatron.core.__version__}
 
 
 def main():

@@ -83,7 +83,10 @@ def _lacked_evidence(draw: dict, truth: dict, report: dict, want: str, alive: li
         return ""
     if want == "fail":
         if all(truth["ranks"][r]["plant"]["collective_buffer"] for r in alive):
-            return "the stray is the very buffer a collective filled: the model's or the backend's, a bare trace cannot tell"
+            return (
+                "the stray is the very buffer a collective filled: the model's or the backend's, a bare trace "
+                "cannot tell"
+            )
         return ""
     alive_buffers = {(r, b["ptr"]) for r, rec in enumerate(truth["ranks"]) for b in rec["alive_buffers"]}
     if any((s["rank"], s["storage_ptr"]) in alive_buffers for s in undecided):

@@ -35,7 +35,9 @@ def test_the_draws_cover_what_the_gate_must_survive():
         "interleaved", "grouped"}  # fmt: skip
     assert any(d.stray and (d.stray["step"] or d.stray["micro_batch"]) for d in DRAWS)
     # a stray that is a collective's own buffer, and one derived from it, bare and instrumented
-    exact = {(d.gather in ("into_tensor", "funcol"), d.instrumented) for d in DRAWS if d.kind in ("list", "attr", "hook")}
+    exact = {
+        (d.gather in ("into_tensor", "funcol"), d.instrumented) for d in DRAWS if d.kind in ("list", "attr", "hook")
+    }
     assert exact == {(True, True), (True, False), (False, True), (False, False)}
 
 
