@@ -12,6 +12,9 @@ REPO = Path(__file__).resolve().parent.parent
 # ../shared/corpus beside the checkout (as in CI); tests that need them skip without them
 CORPUS = Path(os.environ.get("SPTRACE_CORPUS") or REPO.parent / "shared" / "corpus")
 NO_CORPUS = f"no real-trace corpus at {CORPUS}: set SPTRACE_CORPUS=DIR to run the tests on real GPU traces"
+# an independent generator of drawn models and its judge (../shared/oracles beside the checkout, as in CI)
+ORACLES = Path(os.environ.get("SPTRACE_ORACLES") or REPO.parent / "shared" / "oracles")
+NO_ORACLES = f"no shared oracle at {ORACLES}: set SPTRACE_ORACLES=DIR to score the gate on its drawn models"
 WORLD = 8
 
 # name -> a run of `sptrace profile --matrix` (the default model unless stated). The suite's
