@@ -189,4 +189,11 @@ def draws(count: int | None = None, seed: int = 0) -> list[Draw]:
         d = out[spare]
         out[spare] = Draw(**{**d.to_dict(), "gather": ("into_tensor" if d.layout == "sbh" else "funcol") if exact
                              else "list", "instrumented": instrumented})  # fmt: skip
+    # and each way, in each layout, at least once where the trace can show it: a model that holds
+    # the very buffer a collective filled is decided only under sptrace.instrument's census
+    for way in ("list", "attr", "hook"):
+        for layout in ("bsh", "sbh"):
+            mine = [i for i, d in enumerate(out) if d.kind == way and d.layout == layout]
+            if mine and all(out[i].gather != "list" and not out[i].instrumented for i in mine):
+                out[mine[0]] = Draw(**{**out[mine[0]].to_dict(), "instrumented": True})
     return out

@@ -75,6 +75,11 @@ def test_check_equals_the_truth_on_every_drawn_model(generated_runs):
     assert sum(k["right"] for k in kinds.values()) * 4 >= len(DRAWS) * 3, kinds
     # every instrumented draw is decided: the census shows who holds each collective's buffer
     assert all(outcome == "right" for draw, outcome, _ in results if draw["instrumented"]), kinds
+    # and every way of keeping a stray FAILs in both layouts
+    failed = {
+        (draw["stray"]["way"], draw["layout"]) for draw, outcome, _ in results if draw["stray"] and outcome == "right"
+    }
+    assert failed == {(w, lay) for w in WAYS for lay in ("bsh", "sbh")}, failed
 
 
 def test_declaring_true_flags_never_turns_a_fail_into_a_pass(generated_runs):
