@@ -546,6 +546,8 @@ def pp2_sp4(root: Path) -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    saved = census(layer, lambda: layer(x).square().mean())  # torch's view of what one stage's MLP keeps
+    opt.zero_grad(set_to_none=True)
     for _ in range(2):
         step()
     calls.clear()
@@ -557,7 +559,7 @@ def pp2_sp4(root: Path) -> None:
     prof.export_chrome_trace(str(out / f"rank{rank}.json"))
     dist.barrier()
     write_oracle(root, "pp2_sp4", {
-        "p2p": calls, "stage": stage, "sp_group": list(range(stage * half, (stage + 1) * half)),
+        "p2p": calls, "stage": stage, "sp_group": list(range(stage * half, (stage + 1) * half)), "saved": saved,
         "config": {"batch": B, "seq": S, "hidden": H, "sp": half, "layers": 1},
     })  # fmt: skip
 

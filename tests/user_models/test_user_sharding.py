@@ -303,3 +303,15 @@ def test_diff_names_the_stray_a_user_model_added(user_runs, capsys, private_cach
     changed = {(c["phase"], c["layer"], c["kind"]): c for c in report["communication"]}
     assert set(changed) == {("forward", layer, "all_gather") for layer in range(len(held))}
     assert all(c["new"]["count"] - c["base"]["count"] == 1 for c in changed.values())
+
+
+def test_two_pipeline_stages_of_sp_ranks(user_runs, capsys, private_cache):
+    """Two pipeline stages of four SP ranks each, one profiled step, no sptrace code: each stage's
+    MLP saves only sequence shards (torch's census), so nothing the step keeps is full-size. A
+    buffer an all-gather filled that gloo's thread dropped last has no free in the trace: PASS, or
+    CANNOT DECIDE naming exactly those buffers and the step that decides them."""
+    census = [s for r in range(WORLD) for s in oracle(user_runs, "pp2_sp4", r)["saved"] if not s["param"]]
+    assert census and not any(spans_the_sequence(s["shape"]) for s in census)
+    code, report = check(user_runs, "pp2_sp4", capsys, private_cache, "--sp", "4")
+    assert not kept_full(report) and report["counts"]["ambiguous"] == 0
+    assert code == 0 or (code == 2 and cannot_decide_names_the_buffers(report)), report["verdict"]
