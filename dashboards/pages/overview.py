@@ -15,7 +15,7 @@ from sptrace.dashboards.store import RunStore
 from sptrace.analysis import RunFacts
 from sptrace.report.theme import COLORS
 from sptrace.vocab.errors import SptraceError
-from sptrace.vocab.units import human_bytes
+from sptrace.vocab.units import human_bytes, human_ms
 
 
 def _stat(label: str, value: str, detail: str | None = None, badge: Any = None, stat_id: str | None = None) -> Any:
@@ -76,7 +76,7 @@ def run_card(store: RunStore, i: int, selected: bool) -> Any:
         _stat("communication", "n/a" if share is None else f"{100 * share:.1f} %",
               None if facts.comm_ms is None else f"{facts.comm_ms:.1f} ms of transfer per rank",
               stat_id=f"comm-{i}"),
-        _stat("exposed communication", "n/a" if exposed is None else f"{exposed:.1f} ms",
+        _stat("exposed communication", "n/a" if exposed is None else human_ms(exposed),
               "no GPU streams: nothing to overlap with" if exposed is None else "not overlapped by compute kernels",
               stat_id=f"exposed-{i}"),
         _stat("wire bytes per rank", human_bytes(wire),

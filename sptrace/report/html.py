@@ -34,7 +34,7 @@ from sptrace.report import compare, figures, timeline
 from sptrace.report.html_page import B85_ALPHABET, LOADER, PAGE
 from sptrace.report.theme import FONT, VERDICT_COLORS, header
 from sptrace.vocab.errors import SptraceError
-from sptrace.vocab.units import human_bytes, rank_ranges
+from sptrace.vocab.units import human_bytes, human_ms, rank_ranges
 
 MEMORY_POINTS = 1000
 """Points per rank of the memory plot: min and max of 500 time bins keep every peak of a plot
@@ -81,7 +81,7 @@ def _run_section(anchor: str, name: str, a: RunAnalysis, verdicts: tuple[Any, ..
         parts.append(f'<p class="verdict">{badge(label, verdict, why)} {html.escape(label)}: {html.escape(line)}</p>')
     t = a.facts
     if t.step_ms is not None:
-        exposed = "n/a (no GPU streams)" if t.exposed_ms is None else f"{t.exposed_ms:.1f} ms"
+        exposed = "n/a (no GPU streams)" if t.exposed_ms is None else human_ms(t.exposed_ms)
         share = "" if t.comm_share is None else f" ({100 * t.comm_share:.0f}% of the step)"
         parts.append(html_p(
             f"step {t.step_ms:.1f} ms (slowest rank, measured by {t.step_source}); communication "

@@ -1,4 +1,4 @@
-"""Units for people: one byte formatter, one number formatter and one rank-set formatter (and its
+"""Units for people: one byte formatter, one time formatter, one number formatter and one rank-set formatter (and its
 parser) for every report."""
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ def significant(x: float, digits: int = 3) -> str:
     decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
     text = f"{x:.{decimals}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def human_ms(ms: float) -> str:
+    """12.345 -> '12.3 ms', 0.0456 -> '0.046 ms': a tenth of a millisecond where that is precise
+    enough, two significant digits below one (a small step's 0.04 ms is not '0.0 ms')."""
+    return f"{ms:.1f} ms" if abs(ms) >= 1 or ms == 0 else f"{significant(ms, 2)} ms"
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import threading
 from collections.abc import Iterator
@@ -278,13 +279,13 @@ def test_url_round_trip_and_back_button(open_page, server):
     page.wait_for_selector("text=FAIL: 1 full-size tensor", timeout=TIMEOUT_MS)
     choose_run(page, "megatron")
     page.wait_for_url("**/memory?run=0", timeout=TIMEOUT_MS)
-    page.wait_for_selector("text=PASS: every judged tensor is sharded", timeout=TIMEOUT_MS)
+    page.wait_for_selector("text=PASS: every tensor alive at the boundary is sharded", timeout=TIMEOUT_MS)
     page.click("#nav-timeline")
     page.wait_for_url("**/timeline?run=0", timeout=TIMEOUT_MS)
     page.wait_for_selector("#timeline-graph .main-svg", timeout=TIMEOUT_MS)
     page.go_back()
     page.wait_for_url("**/memory?run=0", timeout=TIMEOUT_MS)
-    page.wait_for_selector("text=PASS: every judged tensor is sharded", timeout=TIMEOUT_MS)
+    page.wait_for_selector("text=PASS: every tensor alive at the boundary is sharded", timeout=TIMEOUT_MS)
     page.go_back()
     page.wait_for_url("**/memory?run=1", timeout=TIMEOUT_MS)
     page.wait_for_selector("text=FAIL: 1 full-size tensor", timeout=TIMEOUT_MS)
@@ -360,7 +361,8 @@ def test_gpu_page_on_a_gpu_run(open_page, server):
     # the overview shows its exposed communication (a GPU run has streams; the gloo runs say n/a)
     page.goto(server + "/", timeout=TIMEOUT_MS)
     page.wait_for_selector("#exposed-4", timeout=TIMEOUT_MS)
-    assert "0.1 ms" in page.inner_text("#exposed-4") and "n/a" in page.inner_text("#exposed-0")
+    # per step (0.04-0.05 ms of its all-reduces outside the matmuls on each rank), not "0.0 ms"
+    assert re.search(r"\b0\.0[45]\d? ms", page.inner_text("#exposed-4")) and "n/a" in page.inner_text("#exposed-0")
     page.goto(server + "/memory?run=4", timeout=TIMEOUT_MS)  # no run.json: explained, no crash
     page.wait_for_selector("text=sharding not checked", timeout=TIMEOUT_MS)
     assert "which neither run.json, --config nor a flag declares" in page.inner_text(".run-error")

@@ -13,10 +13,10 @@ import gzip
 import io
 import json
 import os
+import socket
 import tempfile
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -179,11 +179,16 @@ def test_symlink_loops_and_unreadable_files(tmp_path, capsys):
     assert main(["info", str(loop / "rank0.json"), "--no-cache"]) == 2
     err = capsys.readouterr().err
     assert err.count("sptrace: error:") == 2 and "Traceback" not in err
-    if os.geteuid() == 0:
-        pytest.skip("root reads every file: no unreadable file can be made")
+    # a file no one may read: mode 0, or (root reads every file) a socket, which open() refuses to all
     locked = tmp_path / "locked"
     locked.mkdir()
-    path = write(locked, "rank0.json", DOC)
-    path.chmod(0)
-    assert main(["info", str(locked), "--no-cache"]) == 2
-    assert "rank0.json" in capsys.readouterr().err
+    path = locked / "rank0.json"
+    if os.geteuid() == 0:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(path))
+        assert main(["info", str(path), "--no-cache"]) == 2
+    else:
+        write(locked, "rank0.json", DOC).chmod(0)
+        assert main(["info", str(locked), "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert "rank0.json" in err and err.count("sptrace: error:") == 1 and "Traceback" not in err

@@ -572,7 +572,10 @@ def slow_rank(root: Path) -> None:
     before fc1. The oracle is, per step (the profiler's number), where the extra work was put and
     how long it took, timed around it."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    plan = {1: (world - 3, 1, 200), 2: (1, 0, 100)}  # step -> (slow rank, layer, matmuls)
+    # step -> (slow rank, layer, matmuls): 400 matmuls take ~0.13 s on an idle core, several times a
+    # rank's longest stall when 8 ranks share 2 busy cores (CI once saw a 0.1 s stall in a backward
+    # outrun 100 of them)
+    plan = {1: (world - 3, 1, 800), 2: (1, 0, 400)}
     torch.manual_seed(12)
     model = models.MegatronStack(3, H, 2 * H, dist.group.WORLD)
     x = shard_of(torch.randn(B, S, H), rank, world)

@@ -196,4 +196,18 @@ def draws(count: int | None = None, seed: int = 0) -> list[Draw]:
             mine = [i for i, d in enumerate(out) if d.kind == way and d.layout == layout]
             if mine and all(out[i].gather != "list" and not out[i].instrumented for i in mine):
                 out[mine[0]] = Draw(**{**out[mine[0]].to_dict(), "instrumented": True})
+    # a stray in the second micro-batch of a grouped step (f0 f1 b0 b1), in a checkpointed block:
+    # b0's recomputation runs after f1 kept its stray, and must neither keep nor plant another
+    for checkpoint, ways in (("sac", ("sac",)), ("full", ("list", "attr", "hook"))):
+        mine = [i for i, d in enumerate(out) if d.kind in ways]
+        if mine and not any(late_in_grouped(out[i]) and out[i].checkpoint == checkpoint for i in mine):
+            d = out[mine[-1]]
+            out[mine[-1]] = Draw(**{**d.to_dict(), "checkpoint": checkpoint, "micro_batches": 2, "order": "grouped",
+                                    "stray": {**d.stray, "micro_batch": 1}})  # fmt: skip
     return out
+
+
+def late_in_grouped(d: Draw) -> bool:
+    """The stray is kept in a later micro-batch than the first, with every forward before any
+    backward."""
+    return bool(d.stray and d.stray["micro_batch"] > 0 and d.order == "grouped")

@@ -54,6 +54,7 @@ class Truth:
         self.micro_batch = -1
         self.plant: Any = None
         self.plant_info: dict | None = None
+        self.in_backward = False  # a checkpoint's recomputation plants nothing: the forward did
 
     def collective_buffer(self, t: Tensor) -> Tensor:
         """A buffer a collective filled or returned (the only tensors a backend can hold)."""
@@ -63,6 +64,8 @@ class Truth:
         return t
 
     def planted(self, t: Tensor) -> None:
+        if self.in_backward:
+            return
         storage = _storage(t)
         ptrs = {ptr for _, ptr, _ in self.buffers}
         self.plant = weakref.ref(storage)
@@ -209,8 +212,8 @@ class Layer(nn.Module):
             ctx = ctx.transpose(0, 1)
         return Scatter.apply(F.linear(ctx, self.wo), self.group, self.dim, d.scatter)
 
-    def mlp(self, x: Tensor) -> Tensor:
-        d, way = self.d, self.stray
+    def mlp(self, x: Tensor, way: str | None) -> Tensor:
+        d = self.d
         h = self.mlp_norm(x)
         if way == "autograd":  # a plain linear on the gathered input: autograd saves it whole
             full = Gather.apply(h, self.group, self.dim, d.gather).contiguous()
@@ -233,21 +236,24 @@ class Layer(nn.Module):
             up = up + F.linear(compiled_block(full, self.scale), self.fc1)
         return Scatter.apply(F.linear(F.gelu(up), self.fc2), self.group, self.dim, d.scatter)
 
-    def block(self, x: Tensor) -> Tensor:
+    def block(self, way: str | None, x: Tensor) -> Tensor:
         x = x + self.attention(x)
-        if self.d.compiled and self.stray != "compile":
+        if self.d.compiled and way != "compile":
             x = compiled_block(x, self.scale)  # on the shard: sharded saves
-        return x + self.mlp(x)
+        return x + self.mlp(x, way)
 
     def forward(self, x: Tensor) -> Tensor:
+        # the way is this forward's: a recomputation in backward does what its forward did, even
+        # where the next micro-batch's forward (grouped order) set another
+        way = self.stray
         if self.d.checkpoint == "full":
-            return checkpoint(self.block, x, use_reentrant=False)
+            return checkpoint(partial(self.block, way), x, use_reentrant=False)
         if self.d.checkpoint == "sac":
-            return checkpoint(self.block_sac, x, use_reentrant=False, context_fn=partial(
-                create_selective_checkpoint_contexts, self.policy))  # fmt: skip
-        return self.block(x)
+            return checkpoint(partial(self.block_sac, way), x, use_reentrant=False, context_fn=partial(
+                create_selective_checkpoint_contexts, partial(self.policy, way)))  # fmt: skip
+        return self.block(way, x)
 
-    def block_sac(self, x: Tensor) -> Tensor:
+    def block_sac(self, way: str | None, x: Tensor) -> Tensor:
         """The block with its gathers as functional collectives, which a SAC policy can see."""
         h = self.attn_norm(x)
         full = funcol.all_gather_tensor_autograd(h.movedim(self.dim, 0).contiguous(), 0, self.group)
@@ -263,13 +269,13 @@ class Layer(nn.Module):
         x = x + funcol.reduce_scatter_tensor_autograd(part, "sum", 0, self.group).movedim(0, self.dim)
         h = self.mlp_norm(x)
         full = funcol.all_gather_tensor_autograd(h.movedim(self.dim, 0).contiguous(), 0, self.group)
-        if self.stray == "sac":
+        if way == "sac":
             TRUTH.planted(full)
         part = F.linear(F.gelu(F.linear(TRUTH.collective_buffer(full).movedim(0, self.dim), self.fc1)), self.fc2)
         part = part.movedim(self.dim, 0).contiguous()
         return x + funcol.reduce_scatter_tensor_autograd(part, "sum", 0, self.group).movedim(0, self.dim)
 
-    def policy(self, ctx, op, *args, **kwargs):
+    def policy(self, way: str | None, ctx, op, *args, **kwargs):
         """Keep the column-parallel and attention matmul outputs (sharded: [.., S, w/P]);
         recompute everything else, the gathers included. The stray: MUST_SAVE the all-gather's
         output as well."""
@@ -280,7 +286,7 @@ class Layer(nn.Module):
             and len(args) > 1
             and any(args[1] is w or getattr(args[1], "_base", None) is w for w in (self.wo, self.fc2))
         )
-        keep = ("mm" in name and not row) or (self.stray == "sac" and ("all_gather" in name or "wait_tensor" in name))
+        keep = ("mm" in name and not row) or (way == "sac" and ("all_gather" in name or "wait_tensor" in name))
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
 
@@ -351,6 +357,11 @@ def run_draw(d: Draw, groups: dict[int, dist.ProcessGroup], root: Path) -> None:
         with cast:
             return model(x).float().square().mean() / len(xs)
 
+    def backward(loss: Tensor) -> None:
+        TRUTH.in_backward = True
+        loss.backward()
+        TRUTH.in_backward = False
+
     def train_step(step: int | None, prof: Any = None) -> None:
         TRUTH.recording = step is not None
         TRUTH.buffers.clear()
@@ -359,13 +370,13 @@ def run_draw(d: Draw, groups: dict[int, dist.ProcessGroup], root: Path) -> None:
             loss = forward(step, mb, x)
             if d.order == "interleaved":
                 boundary(step, mb, prof)
-                loss.backward()
+                backward(loss)
             else:
                 losses.append(loss)
         for mb, loss in enumerate(losses):  # grouped: f0 f1 ... then b0 b1 ...
             TRUTH.micro_batch = mb
             boundary(step, mb, prof)
-            loss.backward()
+            backward(loss)
         set_stray(None, -1)
         TRUTH.recording = False
         opt.step()
