@@ -268,9 +268,9 @@ def instrument(
     forward's collectives filled (``census``: sptrace.census) to ``model``; all active only while
     profiling.
 
-    Call it before wrapping the model (``fully_shard``, DDP) so that the wrapper's own
-    collectives fall inside the module ranges. Use as a plain call or as a context manager that
-    removes the hooks on exit.
+    Call it after wrapping the model (``fully_shard``, DDP), as the reference models do, so that
+    the wrapper's own collectives (FSDP2's parameter all-gathers) fall inside the module ranges.
+    Use as a plain call or as a context manager that removes the hooks on exit.
     """
     return Instrumentation(model, prefix=prefix, saved_tensors=saved_tensors, census=census)
 

@@ -8,7 +8,7 @@ Findings:
   place it diverges, with how many of its collectives disagree after it. In the group the trace
   does not name (``?``), collectives of different groups may share a sequence, so there it is a
   warning: the trace cannot tell a desync from two groups. Sizes are compared only where every
-  rank's input has the same size (``matching.SAME_SIZE_KINDS``); an uneven all-to-all and a
+  rank's input has the same size (``same_size`` in the table of collective kinds); an uneven all-to-all and a
   scatter's or gather's root differ by design.
 - ``collective-count`` (warning): ranks of one group issued different numbers of collectives. A
   profiled window that starts or stops at a different point on some rank does this too, so it

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from sptrace.cli.common import SHAPE_FLAGS
+from sptrace.vocab import collective_kinds
 from sptrace.vocab.dtypes import ACTIVATION_DTYPES
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.shape import RECOMPUTE, SCHEME_CHOICES, ModelShape
@@ -52,7 +53,7 @@ def _preset(name: str | None) -> tuple[ModelShape, bool]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sptrace.costmodel import KINDS, activation_bytes_per_layer, estimate_comm, korthikanti_bytes_per_layer
+    from sptrace.costmodel import activation_bytes_per_layer, estimate_comm, korthikanti_bytes_per_layer
 
     if args.k not in (1, 2):
         raise UsageError("--k must be 1 or 2")
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             f"{human_bytes(c.wire_bytes * n):>12}  {c.what}"
         )
     print("\nwire bytes sent per rank, one direction:")
-    for kind in KINDS:
+    for kind in collective_kinds.names():
         if est.count(kind):
             noun = "ops" if kind in ("send", "recv") else "collectives"
             print(f"  {kind:<15}{est.count(kind):>5} {noun:<12}{human_bytes(est.wire_per_step(kind)):>12}")

@@ -13,17 +13,15 @@ from sptrace.costmodel.activations import (
     korthikanti_bytes_per_layer,
 )
 from sptrace.costmodel.comm import (
-    KINDS,
     PHASES,
     CollectiveSpec,
     CommEstimate,
     estimate_comm,
 )
 from sptrace.costmodel.presets import PRESETS
-from sptrace.vocab.wire import wire_bytes  # the formula the model and detection share
+from sptrace.vocab.collective_kinds import wire_bytes  # the formula the model and detection share
 
 __all__ = [
-    "KINDS",
     "KORTHIKANTI_SETTINGS",
     "PHASES",
     "PRESETS",

@@ -8,7 +8,6 @@ from typing import Any
 
 from sptrace.costmodel import grads, hybrid, megatron, ring, ulysses, usp
 from sptrace.costmodel.spec import (
-    KINDS,
     NEEDS,
     PHASES,
     Builder,
@@ -21,7 +20,7 @@ from sptrace.costmodel.spec import (
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.shape import ModelShape
 
-__all__ = ["KINDS", "NEEDS", "PHASES", "CollectiveSpec", "CommEstimate", "as_shape", "estimate_comm"]
+__all__ = ["NEEDS", "PHASES", "CollectiveSpec", "CommEstimate", "as_shape", "estimate_comm"]
 
 SCHEMES = {"megatron": megatron, "ulysses": ulysses, "hybrid": hybrid, "ring": ring, "usp": usp}
 

@@ -6,15 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sptrace.vocab import collective_kinds
+from sptrace.vocab.collective_kinds import wire_bytes
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.shape import ModelShape
-from sptrace.vocab.wire import wire_bytes
 
-KINDS = (
-    "all_gather", "reduce_scatter", "all_to_all", "all_reduce", "broadcast", "reduce", "gather", "scatter", "send",
-    "recv", "send_recv", "barrier", "other",
-)  # fmt: skip
 PHASES = ("forward", "backward")
 
 
@@ -89,7 +86,7 @@ class CommEstimate:
             "wire_bytes_per_step": self.wire_per_step(),
             "by_kind": {
                 kind: {"count": self.count(kind), "wire_bytes": self.wire_per_step(kind)}
-                for kind in KINDS
+                for kind in collective_kinds.names()
                 if self.count(kind)
             },
             "collectives": [

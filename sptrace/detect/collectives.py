@@ -36,10 +36,9 @@ from sptrace.detect.args import load_list, present
 from sptrace.detect.groups import GroupTable, PeerCandidate
 from sptrace.detect.index import RankIndex
 from sptrace.detect.intervals import Intervals
-from sptrace.detect.kinds import COLL_NAME_KINDS, GLOO_KINDS, KERNEL_PATTERNS, NCCL_ANNOTATION_KINDS, SYMM_MEM_KINDS
 from sptrace.load.trace import RankTrace
-from sptrace.vocab import dtypes
-from sptrace.vocab.wire import wire_bytes
+from sptrace.vocab import collective_kinds, dtypes
+from sptrace.vocab.collective_kinds import wire_bytes
 
 COLUMNS = [
     "rank", "kind", "op", "group", "group_size", "group_ranks", "peer", "dtype", "in_elems", "out_elems",
@@ -77,7 +76,7 @@ def detect_collectives(trace: RankTrace, index: RankIndex | None = None, *, for_
     RankIndex when the caller has built it already. ``for_reduce``: keep the ``peer_candidates``
     column that ``resolve_peers`` settles once every rank's table is there (RANK_COLUMNS)."""
     idx = index or RankIndex(trace)
-    is_anchor = idx.by_name.one_of(forms.FORMS) | idx.by_name.prefix("symm_mem::")
+    is_anchor = idx.by_name.one_of(forms.all_forms()) | idx.by_name.prefix("symm_mem::")
     anchors = Intervals.of(idx.table, idx.is_cpu & is_anchor)
     rows: list[_Row] = []
     claimed_rpc: set[int] = set()
@@ -93,8 +92,8 @@ def detect_collectives(trace: RankTrace, index: RankIndex | None = None, *, for_
         op = anchors.row(i)
         start, end, tid = int(anchors.start[i]), int(anchors.end[i]), int(anchors.tid[i])
         name = str(op["name"])
-        form = forms.FORMS.get(name)
-        kind = form.kind if form else next(k for p, k in SYMM_MEM_KINDS if p.search(name))
+        form = forms.form_of(name)
+        kind = form.kind if form else next(k for p, k in collective_kinds.symm_mem_patterns() if p.search(name))
         row = _Row(name, kind, start, end, tid, event=op)
         inner = [j for j in anchors.inside(start, end, tid) if j in nested]
         if inner:
@@ -111,13 +110,13 @@ def detect_collectives(trace: RankTrace, index: RankIndex | None = None, *, for_
         if j in claimed_rpc:
             continue
         rpc = idx.rpc.row(j)
-        kind = COLL_NAME_KINDS.get(str(rpc["coll_name"])) if present(rpc["coll_name"]) else None
+        kind = collective_kinds.by_record_name().get(str(rpc["coll_name"])) if present(rpc["coll_name"]) else None
         start, end, tid = int(idx.rpc.start[j]), int(idx.rpc.end[j]), int(idx.rpc.tid[j])
         notes = idx.nccl_annotations.inside(start, end, tid)
         claimed_nccl.update(int(k) for k in notes)
         note = idx.nccl_annotations.row(int(notes[0])) if len(notes) else None
         if kind is None and note is not None:
-            kind = NCCL_ANNOTATION_KINDS[str(note["name"])]
+            kind = collective_kinds.by_nccl_annotation()[str(note["name"])]
         if kind is None:
             continue  # work.wait() and unlabelled bookkeeping: not a collective
         rows.append(_Row("record_param_comms", kind, start, end, tid, event=rpc, rpc=rpc, note=note, anchor="record"))
@@ -127,7 +126,7 @@ def detect_collectives(trace: RankTrace, index: RankIndex | None = None, *, for_
         note = idx.nccl_annotations.row(j)
         start, end = int(idx.nccl_annotations.start[j]), int(idx.nccl_annotations.end[j])
         tid = int(idx.nccl_annotations.tid[j])
-        kind = NCCL_ANNOTATION_KINDS[str(note["name"])]
+        kind = collective_kinds.by_nccl_annotation()[str(note["name"])]
         rows.append(_Row(str(note["name"]), kind, start, end, tid, event=note, note=note, anchor="annotation"))
     rows.sort(key=lambda r: r.start)
     for row in rows:
@@ -149,7 +148,7 @@ def _first_collective_record(rpc: Intervals, inside: np.ndarray) -> Any:
         return None
     frames = [rpc.row(int(j)) for j in inside]
     for f in frames:
-        if not present(f.get("coll_name")) or COLL_NAME_KINDS.get(str(f["coll_name"])) is not None:
+        if not present(f.get("coll_name")) or collective_kinds.by_record_name().get(str(f["coll_name"])) is not None:
             return f
     return frames[0]
 
@@ -192,9 +191,10 @@ def _attach_kernels(idx: RankIndex, rows: list[_Row]) -> list[_Row]:
             continue
         start = int(k.ts_ns)
         end = start + (int(k.dur_ns) if present(k.dur_ns) else 0)
-        kind = next(kd for p, kd in KERNEL_PATTERNS if p.search(str(k.name)))
-        if present(k.coll_name) and COLL_NAME_KINDS.get(str(k.coll_name)):
-            kind = str(COLL_NAME_KINDS[str(k.coll_name)])  # RCCL's ncclDevKernel_Generic: the args tell
+        kind = next(kd for p, kd in collective_kinds.kernel_patterns() if p.search(str(k.name)))
+        named = collective_kinds.by_record_name().get(str(k.coll_name)) if present(k.coll_name) else None
+        if named:
+            kind = named  # RCCL's ncclDevKernel_Generic: the args tell
         row = _Row(str(k.name)[:80], kind, launch[0] if launch else start, launch[0] if launch else end,
                    launch[1] if launch else None, event=k, anchor="kernel")  # fmt: skip
         row.kernels.append(k)
@@ -218,7 +218,7 @@ def _attach_gloo(idx: RankIndex, rows: list[_Row]) -> list[_Row]:
     extra: list[_Row] = []
     pending = [r for r in rows if r.anchor in ("op", "record", "annotation") and not r.kernels]
     for g in idx.gloo:
-        kinds = GLOO_KINDS[str(g.name)]
+        kinds = collective_kinds.by_gloo_annotation()[str(g.name)]
         ts = int(g.ts_ns)
         dims = load_list(g.input_dims)
         fits = [r for r in _issued_before(pending, ts) if r.kind in kinds and (not dims or _dims_agree(r, dims))]

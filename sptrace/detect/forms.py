@@ -4,9 +4,11 @@ input, the output, the group size, the root or the peer, and what sizes follow f
 Kineto records, per op argument, ``Input Dims`` (a shape, a list of shapes for a TensorList, or
 ``[]`` when it records nothing, as for a list of lists), ``Input type`` (a C++ type name, or
 ``TensorList`` / ``ScalarList`` / ``Scalar``) and ``Concrete Inputs`` (the value of scalars and
-int lists as text; ``""`` for tensors and strings). The layouts below follow the c10d and
-``_c10d_functional`` op schemas of PyTorch 2.x (torch/csrc/distributed/c10d/Ops.cpp, Functional.cpp);
-a trace written by a PyTorch whose schema differs gets unknown sizes, never wrong ones.
+int lists as text; ``""`` for tensors and strings). Each op's layout is named in the table of
+collective kinds (sptrace.vocab.collective_kinds) and read here; the layouts follow the c10d and
+``_c10d_functional`` op schemas of PyTorch 2.x (torch/csrc/distributed/c10d/Ops.cpp,
+Functional.cpp); a trace written by a PyTorch whose schema differs gets unknown sizes, never wrong
+ones.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sptrace.detect.args import get, is_shape, load_list, present
-from sptrace.vocab import dtypes
+from sptrace.vocab import collective_kinds, dtypes
 
 
 @dataclass(frozen=True)
@@ -32,45 +34,20 @@ class Form:
     """Position of the root (broadcast, reduce, gather, scatter) or peer (send, recv) rank."""
 
 
-FORMS: dict[str, Form] = {
-    # c10d ops (torch.distributed): output before input where both are passed
-    "c10d::_allgather_base_": Form("all_gather", "out_in"),
-    "c10d::allgather_into_tensor_coalesced_": Form("all_gather", "out_in_lists"),
-    "c10d::allgather_": Form("all_gather", "gather_lists"),
-    "c10d::allgather_coalesced_": Form("all_gather", "gather_lists"),
-    "c10d::_reduce_scatter_base_": Form("reduce_scatter", "out_in"),
-    "c10d::reduce_scatter_tensor_coalesced_": Form("reduce_scatter", "out_in_lists"),
-    "c10d::reduce_scatter_": Form("reduce_scatter", "scatter_lists"),
-    "c10d::alltoall_base_": Form("all_to_all", "out_in"),
-    "c10d::alltoall_": Form("all_to_all", "out_in_lists"),
-    "c10d::allreduce_": Form("all_reduce", "inplace"),
-    "c10d::allreduce_coalesced_": Form("all_reduce", "inplace"),
-    "c10d::broadcast_": Form("broadcast", "inplace", root_arg=2),
-    "c10d::reduce_": Form("reduce", "inplace", root_arg=3),
-    "c10d::gather_": Form("gather", "gather_root", root_arg=3),
-    "c10d::scatter_": Form("scatter", "scatter_root", root_arg=3),
-    "c10d::send": Form("send", "inplace", root_arg=2),
-    "c10d::recv_": Form("recv", "inplace", root_arg=2),
-    "c10d::recv_any_source_": Form("recv", "inplace"),
-    "c10d::barrier": Form("barrier", "none"),
-    # functional collectives (DTensor, FSDP2, torchtitan, torch.distributed._functional_collectives)
-    "_c10d_functional::all_gather_into_tensor": Form("all_gather", "f_gather", group_size_arg=1),
-    "_c10d_functional::all_gather_into_tensor_out": Form("all_gather", "f_gather", group_size_arg=1),
-    "_c10d_functional::all_gather_into_tensor_coalesced": Form("all_gather", "f_gather", group_size_arg=1),
-    "_c10d_functional::reduce_scatter_tensor": Form("reduce_scatter", "f_scatter", group_size_arg=2),
-    "_c10d_functional::reduce_scatter_tensor_out": Form("reduce_scatter", "f_scatter", group_size_arg=2),
-    "_c10d_functional::reduce_scatter_tensor_coalesced": Form("reduce_scatter", "f_scatter", group_size_arg=2),
-    "_c10d_functional::all_reduce": Form("all_reduce", "inplace"),
-    "_c10d_functional::all_reduce_": Form("all_reduce", "inplace"),
-    "_c10d_functional::all_reduce_coalesced": Form("all_reduce", "inplace"),
-    "_c10d_functional::all_reduce_coalesced_": Form("all_reduce", "inplace"),
-    "_c10d_functional::all_to_all_single": Form("all_to_all", "f_all_to_all"),
-    "_c10d_functional_autograd::all_to_all_single": Form("all_to_all", "f_all_to_all"),
-    "_c10d_functional_autograd::all_gather_into_tensor": Form("all_gather", "f_gather", group_size_arg=1),
-    "_c10d_functional_autograd::reduce_scatter_tensor": Form("reduce_scatter", "f_scatter", group_size_arg=2),
-    "_c10d_functional::broadcast": Form("broadcast", "inplace", root_arg=1),
-    "_c10d_functional::broadcast_": Form("broadcast", "inplace", root_arg=1),
-}
+_forms: list = [-1, {}]  # [the table's version, op name -> Form]
+
+
+def all_forms() -> dict[str, Form]:
+    """Every collective op's Form, from the table of collective kinds, rebuilt when it changes."""
+    if _forms[0] != collective_kinds.version():
+        _forms[1] = {op.name: Form(k.name, op.layout, op.group_size_arg, op.root_arg)
+                     for k in collective_kinds.kinds() for op in k.ops}  # fmt: skip
+        _forms[0] = collective_kinds.version()
+    return _forms[1]
+
+
+def form_of(op_name: str) -> Form | None:
+    return all_forms().get(op_name)
 
 
 @dataclass(frozen=True)
@@ -185,7 +162,7 @@ def _int_list(concrete: list, position: int) -> list[int] | None:
 
 def sizes_from_op(op_name: str, event: Any) -> Sizes:
     """Sizes from a c10d / functional op's own recorded arguments."""
-    form = FORMS.get(op_name)
+    form = form_of(op_name)
     dims = _dims(event)
     types = _dims(event, "input_types")
     concrete = _dims(event, "concrete_inputs")
@@ -290,7 +267,7 @@ def sizes_from_annotation(kind: str, event: Any) -> Sizes:
 
 def input_shapes(op_name: str, event: Any) -> list | None:
     """The shapes of what an op sends, where recorded (for matching worker annotations)."""
-    form = FORMS.get(op_name)
+    form = form_of(op_name)
     dims = _dims(event)
     if form is None or not dims:
         return None
@@ -300,7 +277,7 @@ def input_shapes(op_name: str, event: Any) -> list | None:
 
 
 def output_shapes(op_name: str, event: Any) -> list | None:
-    form = FORMS.get(op_name)
+    form = form_of(op_name)
     dims = _dims(event)
     if form is None or not dims:
         return None

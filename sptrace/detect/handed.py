@@ -34,16 +34,13 @@ import pandas as pd
 from sptrace.detect import forms
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.intervals import Intervals
-from sptrace.vocab import dtypes
+from sptrace.vocab import collective_kinds, dtypes
 
 CALLS = ("c10d::", "_c10d_functional", "record_param_comms", "symm_mem::")
 """Prefixes of the ops a rank's own thread runs to issue a collective (gloo:* and nccl:* are the
 backend's annotations of the same call, on its worker thread or around its kernel)."""
 
 _ELEMENT_SIZES = (4, 2, 8, 1)
-
-_FILLED = ("recv", "broadcast")
-"""In-place kinds whose buffer the call writes with what it received (an output, not an input)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +85,7 @@ class HandedTensors:
         start, end = int(calls.start[i]), int(calls.end[i])
         tid = int(calls.tid[i]) if calls.tid[i] >= 0 else None
         elem = self._element_size_of(name, event)
-        form = forms.FORMS.get(name)
+        form = forms.form_of(name)
         layout = form.layout if form is not None else None
         if layout in ("f_gather", "f_scatter", "f_all_to_all") or (
             name.startswith("_c10d_functional") and not name.endswith("_")
@@ -98,7 +95,7 @@ class HandedTensors:
             self._claim_shapes(forms.input_shapes(name, event), elem, start, tid, "input", name)
             return
         if layout == "inplace" or (form is None and name == "record_param_comms"):
-            role = "output" if form is not None and form.kind in _FILLED else "input"
+            role = "output" if form is not None and form.kind in collective_kinds.where("filled") else "input"
             shapes = forms.input_shapes(name, event) if form is not None else None
             if shapes is None and form is None:
                 shapes = self._recorded_elements(event)

@@ -16,15 +16,9 @@ import pandas as pd
 
 from sptrace.detect.args import present
 from sptrace.detect.intervals import EventRow, EventTable, Intervals
-from sptrace.detect.kinds import (
-    AUTOGRAD_NODE,
-    GLOO_KINDS,
-    LAUNCH_CATEGORIES,
-    NCCL_ANNOTATION_KINDS,
-    is_comm_kernel,
-)
+from sptrace.detect.kinds import AUTOGRAD_NODE, LAUNCH_CATEGORIES, is_comm_kernel
 from sptrace.load.trace import RankTrace
-from sptrace.vocab import markers
+from sptrace.vocab import collective_kinds, markers
 
 _LAYER_IN_PATH = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block|decoder\.layers|encoder\.layers)\.(\d+)(?:\.|$)")
 # python stacks name modules "nn.Module: <Class>_<k>" (k counts instances of the class): a class
@@ -202,10 +196,10 @@ class RankIndex:
         self.backward_nodes = Intervals.of(table, nodes)
         self.optimizer = Intervals.of(table, is_x & (starts("Optimizer.step") | starts("Optimizer.zero_grad")))
         self.python = Intervals.of(table, is_x & of_cat(["python_function"]))
-        self._is_gloo = is_x & named(GLOO_KINDS)
+        self._is_gloo = is_x & named(collective_kinds.by_gloo_annotation())
         self.is_cpu = is_cpu = is_x & of_cat(["cpu_op", "user_annotation"])
         self.rpc = Intervals.of(table, is_cpu & named(["record_param_comms"]))
-        self.nccl_annotations = Intervals.of(table, is_cpu & named(NCCL_ANNOTATION_KINDS))
+        self.nccl_annotations = Intervals.of(table, is_cpu & named(collective_kinds.by_nccl_annotation()))
         is_kernel = is_x & of_cat(["kernel"])
         is_comm = by_name.passes(is_comm_kernel, is_kernel)
         self._is_comm_kernel = is_kernel & is_comm

@@ -55,9 +55,7 @@ def producing_collective(
         return None
     first = collectives.row(int(after[np.argmin(collectives.start[after])]))
     name = str(first["name"])
-    outputs = (
-        forms.output_shapes(name, first) if forms.FORMS.get(name, forms.Form("", "")).layout in _OUT_FIRST else None
-    )
+    outputs = forms.output_shapes(name, first) if getattr(forms.form_of(name), "layout", None) in _OUT_FIRST else None
     elem_types = [t for t in load_list(first.get("input_types")) if dtypes.element_size(t)]
     elem = dtypes.element_size(elem_types[0]) if elem_types else None
     nbytes = int(alloc.bytes)
@@ -110,7 +108,7 @@ def _received_into(
 def _p2p_kind(name: str, row: Any) -> str | None:
     """'send' or 'recv' for a point-to-point op (c10d's, NCCL's and gloo's names, or
     record_param_comms naming one), else None."""
-    form = forms.FORMS.get(name)
+    form = forms.form_of(name)
     if form is not None:
         return form.kind if form.kind in ("send", "recv") else None
     what = str(row.get("coll_name") or "") if name == "record_param_comms" else name.rpartition(":")[2]
@@ -121,7 +119,7 @@ def _p2p_kind(name: str, row: Any) -> str | None:
 def _recorded_elements(name: str, row: Any) -> tuple[int | None, int | None]:
     """(elements, element size) of the tensor a point-to-point op moved, where the trace records
     them (None where it does not)."""
-    if name in forms.FORMS:
+    if name in forms.all_forms():
         sizes = forms.sizes_from_op(name, row)
         elems, dtype = sizes.in_elems, sizes.dtype
     else:

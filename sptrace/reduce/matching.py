@@ -6,8 +6,8 @@ k counts the group's collectives on that rank in issue order. Order alone pairs 
 when a rank's trace starts late or misses events (sampled or partial traces), so each rank's
 order is first aligned to the reference rank's by the shift that makes the most (kind, bytes)
 pairs agree, and matches whose kind or size disagree are dropped and counted. Sizes are compared
-only for the kinds whose input every rank sizes alike (``SAME_SIZE_KINDS``): an uneven all-to-all
-and a scatter's or gather's root differ by design.
+only for the kinds whose input every rank sizes alike (``same_size`` in the table of collective
+kinds): an uneven all-to-all and a scatter's or gather's root differ by design.
 
 Sends and receives are matched by the run's one pairing (sptrace.reduce.pairing), which the
 point-to-point report reads too: each pair is one matched collective of group ``p2p``.
@@ -24,6 +24,7 @@ import pandas as pd
 
 from sptrace.reduce.pairing import Pairing, pair_sends
 from sptrace.reduce.timebase import algbw_gbps, aligned, arrival_us, busbw_gbps, clock_offsets, end_us, transfer_us
+from sptrace.vocab import collective_kinds
 from sptrace.vocab.units import count
 
 MAX_SHIFT = 16
@@ -63,12 +64,6 @@ UNKNOWN_GROUP = "?"
 """The group label of collectives whose process group the trace does not name."""
 
 
-SAME_SIZE_KINDS = frozenset({"all_gather", "reduce_scatter", "all_reduce", "broadcast"})
-"""Kinds whose input is the same size on every rank of the group. The others legitimately differ:
-an uneven all-to-all (all_to_all_v) splits by rank, and a scatter's or gather's root holds the
-whole list while the other ranks hold one piece (or nothing)."""
-
-
 def _size_label(values: pd.Series) -> pd.Series:
     """Bytes as text, '?' when unknown (never a number standing in for 'unknown')."""
     return values.map(lambda v: "?" if v is None or pd.isna(v) else str(int(v)))
@@ -76,7 +71,8 @@ def _size_label(values: pd.Series) -> pd.Series:
 
 def _comparable_size(frame: pd.DataFrame) -> pd.Series:
     """The size label where every rank must issue the same size, else '?' (not compared)."""
-    return _size_label(frame["in_bytes"]).where(frame["kind"].isin(SAME_SIZE_KINDS), "?")
+    same = collective_kinds.where("same_size")  # the others differ by design: all_to_all_v, a root
+    return _size_label(frame["in_bytes"]).where(frame["kind"].isin(same), "?")
 
 
 def _keyed(frame: pd.DataFrame) -> pd.DataFrame:

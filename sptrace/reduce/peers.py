@@ -21,7 +21,7 @@ import pandas as pd
 from sptrace.detect.collectives import COLUMNS, detect_collectives
 from sptrace.load.trace import RunTrace
 from sptrace.vocab import dtypes
-from sptrace.vocab.wire import wire_bytes
+from sptrace.vocab.collective_kinds import wire_bytes
 
 
 def merge_collectives(tables: Iterable[pd.DataFrame | None]) -> pd.DataFrame:

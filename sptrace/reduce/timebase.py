@@ -28,10 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-              "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-              "broadcast": lambda n: 1.0, "send_recv": lambda n: 1.0}  # fmt: skip
-"""busbw / algbw by kind, for a group of n ranks; a kind not named moves its bytes once (1)."""
+from sptrace.vocab import collective_kinds
 
 
 def transfer_span(frame: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -66,11 +63,12 @@ def algbw_gbps(size_bytes: Any, transfer: float) -> float:
 
 
 def busbw_gbps(algbw: float, kind: str, group_size: int | None) -> float:
-    """nccl-tests' bus bandwidth: algbw x the kind's factor for the group's size (BUS_FACTOR);
-    NaN when either is unknown (the matched-rank count never stands in for the group's size)."""
+    """nccl-tests' bus bandwidth: algbw x the kind's factor for the group's size (the table of
+    collective kinds); NaN when either is unknown (the matched-rank count never stands in for the
+    group's size, and a kind the table does not know has no factor)."""
     if np.isnan(algbw) or group_size is None:
         return np.nan
-    return algbw * BUS_FACTOR.get(kind, lambda _: 1.0)(group_size)
+    return algbw * collective_kinds.bus_factor(kind, group_size)
 
 
 def clock_offsets(matched: pd.DataFrame) -> dict[int, float]:

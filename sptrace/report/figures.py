@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from sptrace.analysis import RunAnalysis
 from sptrace.costmodel import CommEstimate
 from sptrace.reduce.timebase import aligned
-from sptrace.report.theme import COLORS, GROUP_COLORS, KIND_COLORS, PHASE_COLORS, VERDICT_COLORS, empty, figure
+from sptrace.report.theme import COLORS, GROUP_COLORS, PHASE_COLORS, VERDICT_COLORS, empty, figure, kind_color
 
 MiB = 2**20
 
@@ -81,7 +81,7 @@ def bandwidth_vs_size(matched: pd.DataFrame) -> go.Figure:
     fig = figure("bandwidth against size (matched collectives)", xaxis_title="bytes", yaxis_title="GB/s",
                   xaxis_type="log")  # fmt: skip
     for kind, g in m.groupby("kind"):
-        color = KIND_COLORS.get(str(kind), COLORS["dark"])
+        color = kind_color(kind)
         fig.add_trace(go.Scatter(x=g["in_bytes"], y=g["busbw_gbps"], mode="markers", name=f"{kind} busbw",
                                  marker={"color": color, "size": 8}))  # fmt: skip
         fig.add_trace(go.Scatter(x=g["in_bytes"], y=g["algbw_gbps"], mode="markers", name=f"{kind} algbw",

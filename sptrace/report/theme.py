@@ -11,6 +11,7 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from sptrace.vocab import collective_kinds
 from sptrace.vocab.units import rank_ranges
 
 FONT = "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
@@ -24,12 +25,14 @@ COLORS = {
 VERDICT_COLORS = {"pass": "#2f9e44", "fail": "#e03131", "undecided": "#f08c00", "unavailable": "#868e96"}
 """Green MATCH/PASS, red MISMATCH/FAIL, amber CANNOT DECIDE / ambiguous, grey not checked."""
 SEVERITY_COLORS = {"error": VERDICT_COLORS["fail"], "warning": VERDICT_COLORS["undecided"], "info": "#868e96"}
-KIND_COLORS = {
-    "all_gather": COLORS["blue"], "reduce_scatter": COLORS["orange"], "all_to_all": COLORS["teal"],
-    "all_reduce": COLORS["red"], "broadcast": COLORS["violet"], "send": COLORS["grape"], "recv": COLORS["pink"],
-    "send_recv": COLORS["grape"], "scatter": COLORS["cyan"], "gather": COLORS["lime"], "reduce": COLORS["indigo"],
-    "barrier": COLORS["gray"], "other": COLORS["dark"],
-}  # fmt: skip
+
+
+def kind_color(kind: object) -> str:
+    """A collective kind's colour (the table of collective kinds names it); dark for one it does not know."""
+    known = collective_kinds.get(str(kind))
+    return COLORS.get(known.color, COLORS["dark"]) if known is not None else COLORS["dark"]
+
+
 CLASS_COLORS = {
     "seq-sharded": "#37b24d", "head-sharded": "#1c7ed6", "ambiguous": VERDICT_COLORS["undecided"],
     "full": VERDICT_COLORS["fail"], "other": "#ced4da", "unknown": "#adb5bd",

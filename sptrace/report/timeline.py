@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from sptrace.analysis import RunAnalysis
 from sptrace.reduce.matching import Matching, skew_by_rank
 from sptrace.reduce.timebase import aligned, transfer_span
-from sptrace.report.theme import COLORS, KIND_COLORS, PHASE_COLORS, empty, figure, rank_text
+from sptrace.report.theme import COLORS, PHASE_COLORS, empty, figure, kind_color, rank_text
 from sptrace.vocab.units import human_bytes
 
 
@@ -125,7 +125,7 @@ def timeline(
             fig.add_trace(go.Bar(
                 y=[lane[int(r)] + 0.08 for r in g["rank"]], base=(g["bar_start"] - t0) / 1e3,
                 x=np.maximum(g["bar_dur"], span / 400) / 1e3, orientation="h", width=0.5, name=kind,
-                marker={"color": KIND_COLORS.get(str(kind), COLORS["dark"]), "line": {"width": 0}}, customdata=custom,
+                marker={"color": kind_color(kind), "line": {"width": 0}}, customdata=custom,
                 hovertemplate=(
                     f"<b>{kind}</b> on rank %{{customdata[0]}} (%{{customdata[1]}})<br>"
                     "in %{customdata[2]}, wire %{customdata[3]}, %{customdata[4]}<br>"

@@ -10,7 +10,7 @@ from sptrace.reference_models.config import StepConfig
 
 from sptrace.cli import main
 from sptrace.costmodel import PRESETS, estimate_comm, korthikanti_bytes_per_layer
-from sptrace.vocab.wire import wire_bytes
+from sptrace.vocab.collective_kinds import wire_bytes
 
 MiB, GiB = 2**20, 2**30
 
