@@ -22,6 +22,7 @@ from sptrace.checks.comm import CommReport, check_collectives
 from sptrace.checks.crossrank import CrossRankReport, check_cross_rank
 from sptrace.checks.findings import Finding, Verdict
 from sptrace.checks.p2p import check_point_to_point
+from sptrace.checks.registry import COLLECTIVES, SHARDING, CheckFacts, CheckReport, run_checks
 from sptrace.checks.sharding import NEEDS as SHARDING_NEEDS
 from sptrace.checks.sharding_verdict import ShardingReport, check_sharding
 from sptrace.costmodel import CommEstimate, activation_bytes_per_layer, estimate_comm
@@ -114,6 +115,9 @@ class RunAnalysis:
     """Each rank's own time per module, forward and backward (MODULE_TIME_COLUMNS, ms)."""
     critical_path: CriticalPath | None = None
     """The chain of work, transfers and waiting across ranks that set the step time."""
+    reports: Mapping[str, CheckReport] = field(default_factory=dict)
+    """Every check's report by name, the run's own (COLLECTIVES, SHARDING, where computed) first,
+    then the registered checks' (sptrace.checks.registry): what the views render generically."""
 
     @property
     def offsets_us(self) -> dict[int, float]:
@@ -146,9 +150,11 @@ class RunAnalysis:
         return self.path.name if self.path is not None else "run"
 
     def findings(self) -> list[Finding]:
-        """Every check's findings; the cross-rank ones when there was no cost model to check against."""
+        """Every check's findings (the registered ones' last); the cross-rank ones when there was no
+        cost model to check against."""
         comm = self.comm.findings if self.comm else (self.crossrank.findings if self.crossrank else [])
-        return [*comm, *(self.sharding.findings if self.sharding else [])]
+        others = [f for name, r in self.reports.items() if name not in (COLLECTIVES, SHARDING) for f in r.findings]
+        return [*comm, *(self.sharding.findings if self.sharding else []), *others]
 
     @property
     def collectives_verdict(self) -> Verdict | None:
@@ -454,7 +460,7 @@ def reduce_run(
             sharding = check_sharding(list(retained), model, allow=allow, strict=strict,
                                       expected_per_layer=expected_act, notes=dtype_notes,
                                       missing_ranks=sorted(run.missing_ranks))  # fmt: skip
-    return RunAnalysis(
+    analysis = RunAnalysis(
         path=path, run=run, model=model, warnings=tuple(run.warnings), collectives=collectives, matching=matching,
         timing=tuple(timing), estimate=estimate, comm=comm, comm_unavailable=comm_unavailable, retained=retained,
         sharding=sharding, sharding_unavailable=sharding_unavailable, expected_activation_bytes=expected_act,
@@ -465,6 +471,28 @@ def reduce_run(
         peak_allocated={r.trace.rank: r.peak_allocated for r in ranked if r.peak_allocated is not None},
         critical_path=critical,
     )  # fmt: skip
+    return dataclasses.replace(analysis, reports=_reports(analysis, parts))
+
+
+def _reports(a: RunAnalysis, parts: tuple[str, ...]) -> dict[str, CheckReport]:
+    """The run's own checks as CheckReports, then every registered check's."""
+    out: dict[str, CheckReport] = {}
+    if "collectives" in parts:
+        own = a.comm or a.crossrank
+        title = "collectives against the cost model" if a.comm is not None else "collectives across ranks"
+        out[COLLECTIVES] = CheckReport(COLLECTIVES, title, a.collectives_verdict, tuple(own.findings) if own else (),
+                                       tuple(own.notes) if own else (), unavailable=a.comm_unavailable)  # fmt: skip
+    if "sharding" in parts:
+        sh = a.sharding
+        found, notes = (tuple(sh.findings), tuple(sh.notes)) if sh else ((), ())
+        out[SHARDING] = CheckReport(SHARDING, "activations kept for backward are sharded", sh.verdict if sh else None,
+                                    found, notes, gate=True, unavailable=a.sharding_unavailable)  # fmt: skip
+    facts = CheckFacts(
+        ranks=tuple(sorted(a.run.ranks)), world_size=a.run.world_size, missing_ranks=tuple(sorted(a.run.missing_ranks)),
+        collectives=a.collectives, matching=a.matching, timing=a.timing, retained=a.retained,
+        critical_path=a.critical_path,
+    )  # fmt: skip
+    return out | run_checks(facts, a.model, parts)
 
 
 def _cost_model_needs(model: ModelShape, **options: Any) -> tuple[str | None, ModelShape | None]:

@@ -102,6 +102,9 @@ def run_card(store: RunStore, i: int, selected: bool) -> Any:
             time_bar(facts),
             dmc.Divider(my="sm"),
             stats,
+            *[dmc.Group([dmc.Text(r.title, size="sm"), verdict_badge(r.name, r.verdict, r.unavailable, size="sm")],
+                        gap="xs", mt="xs", id=f"check-{r.name}-{i}")
+              for name, r in a.reports.items() if name not in ("collectives", "sharding")],  # registered checks
             dmc.Divider(my="sm", label="findings", labelPosition="left"),
             findings_list(a.findings(), i, limit=6),
             *warn,

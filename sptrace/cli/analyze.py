@@ -12,7 +12,17 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from sptrace.cli.common import add_load_flags, add_shape_flags, analyse, by_rank_set, fixed_width, spread
+from sptrace.cli.common import (
+    add_load_flags,
+    add_shape_flags,
+    analyse,
+    by_rank_set,
+    fixed_width,
+    registered_json,
+    registered_text,
+    registered_verdicts,
+    spread,
+)
 from sptrace.cli.diff import add_baseline_flag, run_baseline
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.units import count, human_bytes, rank_ranges, significant
@@ -48,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--k must be 1 or 2")
     if args.baseline:
         return run_baseline(args, args.format)
-    analysis = analyse(args, k=args.k, parts=("collectives", "path"), grad_dtype=args.grad_dtype,
+    from sptrace.checks.registry import needed_parts, worst
+
+    parts = ("collectives", "path", *sorted(needed_parts() - {"collectives", "path"}))
+    analysis = analyse(args, k=args.k, parts=parts, grad_dtype=args.grad_dtype,
                        attention_only=args.attention_only, grad_sync=not args.no_grad_sync)  # fmt: skip
     report = analysis.comm
     if report is None:  # no model of the job: what the ranks say of each other, and why no more
@@ -66,19 +79,19 @@ def run(args: argparse.Namespace) -> int:
             if analysis.p2p is not None:
                 out["point_to_point"] = analysis.p2p.to_dict()
             out["critical_path"] = analysis.critical_path.to_dict() if analysis.critical_path else None
-            print(json.dumps(out, indent=1, default=str))
+            print(json.dumps(out | registered_json(analysis), indent=1, default=str))
         else:
-            print(render_cross_rank(analysis, args.max_findings))
-        return cross.verdict.exit_code
+            print(render_cross_rank(analysis, args.max_findings) + registered_text(analysis))
+        return worst([cross.verdict, *registered_verdicts(analysis)])
     if args.format == "json":
         out = {**report.to_dict(), "model": analysis.model.to_dict(), "timing": [t.to_dict() for t in analysis.timing]}
         if analysis.p2p is not None:
             out["point_to_point"] = analysis.p2p.to_dict()
         out["critical_path"] = analysis.critical_path.to_dict() if analysis.critical_path else None
-        print(json.dumps(out, indent=1, default=str))
-        return report.verdict.exit_code
-    print(render_text(analysis, args.max_findings))
-    return report.verdict.exit_code
+        print(json.dumps(out | registered_json(analysis), indent=1, default=str))
+        return worst([report.verdict, *registered_verdicts(analysis)])
+    print(render_text(analysis, args.max_findings) + registered_text(analysis))
+    return worst([report.verdict, *registered_verdicts(analysis)])
 
 
 def render_text(analysis: RunAnalysis, max_findings: int = 30) -> str:

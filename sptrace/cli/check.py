@@ -7,7 +7,17 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from sptrace.cli.common import add_load_flags, add_shape_flags, analyse, by_rank_set, emit, fixed_width
+from sptrace.cli.common import (
+    add_load_flags,
+    add_shape_flags,
+    analyse,
+    by_rank_set,
+    emit,
+    fixed_width,
+    registered,
+    registered_json,
+    registered_text,
+)
 from sptrace.cli.diff import add_baseline_flag, run_baseline
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.units import count, human_bytes, rank_ranges
@@ -42,20 +52,25 @@ def run(args: argparse.Namespace) -> int:
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
     # a bad --config, then any of B, S and H declared nowhere, are named before a trace is parsed
-    analysis = analyse(args, allow=tuple(args.allow), strict=args.strict, parts=("sharding",), fail_fast=True)
+    from sptrace.checks.registry import needed_parts, worst
+
+    parts = ("sharding", *sorted(needed_parts(gate_only=True) - {"sharding"}))  # and what gating checks read
+    analysis = analyse(args, allow=tuple(args.allow), strict=args.strict, parts=parts, fail_fast=True)
     report = analysis.sharding
     if report is None:
         raise UsageError(f"{args.path}: {analysis.sharding_unavailable}")
+    others = registered(analysis, gate_only=True)
     if args.format == "json":
-        text = json.dumps(report.to_dict(), indent=1, default=str) + "\n"
+        text = json.dumps(report.to_dict() | registered_json(analysis, gate_only=True), indent=1, default=str) + "\n"
     elif args.format == "junit":
         from sptrace.report.junit import render_junit
 
-        text = render_junit(report, run=str(args.path), seconds=time.perf_counter() - clock, started=started)
+        text = render_junit(report, run=str(args.path), seconds=time.perf_counter() - clock, started=started,
+                            others=others)  # fmt: skip
     else:
-        text = render_text(analysis, report)
+        text = render_text(analysis, report) + registered_text(analysis, gate_only=True)
     emit(args, text, report.verdict.line())
-    return report.verdict.exit_code
+    return worst([report.verdict, *(r.verdict for r in others)])
 
 
 def render_text(analysis: RunAnalysis, report: ShardingReport) -> str:

@@ -154,6 +154,36 @@ def analyse(args: argparse.Namespace, **options: Any):
     return analysis
 
 
+def registered(analysis: Any, gate_only: bool = False) -> list[Any]:
+    """The reports of the registered checks (sptrace.checks.registry) of an analysis: every one
+    but the run's own two; those that gate CI with ``gate_only``."""
+    from sptrace.checks.registry import COLLECTIVES, SHARDING
+
+    return [r for name, r in analysis.reports.items()
+            if name not in (COLLECTIVES, SHARDING) and (r.gate or not gate_only)]  # fmt: skip
+
+
+def registered_verdicts(analysis: Any, gate_only: bool = False) -> list[Any]:
+    return [r.verdict for r in registered(analysis, gate_only)]
+
+
+def registered_json(analysis: Any, gate_only: bool = False) -> dict[str, Any]:
+    """``{"checks": {name: report}}`` for the registered checks' reports (nothing when there are none)."""
+    reports = registered(analysis, gate_only)
+    return {"checks": {r.name: r.to_dict() for r in reports}} if reports else {}
+
+
+def registered_text(analysis: Any, gate_only: bool = False) -> str:
+    """Each registered check's findings, notes and verdict line, under its title."""
+    lines: list[str] = []
+    for r in registered(analysis, gate_only):
+        lines += ["", f"{r.title} ({r.name}):"]
+        lines += [f"  {'FAIL' if f.severity == 'error' else f.severity} {f.text()}" for f in r.findings]
+        lines += [f"  note: {n}" for n in r.notes]
+        lines.append(f"  {r.line()}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 

@@ -51,8 +51,9 @@ def render_html(runs: Sequence[tuple[Path, RunAnalysis | SptraceError]]) -> str:
             sections.append(f'<section id="run{i}"><h2>{name}</h2><p class="error">{html.escape(str(a))}</p></section>')
             index.append(f'<li><a href="#run{i}">{name}</a>: unusable</li>')
             continue
-        verdicts = (("collectives", a.collectives_verdict, a.comm_unavailable),
-                    ("sharding", a.sharding.verdict if a.sharding else None, a.sharding_unavailable))  # fmt: skip
+        verdicts = tuple((name, r.verdict, r.unavailable) for name, r in a.reports.items()) or (
+            ("collectives", a.collectives_verdict, a.comm_unavailable),
+            ("sharding", a.sharding.verdict if a.sharding else None, a.sharding_unavailable))  # fmt: skip
         badges = "; ".join(f"{check} {badge(check, verdict, why)}" for check, verdict, why in verdicts)
         index.append(f'<li><a href="#run{i}">{name}</a>: {badges}</li>')
         sections.append(_run_section(f"run{i}", name, a, verdicts, plots))
@@ -106,6 +107,10 @@ def _run_section(anchor: str, name: str, a: RunAnalysis, verdicts: tuple[Any, ..
         parts.append(plot(figures.memory_over_step(a, max_points=MEMORY_POINTS)))
         parts.append(_findings_table("sharding findings", a.sharding.findings))
         parts += [html_p(f"note: {n}") for n in a.sharding.notes]
+    for r in a.reports.values():  # the registered checks (the run's own two are drawn above)
+        if r.name not in ("collectives", "sharding"):
+            parts.append(_findings_table(f"{r.title} ({r.name}) findings", list(r.findings)))
+            parts += [html_p(f"note: {n}") for n in r.notes]
     matched = _matched_rows(a)
     if len(matched):
         total = len(a.matching.matched) if a.matching is not None else 0

@@ -7,16 +7,20 @@ from typing import TYPE_CHECKING
 from xml.sax.saxutils import quoteattr
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from sptrace.checks.baseline import BaselineGate
+    from sptrace.checks.registry import CheckReport
     from sptrace.checks.sharding_verdict import ShardingReport
 
 
 def render_junit(report: ShardingReport, run: str | None = None, seconds: float | None = None,
-                 started: str | None = None) -> str:  # fmt: skip
+                 started: str | None = None, others: Sequence[CheckReport] = ()) -> str:  # fmt: skip
     """JUnit XML: one test case per module (all ranks together), failed when that module keeps a
     full tensor, with the rank set in the message; one more case for the verdict itself. ``run``
     names the suite (``sptrace check RUN``); ``seconds`` (the whole check, its analysis included)
-    is the suite's time and the verdict case's, ``started`` (ISO 8601) its timestamp."""
+    is the suite's time and the verdict case's, ``started`` (ISO 8601) its timestamp. ``others``:
+    the registered checks that gate CI, a suite each (_check_suite)."""
     saved = report.saved
     cases = []
     failures = 0
@@ -43,9 +47,30 @@ def render_junit(report: ShardingReport, run: str | None = None, seconds: float 
     stamp = "" if started is None else f" timestamp={quoteattr(started)}"
     head = (f'  <testsuite name={suite} tests="{len(cases)}" failures="{failures}" errors="{errors}"'
             f"{timed}{stamp}>")  # fmt: skip
-    return "\n".join(
-        ['<?xml version="1.0" encoding="UTF-8"?>', "<testsuites>", head, *cases, "  </testsuite>", "</testsuites>", ""]
+    suites = [line for other in others for line in _check_suite(other, run)]
+    return "\n".join(['<?xml version="1.0" encoding="UTF-8"?>', "<testsuites>", head, *cases, "  </testsuite>",
+                      *suites, "</testsuites>", ""])  # fmt: skip
+
+
+def _check_suite(report: CheckReport, run: str | None) -> list[str]:
+    """A registered check as a suite: a case per finding (failed when an error), one for its
+    verdict (failed on FAIL, an error on CANNOT DECIDE)."""
+    cls = quoteattr(f"sptrace.{report.name}")
+    cases = []
+    for i, f in enumerate(report.findings):
+        name = quoteattr(f"{f.code} {i + 1}")
+        failure = f"<failure message={quoteattr(f.text())}/>" if f.severity == "error" else ""
+        cases.append(f"    <testcase classname={cls} name={name}>{failure}</testcase>")
+    status = report.verdict.status if report.verdict is not None else "undecided"
+    tag = {"fail": "failure", "undecided": "error"}.get(status)
+    body = f"<{tag} message={quoteattr(report.line())}/>" if tag else ""
+    cases.append(f'    <testcase classname={cls} name="verdict">{body}</testcase>')
+    failures = sum(f.severity == "error" for f in report.findings) + int(status == "fail")
+    suite = quoteattr(f"sptrace {report.name}" + (f" {run}" if run else ""))
+    head = (
+        f'  <testsuite name={suite} tests="{len(cases)}" failures="{failures}" errors="{int(status == "undecided")}">'
     )
+    return [head, *cases, "  </testsuite>"]
 
 
 def render_baseline_junit(gate: BaselineGate, seconds: float | None = None) -> str:
