@@ -25,7 +25,8 @@ from sptrace.checks.p2p import check_point_to_point
 from sptrace.checks.registry import COLLECTIVES, SHARDING, CheckFacts, CheckReport, run_checks
 from sptrace.checks.sharding import NEEDS as SHARDING_NEEDS
 from sptrace.checks.sharding_verdict import ShardingReport, check_sharding
-from sptrace.costmodel import CommEstimate, activation_bytes_per_layer, estimate_comm
+from sptrace.costmodel import CommEstimate, estimate_comm
+from sptrace.costmodel.activations import activation_bytes_at_dtype
 from sptrace.costmodel.comm import undeclared_sizes
 from sptrace.detect.allocations import Retention
 from sptrace.detect.infer import layers_dtype
@@ -439,9 +440,7 @@ def reduce_run(
                                      notes=[*([missing] if missing else []), *p2p_notes])  # fmt: skip
         if "path" in parts:
             critical = run_critical_path(collectives, matching, timing, work)
-    expected_act = activation_bytes_per_layer(model)
-    if expected_act is not None and model.dtype_bytes:
-        expected_act = expected_act * model.dtype_bytes / 2  # Korthikanti counts 2-byte activations
+    expected_act = activation_bytes_at_dtype(model)
     retained: tuple[Retention, ...] = ()
     sharding = None
     sharding_unavailable = None
@@ -454,9 +453,7 @@ def reduce_run(
         if sharding_unavailable is None:
             dtype_notes: list[str] = []
             model = _activation_dtype(model, retained, dtype_notes)
-            expected_act = activation_bytes_per_layer(model)
-            if expected_act is not None and model.dtype_bytes:
-                expected_act = expected_act * model.dtype_bytes / 2
+            expected_act = activation_bytes_at_dtype(model)
             sharding = check_sharding(list(retained), model, allow=allow, strict=strict,
                                       expected_per_layer=expected_act, notes=dtype_notes,
                                       missing_ranks=sorted(run.missing_ranks))  # fmt: skip

@@ -17,7 +17,6 @@ from sptrace.dashboards.pages.common import (
     grid,
     note_box,
     page_title,
-    rank_text,
     records,
     verdict_badge,
 )  # fmt: skip
@@ -26,6 +25,7 @@ from sptrace.dashboards.store import RunStore
 from sptrace.analysis import RunAnalysis
 from sptrace.report import figures, timeline
 from sptrace.vocab.errors import SptraceError
+from sptrace.vocab.units import rank_text
 
 ROW_COLUMNS = ["rank", "kind", "op", "phase", "layer", "module", "in_bytes", "wire_bytes", "start_ms", "transfer_ms",
                "group_size", "peer", "dtype", "source"]  # fmt: skip

@@ -16,7 +16,6 @@ from dash import dcc, html
 from sptrace.checks.findings import Finding, Verdict
 from sptrace.report.theme import SEVERITY_COLORS, VERDICT_COLORS
 from sptrace.report.theme import header as column_header
-from sptrace.vocab.units import rank_ranges
 
 
 @dataclass
@@ -210,11 +209,6 @@ def grid(frame: pd.DataFrame, name: str, title: str, *, height: int = 420, max_r
         ],
         id=name, className="sptrace-grid", style={"marginBottom": "1.5rem"},
     )  # fmt: skip
-
-
-def rank_text(ranks: Any) -> str:
-    ranks = [int(r) for r in ranks]
-    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks) if ranks else "no rank"
 
 
 def graph(graph_id: str, figure: Any, **kwargs: Any) -> Any:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from sptrace.vocab.jsontypes import JSONObject
-from sptrace.vocab.units import rank_ranges
+from sptrace.vocab.units import rank_text
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -43,9 +43,7 @@ class Finding:
     @property
     def where(self) -> str:
         """'ranks 0-7' / 'rank 3' / '' ."""
-        if not self.ranks:
-            return ""
-        return ("rank " if len(self.ranks) == 1 else "ranks ") + rank_ranges(self.ranks)
+        return rank_text(self.ranks, none="")
 
     def text(self) -> str:
         return f"{self.where}: {self.message}" if self.ranks else self.message

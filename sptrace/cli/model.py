@@ -54,6 +54,7 @@ def _preset(name: str | None) -> tuple[ModelShape, bool]:
 
 def run(args: argparse.Namespace) -> int:
     from sptrace.costmodel import activation_bytes_per_layer, estimate_comm, korthikanti_bytes_per_layer
+    from sptrace.costmodel.activations import dtype_scale
 
     if args.k not in (1, 2):
         raise UsageError("--k must be 1 or 2")
@@ -76,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
         )
         for s in ("none", "tp", "tp_sp", "tp_sp_selective", "full_recompute")
     }
-    # Korthikanti's Table 2 counts 2-byte activations (1-byte dropout masks): other dtypes scale
-    scale = (cfg.dtype_bytes or 2) / 2
+    scale = dtype_scale(cfg.dtype_bytes) or 1.0  # the text shows 2-byte figures when the dtype is unknown
     if args.format == "json":
         out = est.to_dict()
         out["attention_only"] = attention_only

@@ -9,6 +9,20 @@ from sptrace.costmodel.spec import as_shape
 KORTHIKANTI_SETTINGS = ("none", "tp", "tp_sp", "tp_sp_selective", "full_recompute")
 
 
+def dtype_scale(dtype_bytes: int | None) -> float | None:
+    """What Korthikanti's figures are multiplied by at an activation element of ``dtype_bytes``:
+    Table 2 counts 2-byte activations (and 1-byte dropout masks), so fp32 doubles them. None when
+    the element size is unknown."""
+    return dtype_bytes / 2 if dtype_bytes else None
+
+
+def activation_bytes_at_dtype(cfg: Any) -> float | None:
+    """activation_bytes_per_layer at the declared activation dtype (None when either is unknown)."""
+    cfg = as_shape(cfg)
+    act, scale = activation_bytes_per_layer(cfg), dtype_scale(cfg.dtype_bytes)
+    return act * scale if act is not None and scale is not None else None
+
+
 def korthikanti_bytes_per_layer(setting: str, *, seq: int, batch: int, hidden: int, heads: int, tp: int) -> float:
     """Bytes of activations one transformer layer keeps for backward, per rank, in the paper's
     fp16-with-dropout accounting: s*b*h*(34 + 5*a*s/h) without parallelism, and so on."""

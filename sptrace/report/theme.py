@@ -12,7 +12,6 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from sptrace.vocab import collective_kinds
-from sptrace.vocab.units import rank_ranges
 
 FONT = "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
 """System fonts only: an air-gapped cluster downloads nothing."""
@@ -88,8 +87,3 @@ def empty(title: str) -> go.Figure:
     """A figure with nothing to plot, saying so."""
     return figure(title).add_annotation(text="nothing to show", showarrow=False, x=0.5, y=0.5, xref="paper",
                                         yref="paper", font={"color": COLORS["gray"]})  # fmt: skip
-
-
-def rank_text(ranks: list[int]) -> str:
-    """The figures' name for a set of ranks: "rank 3", "ranks 0-3, 5"; "no other rank" for none."""
-    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks) if ranks else "no other rank"

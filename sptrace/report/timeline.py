@@ -17,8 +17,8 @@ import plotly.graph_objects as go
 from sptrace.analysis import RunAnalysis
 from sptrace.reduce.matching import Matching, skew_by_rank
 from sptrace.reduce.timebase import aligned, transfer_span
-from sptrace.report.theme import COLORS, PHASE_COLORS, empty, figure, kind_color, rank_text
-from sptrace.vocab.units import human_bytes
+from sptrace.report.theme import COLORS, PHASE_COLORS, empty, figure, kind_color
+from sptrace.vocab.units import human_bytes, rank_text
 
 
 def timeline(
@@ -166,7 +166,7 @@ def _matched_info(a: RunAnalysis, f: pd.DataFrame) -> pd.DataFrame:
     for i, row in keyed.iterrows():
         if isinstance(row.get("ranks"), list):
             others = [r for r in row["ranks"] if r != row["rank"]]
-            out.at[i, "peers"] = rank_text(others)
+            out.at[i, "peers"] = rank_text(others, none="no other rank")
             if pd.notna(row["straggler"]):
                 out.at[i, "straggler"] = f"rank {int(row['straggler'])}"
             if pd.notna(row["algbw_gbps"]):

@@ -1,4 +1,4 @@
-"""Units for people: one byte formatter, one time formatter, one number formatter and one rank-set formatter (and its
+"""Units for people: one byte formatter, one time formatter, one number formatter and the rank-set formatters (and their
 parser) for every report."""
 
 from __future__ import annotations
@@ -34,6 +34,15 @@ def human_ms(ms: float) -> str:
     """12.345 -> '12.3 ms', 0.0456 -> '0.046 ms': a tenth of a millisecond where that is precise
     enough, two significant digits below one (a small step's 0.04 ms is not '0.0 ms')."""
     return f"{ms:.1f} ms" if abs(ms) >= 1 or ms == 0 else f"{significant(ms, 2)} ms"
+
+
+def rank_text(ranks: Iterable[int], none: str = "no rank") -> str:
+    """The one name of a set of ranks every report and view uses: "rank 3", "ranks 0-3, 5";
+    ``none`` for the empty set."""
+    items = sorted({int(r) for r in ranks})
+    if not items:
+        return none
+    return ("rank " if len(items) == 1 else "ranks ") + rank_ranges(items)
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:

@@ -86,12 +86,17 @@ def test_the_census_says_who_released_the_buffer(group, tmp_path, how, who):
 
 
 def test_the_census_changes_no_tensor_life(group, tmp_path):
+    # the frees on this (the model's) thread: gloo's thread lets go of a call's tensors when it
+    # gets to it, inside the profiled window or after, with or without the census
+    me = threading.get_native_id()
+
     def frees(events):
-        return sorted(e["args"]["Bytes"] for e in events if e.get("name") == "[memory]" and e["args"]["Bytes"] < 0)
+        return sorted(e["args"]["Bytes"] for e in events
+                      if e.get("name") == "[memory]" and e["args"]["Bytes"] < 0 and e["tid"] == me)  # fmt: skip
 
     with_census, _, _ = _step(tmp_path, "dropped", census=True)
     without, _, _ = _step(tmp_path, "dropped", census=False)
-    assert frees(with_census) == frees(without)
+    assert frees(with_census) == frees(without) and len(frees(without)) >= 20
     assert not any(e.get("name", "").startswith(markers.RELEASED) for e in without)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sptrace.vocab.units import human_bytes, human_ms, rank_ranges, significant
+from sptrace.vocab.units import human_bytes, human_ms, rank_ranges, rank_text, significant
 
 
 def test_bytes_use_binary_units():
@@ -20,3 +20,8 @@ def test_numbers_never_use_an_exponent():
 
 def test_rank_sets_collapse_into_ranges():
     assert rank_ranges([8, 7, 0, 1, 2, 5]) == "0-2, 5, 7-8"
+
+
+def test_a_rank_set_has_one_name_everywhere():
+    assert [rank_text(r) for r in ([3], [0, 1, 2, 3, 5], [])] == ["rank 3", "ranks 0-3, 5", "no rank"]
+    assert rank_text([], none="no other rank") == "no other rank"
