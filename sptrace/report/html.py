@@ -51,9 +51,7 @@ def render_html(runs: Sequence[tuple[Path, RunAnalysis | SptraceError]]) -> str:
             sections.append(f'<section id="run{i}"><h2>{name}</h2><p class="error">{html.escape(str(a))}</p></section>')
             index.append(f'<li><a href="#run{i}">{name}</a>: unusable</li>')
             continue
-        verdicts = tuple((name, r.verdict, r.unavailable) for name, r in a.reports.items()) or (
-            ("collectives", a.collectives_verdict, a.comm_unavailable),
-            ("sharding", a.sharding.verdict if a.sharding else None, a.sharding_unavailable))  # fmt: skip
+        verdicts = tuple((name, r.verdict, r.unavailable) for name, r in a.reports.items())
         badges = "; ".join(f"{check} {badge(check, verdict, why)}" for check, verdict, why in verdicts)
         index.append(f'<li><a href="#run{i}">{name}</a>: {badges}</li>')
         sections.append(_run_section(f"run{i}", name, a, verdicts, plots))

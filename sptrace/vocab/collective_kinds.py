@@ -193,7 +193,7 @@ def symm_mem_patterns() -> tuple[tuple[re.Pattern[str], str], ...]:
 
 def where(flag: str) -> frozenset[str]:
     """The names of the kinds with a true ``flag`` (``same_size``, ``point_to_point`` ...)."""
-    return frozenset(k.name for k in _KINDS.values() if getattr(k, flag))
+    return _cached(f"where:{flag}", lambda: frozenset(k.name for k in _KINDS.values() if getattr(k, flag)))  # type: ignore[return-value]
 
 
 # ---- the kinds ------------------------------------------------------------------------------------
