@@ -12,7 +12,7 @@ process (``check`` is never replayed: its ``replay`` is another ``warm``):
   cache did before it kept summaries;
 - ``warm``: the same cache again, its kept results deleted: every rank's summary read back,
   nothing parsed or detected; the cross-rank reduce and the printing run again;
-- ``replay``: the same command once more: the result ``warm`` kept (sptrace.result_cache) is
+- ``replay``: the same command once more: the result ``warm`` kept (sptrace.cli.result_cache) is
   printed again, with neither pandas nor pyarrow imported. What a command repeated on an
   unchanged run costs; another flag or format is a ``warm``.
 

@@ -20,12 +20,14 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import dash_mantine_components as dmc
-from dash import MATCH, Dash, Input, Output, ctx, dcc, html, no_update
+from dash import MATCH, Dash, Input, NoUpdate, Output, ctx, dcc, html, no_update
+from dash.development.base_component import Component
 from sptrace.dashboards.export_route import EXPORT_PATH, register_export
 from sptrace.dashboards.pages import collectives, compare, diff, gpu, memory, overview, timeline
 from sptrace.dashboards.pages.common import View, error_box, href
 from sptrace.dashboards.store import RunStore
 
+from sptrace.analysis import RunAnalysis
 from sptrace.report.theme import FONT
 
 PAGES = {
@@ -63,7 +65,7 @@ def _index(text: str, n: int) -> int | None:
     return i if 0 <= i < n else None
 
 
-def header(store: RunStore) -> Any:
+def header(store: RunStore) -> Component:
     nav = html.Nav(
         [dcc.Link(title, href=path, id=f"nav-{key}", className="nav-link") for path, (key, title, _) in PAGES.items()],
         className="sptrace-nav", style={"display": "flex", "gap": "2px"},
@@ -109,7 +111,7 @@ def header(store: RunStore) -> Any:
                                         h="100%", px="lg", wrap="nowrap"))  # fmt: skip
 
 
-def not_found(pathname: str) -> Any:
+def not_found(pathname: str) -> Component:
     return dmc.Stack([
         dmc.Title("No such page", order=2),
         dmc.Text(f"{pathname} is not a page of this dashboard."),
@@ -118,7 +120,7 @@ def not_found(pathname: str) -> Any:
 
 
 def create_app(
-    paths: list[Path], sweeps: list[Path] | None = None, analyses: list | None = None,
+    paths: list[Path], sweeps: list[Path] | None = None, analyses: list[RunAnalysis] | None = None,
     options: dict[str, Any] | None = None,
 ) -> Dash:  # fmt: skip
     """``paths``: the runs; ``sweeps``: sptrace sweep folders, shown on the Compare page;
@@ -160,7 +162,7 @@ def create_app(
     )
     def _route(pathname: str, search: str, run: str | None, runs: list[str] | None) -> tuple:
         view = parse_view(store, pathname, search)
-        new_search: Any = no_update
+        new_search: str | NoUpdate = no_update
         if view is not None and ctx.triggered_id == "header-run" and run is not None and int(run) != view.run:
             # another run: the page's own settings (a layer, a phase) belonged to the old one
             view = replace(view, run=int(run), params={})
@@ -170,7 +172,7 @@ def create_app(
             view = replace(view, runs=None if chosen == list(range(len(store))) else chosen)
             new_search = view.search()
         if view is None:
-            content: Any = not_found(pathname)
+            content: Component | list[Component] = not_found(pathname)
         else:
             try:
                 content = PAGES[pathname or "/"][2].render(store, view)
@@ -217,7 +219,7 @@ _DASH_PREFIXES = ("/_dash", "/_reload-hash", "/_favicon", "/assets/", "/_alive")
 
 def _serve_404(app: Dash, store: RunStore) -> None:
     @app.server.before_request
-    def _not_found() -> Any:
+    def _not_found() -> tuple[str, int, dict[str, str]] | None:
         """Dash answers every path with its page shell (200); an unknown page, or a run this
         dashboard does not serve, is a 404 here with a link back, so a mistyped or stale link
         says so to browsers and tools alike."""
@@ -246,8 +248,8 @@ def _serve_404(app: Dash, store: RunStore) -> None:
 
 def serve(
     paths: list[Path], host: str = "127.0.0.1", port: int = 8050, debug: bool = False,
-    sweeps: list[Path] | None = None, analyses: list | None = None, options: dict[str, Any] | None = None,
-) -> Any:  # fmt: skip
+    sweeps: list[Path] | None = None, analyses: list[RunAnalysis] | None = None, options: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
     import logging
 
     app = create_app(paths, sweeps, analyses, options)

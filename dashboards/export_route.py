@@ -5,19 +5,23 @@ Runs are named by index into the store, so no path from the URL ever reaches the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
+from dash import Dash
 from sptrace.dashboards.store import RunStore
 
 from sptrace.vocab.errors import SptraceError
+
+if TYPE_CHECKING:
+    from flask import Response
 
 EXPORT_PATH = "/export/merged-trace.json.gz"
 
 
 def export_href(run: int, ranks: list[int] | None = None) -> str:
     """The download's URL for a run's ranks (None: sptrace.export.choose_ranks' default)."""
-    query: dict[str, Any] = {"run": run}
+    query: dict[str, int | str] = {"run": run}
     if ranks is not None:
         query["ranks"] = _compact(ranks)
     return f"{EXPORT_PATH}?{urlencode(query)}"
@@ -30,11 +34,11 @@ def _compact(ranks: list[int]) -> str:
     return rank_ranges(ranks).replace(" ", "")
 
 
-def register_export(app: Any, store: RunStore) -> None:
+def register_export(app: Dash, store: RunStore) -> None:
     """The download's route on the app's Flask server (the app's 404 guard lets EXPORT_PATH by)."""
     from flask import Response, request, stream_with_context
 
-    def download() -> Any:
+    def download() -> Response | tuple[str, int, dict[str, str]]:
         from sptrace.export import ExportOptions, ExportSummary, gzip_chunks, parse_window, trace_chunks
         from sptrace.vocab.units import parse_ranks
 

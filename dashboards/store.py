@@ -10,11 +10,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from sptrace.analysis import RunAnalysis, analyse_run
 from sptrace.sweep import Sweep, load_sweep
 from sptrace.vocab.errors import SptraceError
+
+T = TypeVar("T")
 
 
 class RunStore:
@@ -25,7 +27,7 @@ class RunStore:
         self.paths = [Path(p) for p in paths]
         self.analyse_options = dict(options or {})  # analyse_run's: the model flags and load options
         self.sweeps = [Path(p) for p in sweeps or []]
-        self._cache: dict[tuple[int, str], Any] = {(i, "run"): a for i, a in enumerate(analyses or [])}
+        self._cache: dict[tuple[int, str], object] = {(i, "run"): a for i, a in enumerate(analyses or [])}
         self._locks: dict[tuple[int, str], threading.Lock] = {}
         self._guard = threading.Lock()  # held only to look up / create a per-run lock
 
@@ -40,18 +42,19 @@ class RunStore:
         """For Mantine's Select: values are strings."""
         return [{"label": self.name(i), "value": str(i)} for i in range(len(self.paths))]
 
-    def _once(self, key: tuple[int, str], compute: Callable[[], Any]) -> Any:
+    def _once(self, key: tuple[int, str], compute: Callable[[], T]) -> T:
+        """``compute()``'s value, computed once per key (each key holds one type of value)."""
         with self._guard:
             if key in self._cache:
-                return self._cache[key]
+                return cast(T, self._cache[key])
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:  # one computation per key; other keys go on meanwhile
             if key not in self._cache:
                 self._cache[key] = compute()
-            return self._cache[key]
+            return cast(T, self._cache[key])
 
-    def cached(self, index: int, key: str, compute: Callable[[], Any]) -> Any:
-        """A further analysis of one run (HTA's), computed once."""
+    def cached(self, index: int, key: str, compute: Callable[[], T]) -> T:
+        """A further analysis of one run (HTA's, a diff with another run), computed once."""
         return self._once((index, key), compute)
 
     def sweep(self, index: int) -> Sweep | None:

@@ -17,7 +17,7 @@ _LAZY = {
     "assert_sequence_sharded": "sptrace.checks.live",
     "ShardingViolation": "sptrace.checks.live",
     "load_trace": "sptrace.load",
-    "load_run": "sptrace.load",
+    "load_run": "sptrace.run.ranks",
     "RankTrace": "sptrace.load",
     "RunTrace": "sptrace.load",
 }

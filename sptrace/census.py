@@ -23,8 +23,8 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from types import ModuleType
 
 import torch
 
@@ -42,16 +42,20 @@ _RETURNING = ("all_gather_tensor", "all_gather_tensor_autograd", "reduce_scatter
               "all_gather_single", "reduce_scatter_single")  # fmt: skip
 """torch.distributed._functional_collectives functions whose result is the buffer the call made."""
 
+Watched = Callable[[tuple[object, ...], Mapping[str, object], object], list[object]]
+"""What a wrapped function's call filled or made, from its (args, kwargs, result)."""
+
 
 class Watch:
     """The buffers one forward's collectives filled, and who released each."""
 
     def __init__(self) -> None:
         self.main = threading.get_ident()
-        self.entries: list[list[Any]] = []  # [weakref, ptr, nbytes, released by ("backend", "model") or None]
-        self._refs: set[Any] = set()
+        self.entries: list[list[object]] = []  # [weakref, ptr, nbytes, released by ("backend", "model") or None]
+        self._refs: set[weakref.ref[torch.UntypedStorage]] = set()
 
-    def add(self, tensor: Any) -> None:
+    def add(self, tensor: object) -> None:
+        """Watch the storage of ``tensor`` (what the call filled or made: anything else is let be)."""
         tensor = getattr(tensor, "elem", tensor)  # an AsyncCollectiveTensor wraps its result
         if not isinstance(tensor, torch.Tensor):
             return
@@ -63,9 +67,9 @@ class Watch:
             return
         if not ptr or any(e[1] == ptr and e[3] is None and e[0]() is not None for e in self.entries):
             return
-        entry: list[Any] = [None, ptr, nbytes, None]
+        entry: list[object] = [None, ptr, nbytes, None]
 
-        def released(ref: Any, entry: list[Any] = entry) -> None:
+        def released(ref: weakref.ref[torch.UntypedStorage], entry: list[object] = entry) -> None:
             entry[3] = "model" if threading.get_ident() == self.main else "backend"
             self._refs.discard(ref)
 
@@ -80,7 +84,7 @@ class Watch:
 
 _ACTIVE: list[Watch] = []
 """The watch of the instrumented forward running now (one at a time: the root's)."""
-_INSTALLED: dict[tuple[Any, str], Callable[..., Any]] = {}
+_INSTALLED: dict[tuple[ModuleType, str], Callable[..., object]] = {}
 _USERS = [0]
 
 
@@ -120,13 +124,13 @@ def uninstall() -> None:
     _INSTALLED.clear()
 
 
-def _wrap(module: Any, name: str, watched: Callable[[tuple, dict, Any], list[Any]]) -> None:
+def _wrap(module: ModuleType, name: str, watched: Watched) -> None:
     original = getattr(module, name, None)
     if original is None or (module, name) in _INSTALLED or getattr(original, "_sptrace_watched", False):
         return
 
     @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: object, **kwargs: object) -> object:
         result = original(*args, **kwargs)
         if _ACTIVE and torch.autograd._profiler_enabled():
             for tensor in watched(args, kwargs, result):
@@ -138,12 +142,12 @@ def _wrap(module: Any, name: str, watched: Callable[[tuple, dict, Any], list[Any
     setattr(module, name, wrapper)
 
 
-def _filled_by(name: str) -> Callable[[tuple, dict, Any], list[Any]]:
+def _filled_by(name: str) -> Watched:
     keyword = {"all_gather": "tensor_list", "all_to_all": "output_tensor_list", "broadcast": "tensor",
                "all_to_all_single": "output"}.get(name, "output_tensor")  # fmt: skip
     is_list = name in _OUTPUT_LIST_FIRST
 
-    def watched(args: tuple, kwargs: dict, result: Any) -> list[Any]:
+    def watched(args: tuple[object, ...], kwargs: Mapping[str, object], result: object) -> list[object]:
         first = args[0] if args else kwargs.get(keyword, kwargs.get("output"))
         if first is None:
             return []
@@ -152,7 +156,7 @@ def _filled_by(name: str) -> Callable[[tuple, dict, Any], list[Any]]:
     return watched
 
 
-def _received(args: tuple, kwargs: dict, result: Any) -> list[Any]:
+def _received(args: tuple[object, ...], kwargs: Mapping[str, object], result: object) -> list[object]:
     """The buffers a batch's receives fill."""
     import torch.distributed as dist
 
@@ -160,5 +164,5 @@ def _received(args: tuple, kwargs: dict, result: Any) -> list[Any]:
     return [op.tensor for op in ops if getattr(op, "op", None) in (dist.irecv, dist.recv)]
 
 
-def _returned(args: tuple, kwargs: dict, result: Any) -> list[Any]:
+def _returned(args: tuple[object, ...], kwargs: Mapping[str, object], result: object) -> list[object]:
     return list(result) if isinstance(result, (list, tuple)) else [result]

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.index import layers_of_paths
+from sptrace.detect.layers import layers_of_paths
 from sptrace.jsonable import records
 from sptrace.reduce.critical import CriticalPath
 from sptrace.reduce.matching import Matching

@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import operator
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -34,10 +35,17 @@ from sptrace import census as released
 from sptrace.vocab import markers
 from sptrace.vocab.markers import SavedTensor
 
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
+    from torch.utils.hooks import RemovableHandle
+
+PreHook = Callable[[nn.Module, tuple[object, ...]], None]
+PostHook = Callable[[nn.Module, tuple[object, ...], object], None]
+
 _profiler_enabled = torch.autograd._profiler_enabled
 
 
-def _kernel(op: Any) -> Any:
+def _kernel(op: OpOverload) -> Callable[..., object]:
     """An operator overload's C++ callable: calling it from a hook adds no Python frame that
     ``with_stack=True`` would record (``OpOverload.__call__`` is one)."""
     return getattr(op, "_op", op)
@@ -57,12 +65,12 @@ _in_backward = torch._C._current_graph_task_id  # -1 outside autograd's backward
 # replay's ops differ from the forward's. Our ranges are no ops of the user's model, so under a
 # mode they are opened and closed with the modes set aside (the hooks test _dispatch_modes, a C
 # call, and call these only when one is active).
-def _range_enter_unseen(name: str) -> Any:
+def _range_enter_unseen(name: str) -> object:
     with _disable_current_modes():
         return _range_enter(name, None)
 
 
-def _range_exit_unseen(handle: Any) -> None:
+def _range_exit_unseen(handle: object) -> None:
     with _disable_current_modes():
         _range_exit(handle)
 
@@ -71,12 +79,12 @@ def _profiling() -> bool:
     return _profiler_enabled()
 
 
-def annotate(name: str) -> contextlib.AbstractContextManager[Any]:
+def annotate(name: str) -> contextlib.AbstractContextManager[object]:
     """A record_function range named ``name`` while a profiler runs, else a no-op."""
     return record_function(name) if _profiling() else contextlib.nullcontext()
 
 
-def phase(name: str) -> contextlib.AbstractContextManager[Any]:
+def phase(name: str) -> contextlib.AbstractContextManager[object]:
     """Mark a phase of the step: ``with sptrace.phase("backward"): loss.backward()``."""
     return annotate(markers.phase_name(name))
 
@@ -121,10 +129,10 @@ class Instrumentation:
         if census:
             released.install()
         # (qualname, open range's handle or None, open saved_tensors_hooks or None) per call
-        self._stack: list[tuple[str, Any, Any]] = []
+        self._stack: list[tuple[str, object, torch.autograd.graph.saved_tensors_hooks | None]] = []
         self._pending: list[tuple[str, torch.Tensor, str]] = []
         """Saved-tensor records of the forward running now, written when the root returns."""
-        self._handles: list[Any] = []
+        self._handles: list[RemovableHandle] = []
         for name, module in model.named_modules():
             qualname = ".".join(p for p in (prefix, name) if p) or "<root>"
             # prepend: our range opens before other pre-hooks (FSDP2's parameter all-gather),
@@ -136,11 +144,11 @@ class Instrumentation:
     def current_module(self) -> str:
         return self._stack[-1][0] if self._stack else "<outside>"
 
-    def _make_pre(self, qualname: str) -> Any:
+    def _make_pre(self, qualname: str) -> PreHook:
         range_name = markers.module_name(qualname)
 
         # The hooks push with += and pop with del, which are no calls that with_stack records.
-        def pre_hook(module: nn.Module, args: Any) -> None:
+        def pre_hook(module: nn.Module, args: tuple[object, ...]) -> None:
             if not _profiler_enabled():
                 self._stack += ((qualname, None, None),)
                 return
@@ -157,8 +165,8 @@ class Instrumentation:
 
         return pre_hook
 
-    def _make_post(self) -> Any:
-        def post_hook(module: nn.Module, args: Any, output: Any) -> None:
+    def _make_post(self) -> PostHook:
+        def post_hook(module: nn.Module, args: tuple[object, ...], output: object) -> None:
             if not self._stack:
                 return
             _, handle, hooks = self._stack[-1]
@@ -278,7 +286,7 @@ def instrument(
 # ---- the census of who released the collectives' buffers -------------------------------------
 
 
-def _report_at_backward_end(output: Any, watch: released.Watch) -> None:
+def _report_at_backward_end(output: object, watch: released.Watch) -> None:
     """When a backward reaches the root's output, queue the census's event for that backward's
     end (autograd's engine runs queued callbacks on its own thread once the graph is done)."""
     first = next((t for t in _tensors_in(output) if t.grad_fn is not None), None)
@@ -286,7 +294,7 @@ def _report_at_backward_end(output: Any, watch: released.Watch) -> None:
         return
     fired: list[bool] = []
 
-    def at_boundary(grad_outputs: Any) -> None:  # returns None: the gradients pass unchanged
+    def at_boundary(grad_outputs: tuple[torch.Tensor | None, ...]) -> None:  # the gradients pass unchanged
         if fired or not _profiler_enabled():
             return
         fired.append(True)
@@ -305,7 +313,7 @@ def _emit(watch: released.Watch) -> None:
         _range_exit(_range_enter(name, None))
 
 
-def _tensors_in(output: Any) -> list[torch.Tensor]:
+def _tensors_in(output: object) -> list[torch.Tensor]:
     if isinstance(output, torch.Tensor):
         return [output]
     if isinstance(output, (tuple, list)):

@@ -7,14 +7,16 @@ reader takes it), and pd.NA in a nullable one, which it cannot write at all."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TypeVar
 
 import pandas as pd
 
 from sptrace.vocab.jsontypes import JSONObject
 
+T = TypeVar("T")
 
-def scalar(value: Any) -> Any:
+
+def scalar(value: T) -> T | None:
     """``value``, or None where it is missing (None, pd.NA or NaN)."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return None

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sptrace.load.trace import RUN_FILE
+from sptrace.load.files import RUN_FILE
 from sptrace.profiling import trace_name
 from sptrace.reference_models.config import StepConfig
 from sptrace.vocab.errors import LaunchError, UsageError

@@ -14,9 +14,8 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,7 +24,6 @@ from torch.profiler import ProfilerActivity, profile
 
 import sptrace
 from sptrace.fileio import write_atomic
-from sptrace.vocab.jsontypes import JSONObject
 
 RUN_SCHEMA = 1
 
@@ -50,12 +48,12 @@ def _export_trace(prof: profile, path: Path) -> None:
 
 
 def profile_step(
-    step_fn: Callable[[int], Any],
+    step_fn: Callable[[int], object],
     out_dir: str | os.PathLike[str],
     *,
     warmup: int = 2,
     steps: int = 2,
-    run_info: JSONObject | None = None,
+    run_info: Mapping[str, object] | None = None,
     record_shapes: bool = True,
     profile_memory: bool = True,
     with_stack: bool = True,
@@ -107,7 +105,7 @@ def profile_step(
     _export_trace(prof, path)
     if rank == 0:
         # (imported here, on rank 0 alone: the loader brings pyarrow, which training has no other use for)
-        from sptrace.load.trace import RUN_FILE
+        from sptrace.load.files import RUN_FILE
 
         info = {
             "schema": RUN_SCHEMA,

@@ -1,13 +1,9 @@
-"""Sweeps across sequence lengths, computed here once and only drawn by the HTML report and the
-dashboard (sptrace.report.compare):
-
-- ModelSweep: the cost model's wire bytes per rank and step against S for every scheme, at one
-  run's declared model (the first article's table). A run's analysis holds its own
-  (RunAnalysis.model_sweep), so the report's section and the Compare page show the same object.
-- Sweep: what ``sptrace sweep`` measured (sptrace.cli.reference profiles the runs with the
-  reference models and analyses them): a table of step time, peak memory and communication per
-  run, and the first article's regression fitted over it, time_ms = c0 + c1 * peak_GiB +
-  c2 * comm_GiB + c3 * S_K + c4 * S_K^2 (S_K = S / 1024), with its prediction per run.
+"""A sweep over runs across sequence lengths, computed here once and only drawn by the
+dashboard (sptrace.report.compare): what ``sptrace sweep`` measured (sptrace.cli.sweep profiles
+the runs with the reference models and analyses them), a table of step time, peak memory and
+communication per run, and the first article's regression fitted over it, time_ms = c0 +
+c1 * peak_GiB + c2 * comm_GiB + c3 * S_K + c4 * S_K^2 (S_K = S / 1024), with its prediction per run.
+(The cost model swept over S at one run's model is sptrace.costmodel.sweep's.)
 
 Nothing here launches or analyses a run: a sweep's rows are read off finished analyses.
 """
@@ -18,73 +14,19 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
 
-from sptrace.costmodel import estimate_comm
-from sptrace.costmodel.comm import needs
+from sptrace.analysis import RunAnalysis
 from sptrace.fileio import write_atomic
-from sptrace.vocab.errors import UsageError
-from sptrace.vocab.shape import ModelShape
 
-if TYPE_CHECKING:  # a sweep's rows are read off analyses; the analysis imports this module
-    from sptrace.analysis import RunAnalysis
-
-SWEPT_SCHEMES = ("megatron", "ulysses", "hybrid", "ring", "usp")
-"""The schemes a model sweep draws, each at the swept model's other settings."""
 TABLE = "comparison.csv"
 FIT = "regression.json"
 TERMS = ("intercept", "peak_GiB", "comm_GiB", "S_K", "S_K^2")
 UNDERDETERMINED = f"fewer runs than the {len(TERMS)} coefficients; the fit is not determined"
 """What the CLI, the Compare page and the sweep figure say of a fit over too few runs."""
-
-
-# ---- the cost model across sequence lengths ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelSweep:
-    """The cost model's wire bytes per rank and step against sequence length, for each scheme
-    at ``model``'s other settings."""
-
-    model: ModelShape
-    """The model swept: its every value but the scheme and S holds for every curve."""
-    seqs: tuple[int, ...]
-    wire_bytes: dict[str, tuple[float | None, ...]]
-    """Per curve (USP's named with its Ulysses degree: "usp (U=2)"), per length in ``seqs``: the
-    bytes, or None where the scheme cannot split that length (ring's zigzag needs 2P chunks)."""
-
-    def describe(self) -> str:
-        """What was swept: "megatron P=8 L=2 B=2 S=128 ... float32, S varied"."""
-        return f"{self.model.label} {self.model.describe()}, S varied"
-
-
-def sweep_model(model: ModelShape, schemes: tuple[str, ...] = SWEPT_SCHEMES) -> ModelSweep | None:
-    """The cost model across sequence lengths at ``model``: S/4 to 32 S, those P divides; None
-    when the model leaves a value the cost model needs undeclared (a sweep of guessed sizes
-    would say nothing of the run). USP takes the model's Ulysses degree when it is a USP run,
-    else 2 (1 at an odd P)."""
-    if model.missing(needs(model.scheme)):
-        return None
-    S, P = model.seq or 1, model.sp_size or 1
-    seqs = tuple(sorted(s for s in {S * 2**k // 4 for k in range(8)} if s >= P and s % P == 0))
-    degree = model.ulysses_degree if model.scheme == "usp" and model.ulysses_degree else 2 if P % 2 == 0 else 1
-    curves: dict[str, tuple[float | None, ...]] = {}
-    for scheme in schemes:
-        zero = "-zero3" if model.zero3 and scheme != "megatron" else ""
-        extra = {"ulysses_degree": degree} if scheme == "usp" else {}
-        name = f"usp (U={degree})" if scheme == "usp" else scheme
-        curves[name] = tuple(_wire(model.override("sweep", scheme=scheme + zero, seq=s, **extra)) for s in seqs)
-    return ModelSweep(model, seqs, curves)
-
-
-def _wire(model: ModelShape) -> float | None:
-    try:
-        return estimate_comm(model).wire_per_step()
-    except UsageError:  # this length does not split evenly for the scheme
-        return None
 
 
 # ---- sptrace sweep: measured runs and the regression -------------------------------------------

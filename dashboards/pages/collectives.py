@@ -4,12 +4,13 @@ collectives, and the tables of every rank's and every matched collective."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import dash_mantine_components as dmc
 import pandas as pd
-from dash import Input, Output, State, ctx, no_update
+from dash import Dash, Input, NoUpdate, Output, State, ctx, no_update
+from dash.development.base_component import Component
 from sptrace.dashboards.pages.common import (
+    ClickData,
+    Row,
     View,
     error_box,
     findings_list,
@@ -23,6 +24,7 @@ from sptrace.dashboards.pages.common import (
 from sptrace.dashboards.store import RunStore
 
 from sptrace.analysis import RunAnalysis
+from sptrace.lanes import stragglers
 from sptrace.report import figures, timeline
 from sptrace.vocab.errors import SptraceError
 from sptrace.vocab.units import rank_text
@@ -70,7 +72,7 @@ def select(a: RunAnalysis, kind: str | None = None, layer: str | None = None, ph
     return f
 
 
-def render(store: RunStore, view: View) -> Any:
+def render(store: RunStore, view: View) -> list[Component]:
     a = store.get(view.run)
     head = page_title("Collectives", "Wire bytes against the cost model (a difference is outlined red). "
                       "Click a bar to list its collectives.")  # fmt: skip
@@ -82,15 +84,15 @@ def render(store: RunStore, view: View) -> Any:
     summary = verdict.line() if verdict else f"not checked against the cost model: {a.comm_unavailable}"
     if a.comm is None and verdict is not None:
         summary += f" (ranks compared with each other; the cost model was skipped: {a.comm_unavailable})"
-    parts: list[Any] = [
+    parts: list[Component] = [
         head,
         dmc.Group([verdict_badge("collectives", verdict, a.comm_unavailable), dmc.Text(summary, size="sm")],
                   mb="sm", className="verdict"),
     ]  # fmt: skip
     parts += [note_box(n, color="gray") for n in (report.notes if report is not None else [])]
     parts.append(dmc.SimpleGrid([
-        graph("collectives-wire", figures.wire_by_kind(a.collectives, a.estimate)),
-        graph("collectives-layers", figures.wire_by_layer(a.collectives, a.estimate)),
+        graph("collectives-wire", figures.wire_by_kind(a)),
+        graph("collectives-layers", figures.wire_by_layer(a)),
     ], cols={"base": 1, "lg": 2}))  # fmt: skip
     if report is not None:
         parts.append(dmc.Title(f"findings ({len(report.findings)})", order=4, mt="md", mb="xs"))
@@ -111,7 +113,7 @@ def render(store: RunStore, view: View) -> Any:
     return parts
 
 
-def p2p_section(a: RunAnalysis) -> list[Any]:
+def p2p_section(a: RunAnalysis) -> list[Component]:
     """Point-to-point traffic (ring attention): who sent whom how much, and each ring step's
     per-hop time and overlap."""
     if a.p2p is None or a.p2p.pairs.empty:
@@ -135,21 +137,19 @@ def p2p_section(a: RunAnalysis) -> list[Any]:
     ]  # fmt: skip
 
 
-def skew_section(a: RunAnalysis, page: str, k: int = 10) -> list[Any]:
+def skew_section(a: RunAnalysis, page: str, k: int = 10) -> list[Component]:
     """Who kept the others waiting: the collectives x ranks heatmap of arrival skew and the top-k
     stragglers (one figure and one short table at any rank count, never a lane per rank)."""
-    from sptrace.reduce.matching import top_stragglers
-
     if a.matching is None or a.matching.matched.empty:
         return []
     return [
         dmc.Title("arrival skew across ranks", order=4, mt="lg", mb="xs"),
         graph(f"{page}-skew", timeline.skew_heatmap(a)),
-        grid(top_stragglers(a.matching, k), f"{page}-stragglers", f"top {k} stragglers: the wait each caused"),
+        grid(stragglers(a, k), f"{page}-stragglers", f"top {k} stragglers: the wait each caused"),
     ]
 
 
-def register(app: Any, store: RunStore) -> None:
+def register(app: Dash, store: RunStore) -> None:
     @app.callback(
         Output({"type": "sptrace-grid", "name": "collectives-grid"}, "rowData"),
         Output("collectives-filter", "children"),
@@ -159,7 +159,9 @@ def register(app: Any, store: RunStore) -> None:
         State("header-run", "value"),
         prevent_initial_call=True,
     )
-    def _filter(by_kind: dict | None, by_layer: dict | None, _clear: int | None, run: str | None) -> Any:
+    def _filter(
+        by_kind: ClickData | None, by_layer: ClickData | None, _clear: int | None, run: str | None
+    ) -> tuple[list[Row] | NoUpdate, str | NoUpdate]:
         a = store.get(run)
         if isinstance(a, SptraceError):
             return no_update, no_update

@@ -4,18 +4,40 @@ download, and links that keep the chosen run."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 from urllib.parse import urlencode
 
 import dash_ag_grid as dag
 import dash_mantine_components as dmc
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 from dash import dcc, html
+from dash.development.base_component import Component
 
 from sptrace.checks.findings import Finding, Verdict
 from sptrace.report.theme import SEVERITY_COLORS, VERDICT_COLORS
 from sptrace.report.theme import header as column_header
+
+Cell = str | int | float | bool | None
+"""A grid cell as AG Grid receives it (sptrace.dashboards.assets formats bytes and times)."""
+Row = dict[str, Cell]
+"""A grid row: column -> cell."""
+
+
+class ClickPoint(TypedDict, total=False):
+    """One point of a plotly click (dcc.Graph's ``clickData``), as sptrace's figures fill it: a
+    bar's category and the customdata it carries (a kind, a phase, a group; the timeline's list)."""
+
+    x: str
+    y: str | float
+    customdata: str | list[str | float]
+
+
+class ClickData(TypedDict):
+    """dcc.Graph's ``clickData``: the points clicked."""
+
+    points: list[ClickPoint]
 
 
 @dataclass
@@ -39,29 +61,29 @@ class View:
         return "?" + urlencode(query)
 
 
-def href(page: str, run: int, **params: Any) -> str:
+def href(page: str, run: int, **params: str | int | None) -> str:
     path = "/" if page == "overview" else f"/{page}"
     query = {"run": run, **{k: v for k, v in params.items() if v is not None}}
     return f"{path}?{urlencode(query)}"
 
 
-def page_title(title: str, subtitle: str | None = None) -> Any:
+def page_title(title: str, subtitle: str | None = None) -> Component:
     parts = [dmc.Title(title, order=2)]
     if subtitle:
         parts.append(dmc.Text(subtitle, c="dimmed", size="sm"))
     return dmc.Stack(parts, gap=2, mb="md")
 
 
-def error_box(message: str, title: str = "this run cannot be shown") -> Any:
+def error_box(message: str, title: str = "this run cannot be shown") -> Component:
     """A run that could not be analysed, or a view that cannot be drawn: the reason, in red."""
     return dmc.Alert(message, title=title, color="red", variant="light", className="run-error", mb="md")
 
 
-def note_box(message: Any, title: str | None = None, color: str = "yellow", class_name: str = "note") -> Any:
+def note_box(message: str, title: str | None = None, color: str = "yellow", class_name: str = "note") -> Component:
     return dmc.Alert(message, title=title, color=color, variant="light", className=class_name, mb="sm")
 
 
-def verdict_badge(check: str, verdict: Verdict | None, unavailable: str | None = None, size: str = "md") -> Any:
+def verdict_badge(check: str, verdict: Verdict | None, unavailable: str | None = None, size: str = "md") -> Component:
     """The one badge every page uses: green MATCH/PASS, red MISMATCH/FAIL, amber CANNOT DECIDE,
     grey "not checked"; hovering it gives the summary and, when it could not decide, the reasons."""
     if verdict is None:
@@ -76,7 +98,7 @@ def verdict_badge(check: str, verdict: Verdict | None, unavailable: str | None =
     return dmc.Tooltip(badge, label=tip, multiline=True, w=420, withArrow=True, style={"whiteSpace": "pre-line"})
 
 
-def finding_item(f: Finding, run: int) -> Any:
+def finding_item(f: Finding, run: int) -> Component:
     """One finding, merged across ranks ("ranks 0-7"), linking to the page that shows it."""
     page = f.page or ("memory" if f.check == "sharding" else "collectives")
     params = {"layer": f.layer} if page == "timeline" and f.layer is not None else {}
@@ -92,7 +114,7 @@ def finding_item(f: Finding, run: int) -> Any:
     )  # fmt: skip
 
 
-def findings_list(findings: list[Finding], run: int, limit: int = 8) -> Any:
+def findings_list(findings: list[Finding], run: int, limit: int = 8) -> Component:
     if not findings:
         return dmc.Text("no findings", c="dimmed", size="sm")
     order = {"error": 0, "warning": 1, "info": 2}
@@ -138,11 +160,15 @@ def column_width(frame: pd.DataFrame, col: str, header: str) -> int:
     return max(int(word * HEADER_CHAR_PX + HEADER_PAD_PX), content, 70)
 
 
-def column_defs(frame: pd.DataFrame) -> list[dict[str, Any]]:
+ColumnDef = dict[str, str | int | dict[str, str]]
+"""One of AG Grid's columnDefs: field, header, width, formatter, filter, type, tooltip field."""
+
+
+def column_defs(frame: pd.DataFrame) -> list[ColumnDef]:
     defs = []
     for col in frame.columns:
         header = column_header(col)
-        d: dict[str, Any] = {"field": col, "headerName": header, "width": column_width(frame, col, header)}
+        d: ColumnDef = {"field": col, "headerName": header, "width": column_width(frame, col, header)}
         numeric = pd.api.types.is_numeric_dtype(frame[col]) and not pd.api.types.is_bool_dtype(frame[col])
         if col.endswith("bytes"):
             d.update(valueFormatter={"function": "sptraceBytes(params.value)"}, filter="agNumberColumnFilter",
@@ -158,7 +184,7 @@ def column_defs(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return defs
 
 
-def _cell(v: Any) -> Any:
+def _cell(v: object) -> Cell:
     if v is None or (isinstance(v, float) and np.isnan(v)):
         return None
     if isinstance(v, (tuple, list)):
@@ -172,12 +198,12 @@ def _cell(v: Any) -> Any:
     return str(v)
 
 
-def records(frame: pd.DataFrame, max_rows: int = 5000) -> list[dict[str, Any]]:
+def records(frame: pd.DataFrame, max_rows: int = 5000) -> list[Row]:
     shown = frame.head(max_rows)
     return [{k: _cell(v) for k, v in row.items()} for row in shown.to_dict(orient="records")]
 
 
-def grid(frame: pd.DataFrame, name: str, title: str, *, height: int = 420, max_rows: int = 5000) -> Any:
+def grid(frame: pd.DataFrame, name: str, title: str, *, height: int = 420, max_rows: int = 5000) -> Component:
     """An AG Grid over ``frame``: human units (numbers kept, so sorting stays numeric), headers
     wrapped and sized to fit, long text on hover, and a CSV download of what the grid holds."""
     note = f" (the first {max_rows} of {len(frame)})" if len(frame) > max_rows else ""
@@ -211,11 +237,10 @@ def grid(frame: pd.DataFrame, name: str, title: str, *, height: int = 420, max_r
     )  # fmt: skip
 
 
-def graph(graph_id: str, figure: Any, **kwargs: Any) -> Any:
+def graph(graph_id: str, figure: go.Figure) -> Component:
     return dcc.Graph(id=graph_id, figure=figure, config={"displaylogo": False, "toImageButtonOptions":
-                                                          {"filename": f"sptrace-{graph_id}"}}, **kwargs)  # fmt: skip
+                                                          {"filename": f"sptrace-{graph_id}"}})  # fmt: skip
 
 
-def card(children: Any, **kwargs: Any) -> Any:
-    options = {"withBorder": True, "radius": "md", "padding": "lg", "shadow": "xs", **kwargs}
-    return dmc.Card(children, **options)
+def card(children: Component | list[Component], **options: str | dict[str, str] | None) -> Component:
+    return dmc.Card(children, **{"withBorder": True, "radius": "md", "padding": "lg", "shadow": "xs", **options})

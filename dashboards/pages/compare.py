@@ -5,9 +5,8 @@ its fitted regression."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import dash_mantine_components as dmc
+from dash.development.base_component import Component
 from sptrace.dashboards.pages.common import View, card, error_box, graph, grid, note_box, page_title, verdict_badge
 from sptrace.dashboards.store import RunStore
 
@@ -16,13 +15,13 @@ from sptrace.report.compare import compare_runs, model_sweep, sweep_fit
 from sptrace.sweep import UNDERDETERMINED
 
 
-def sweep_section(store: RunStore, index: int) -> list[Any]:
+def sweep_section(store: RunStore, index: int) -> list[Component]:
     root = store.sweeps[index]
     sweep = store.sweep(index)
     if sweep is None:
         return [error_box(f"{root}: no comparison.csv (run `sptrace sweep --out {root}` first)", title="not a sweep")]
     table, fit = sweep.table, sweep.fit
-    parts: list[Any] = [dmc.Title(f"sweep {root.name}", order=3, mt="lg")]
+    parts: list[Component] = [dmc.Title(f"sweep {root.name}", order=3, mt="lg")]
     if fit:
         c = fit["coefficients"]
         r2 = "n/a" if fit.get("r2") is None else f"{fit['r2']:.4f}"
@@ -43,12 +42,12 @@ def sweep_section(store: RunStore, index: int) -> list[Any]:
     return parts
 
 
-def render(store: RunStore, view: View) -> Any:
+def render(store: RunStore, view: View) -> list[Component]:
     head = page_title("Compare", "The runs chosen in the header, side by side; the cost model across sequence "
                       "lengths.")  # fmt: skip
     chosen = [(i, store.get(i)) for i in view.chosen(len(store))]
     usable = [(i, a) for i, a in chosen if isinstance(a, RunAnalysis)]
-    parts: list[Any] = [head]
+    parts: list[Component] = [head]
     parts += [error_box(f"{store.name(i)}: {a}") for i, a in chosen if not isinstance(a, RunAnalysis)]
     if usable:
         strip = [
@@ -68,16 +67,16 @@ def render(store: RunStore, view: View) -> Any:
         parts.append(note_box("choose runs in the header to compare them", color="gray"))
     # the cost model at the first chosen run that declares its whole model: that run's own sweep,
     # the one its HTML report draws (a sweep of sizes no run declared would describe no run here)
-    swept = next(((store.name(i), a.model_sweep) for i, a in usable if a.model_sweep is not None), None)
+    swept = next(((store.name(i), a, sweep) for i, a in usable if (sweep := a.model_sweep) is not None), None)
     parts.append(dmc.Title("the cost model across sequence lengths", order=3, mt="lg"))
     if swept is None:
         parts.append(note_box("no chosen run declares every size the cost model needs: declare them (run.json, "
                               "--config or flags) to sweep that run's model", color="gray"))  # fmt: skip
     else:
-        name, sweep = swept
+        name, first, sweep = swept
         parts.append(dmc.Text(f"wire bytes per rank and step for each scheme, at {name}'s model: {sweep.describe()}",
                               size="sm", c="dimmed"))  # fmt: skip
-        parts.append(graph("compare-sweep", model_sweep(sweep)))
+        parts.append(graph("compare-sweep", model_sweep(first)))
     for index in range(len(store.sweeps)):
         parts += sweep_section(store, index)
     return parts

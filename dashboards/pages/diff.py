@@ -5,10 +5,9 @@ green. The comparison ``sptrace diff`` prints (sptrace.diff.diff_runs), drawn he
 
 from __future__ import annotations
 
-from typing import Any
-
 import dash_mantine_components as dmc
-from dash import Input, Output, State, html, no_update
+from dash import Dash, Input, NoUpdate, Output, State, html, no_update
+from dash.development.base_component import Component
 from sptrace.dashboards.pages.common import View, error_box, note_box, page_title
 from sptrace.dashboards.store import RunStore
 
@@ -32,14 +31,14 @@ def pair(view: View, n: int) -> tuple[int, int]:
     return index("base", 0), index("new", 1 if n > 1 else 0)
 
 
-def render(store: RunStore, view: View) -> Any:
+def render(store: RunStore, view: View) -> list[Component]:
     head = page_title("Diff", "What a change did: the baseline against the new run, by layer, phase, kind and "
                       "module (the comparison `sptrace diff BASE NEW` prints).")  # fmt: skip
     n = len(store)
     if n < 2:
         return [head, note_box("serve two runs to compare them: sptrace dash BASE NEW", color="gray")]
     b, new = pair(view, n)  # (chosen in the header: base and new)
-    parts: list[Any] = [head, dmc.Text(f"{store.name(b)} -> {store.name(new)}", fw=600, mb="sm", id="diff-pair")]
+    parts: list[Component] = [head, dmc.Text(f"{store.name(b)} -> {store.name(new)}", fw=600, mb="sm", id="diff-pair")]
     analyses = [store.get(b), store.get(new)]
     bad = [(i, a) for i, a in zip((b, new), analyses) if not isinstance(a, RunAnalysis)]
     if bad:
@@ -61,7 +60,7 @@ def render(store: RunStore, view: View) -> Any:
     return parts
 
 
-def _table(table_id: str, header: list[str], rows: list[tuple[str, list[str]]]) -> Any:
+def _table(table_id: str, header: list[str], rows: list[tuple[str, list[str]]]) -> Component:
     """A plain table; each row's class (diff-worse, diff-better, diff-same) colours it."""
     head = html.Thead(html.Tr([html.Th(h) for h in header]))
     body = html.Tbody([html.Tr([html.Td(c) for c in cells], className=cls) for cls, cells in rows])
@@ -69,9 +68,9 @@ def _table(table_id: str, header: list[str], rows: list[tuple[str, list[str]]]) 
                      withTableBorder=True, mb="lg")  # fmt: skip
 
 
-def _communication(d: RunDiff) -> list[Any]:
+def _communication(d: RunDiff) -> list[Component]:
     changed = d.comm_changed
-    out: list[Any] = [dmc.Title("communication, per rank and step", order=3, mt="md")]
+    out: list[Component] = [dmc.Title("communication, per rank and step", order=3, mt="md")]
     wb, wn = d.wire
     if wb is not None and wn is not None:
         out.append(dmc.Text(f"wire bytes: {human_bytes(wb)} -> {human_bytes(wn)}", size="sm", mb="xs"))
@@ -90,9 +89,9 @@ def _communication(d: RunDiff) -> list[Any]:
     return [*out, _table("diff-comm", ["phase", "layer", "kind", "change", "count", "wire each", "wire delta"], rows)]
 
 
-def _retained(d: RunDiff) -> list[Any]:
+def _retained(d: RunDiff) -> list[Component]:
     kept = d.kept_changed
-    out: list[Any] = [dmc.Title("retained for backward (the largest rank and boundary)", order=3, mt="md")]
+    out: list[Component] = [dmc.Title("retained for backward (the largest rank and boundary)", order=3, mt="md")]
     if not kept:
         return [*out, dmc.Text("no module keeps more, less or other tensors", size="sm", c="dimmed", mb="md")]
     rows = []
@@ -108,7 +107,7 @@ def _retained(d: RunDiff) -> list[Any]:
     return [*out, _table("diff-retained", ["module", "tensors", "kept", "full-size", "new full-size shapes"], rows)]
 
 
-def _time(d: RunDiff) -> list[Any]:
+def _time(d: RunDiff) -> list[Component]:
     k = 1e3 if d.per_token else 1.0  # per token: microseconds
 
     def ms(s: Spread | None) -> str:
@@ -126,7 +125,7 @@ def _time(d: RunDiff) -> list[Any]:
     return [title, _table("diff-time", ["what", "baseline", "new", "change", "beyond the noise"], rows)] if rows else []
 
 
-def register(app: Any, store: RunStore) -> None:
+def register(app: Dash, store: RunStore) -> None:
     @app.callback(
         Output("url", "search", allow_duplicate=True),
         Input("diff-base", "value"),
@@ -134,7 +133,7 @@ def register(app: Any, store: RunStore) -> None:
         State("url", "search"),
         prevent_initial_call=True,
     )
-    def _choose(base: str | None, new: str | None, search: str | None) -> Any:
+    def _choose(base: str | None, new: str | None, search: str | None) -> str | NoUpdate:
         if base is None or new is None:
             return no_update
         wanted = f"?base={int(base)}&new={int(new)}"

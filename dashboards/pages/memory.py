@@ -4,12 +4,13 @@ allocated memory over the step per rank with the forward -> backward boundary.""
 
 from __future__ import annotations
 
-from typing import Any
-
 import dash_mantine_components as dmc
 import pandas as pd
-from dash import Input, Output, State, ctx, no_update
+from dash import Dash, Input, NoUpdate, Output, State, ctx, no_update
+from dash.development.base_component import Component
 from sptrace.dashboards.pages.common import (
+    ClickData,
+    Row,
     View,
     error_box,
     findings_list,
@@ -55,7 +56,7 @@ def select(a: RunAnalysis, layer: str | None, group: str | None) -> pd.DataFrame
     return s
 
 
-def render(store: RunStore, view: View) -> Any:
+def render(store: RunStore, view: View) -> list[Component]:
     a = store.get(view.run)
     head = page_title("Memory", "Activations kept for backward, per layer and rank, against Korthikanti et al.; "
                       "click a bar to list its tensors.")  # fmt: skip
@@ -66,7 +67,7 @@ def render(store: RunStore, view: View) -> Any:
         return [head, error_box(f"sharding not checked: {a.sharding_unavailable}", title="sharding not checked"),
                 over_step]  # fmt: skip
     report = a.sharding
-    parts: list[Any] = [
+    parts: list[Component] = [
         head,
         dmc.Group([verdict_badge("sharding", report.verdict), dmc.Text(report.verdict.line(), size="sm")], mb="sm",
                   className="verdict"),
@@ -86,7 +87,7 @@ def render(store: RunStore, view: View) -> Any:
     return parts
 
 
-def register(app: Any, store: RunStore) -> None:
+def register(app: Dash, store: RunStore) -> None:
     @app.callback(
         Output({"type": "sptrace-grid", "name": "memory-grid"}, "rowData"),
         Output("memory-filter", "children"),
@@ -95,7 +96,9 @@ def register(app: Any, store: RunStore) -> None:
         State("header-run", "value"),
         prevent_initial_call=True,
     )
-    def _filter(clicked: dict | None, _clear: int | None, run: str | None) -> Any:
+    def _filter(
+        clicked: ClickData | None, _clear: int | None, run: str | None
+    ) -> tuple[list[Row] | NoUpdate, str | NoUpdate]:
         a = store.get(run)
         if isinstance(a, SptraceError) or a.sharding is None:
             return no_update, no_update

@@ -5,10 +5,9 @@ verdict, and the run's findings merged across ranks, each linking to the page th
 
 from __future__ import annotations
 
-from typing import Any
-
 import dash_mantine_components as dmc
 from dash import dcc, html
+from dash.development.base_component import Component
 from sptrace.dashboards.pages.common import View, card, error_box, findings_list, href, page_title, verdict_badge
 from sptrace.dashboards.store import RunStore
 
@@ -18,7 +17,9 @@ from sptrace.vocab.errors import SptraceError
 from sptrace.vocab.units import human_bytes, human_ms
 
 
-def _stat(label: str, value: str, detail: str | None = None, badge: Any = None, stat_id: str | None = None) -> Any:
+def _stat(
+    label: str, value: str, detail: str | None = None, badge: Component | None = None, stat_id: str | None = None
+) -> Component:
     row = [dmc.Text(value, fw=700, size="lg", className="stat-value")]
     if badge is not None:
         row.append(badge)
@@ -29,12 +30,12 @@ def _stat(label: str, value: str, detail: str | None = None, badge: Any = None, 
     return dmc.Stack(body, gap=2, className="stat", **kwargs)
 
 
-def _swatch(color: str) -> Any:
+def _swatch(color: str) -> Component:
     return html.Span(style={"display": "inline-block", "width": 10, "height": 10, "borderRadius": 2,
                             "background": color})  # fmt: skip
 
 
-def time_bar(facts: RunFacts) -> Any:
+def time_bar(facts: RunFacts) -> Component:
     """The step split into exposed communication, overlapped communication and the rest."""
     step, comm, exposed = facts.step_ms, facts.comm_ms, facts.exposed_ms
     if not step or comm is None:
@@ -56,7 +57,7 @@ def time_bar(facts: RunFacts) -> Any:
     return dmc.Stack([dmc.ProgressRoot(bars, size="xl", className="time-bar"), legend], gap=4)
 
 
-def run_card(store: RunStore, i: int, selected: bool) -> Any:
+def run_card(store: RunStore, i: int, selected: bool) -> Component:
     a = store.get(i)
     name = dmc.Text(store.name(i), fw=700, size="lg", className="run-name")
     if isinstance(a, SptraceError):
@@ -116,7 +117,7 @@ def run_card(store: RunStore, i: int, selected: bool) -> Any:
     )  # fmt: skip
 
 
-def render(store: RunStore, view: View) -> Any:
+def render(store: RunStore, view: View) -> Component:
     n = len(store)
     cards = [run_card(store, i, selected=(i == view.run and n > 1)) for i in range(n)]
     return dmc.Stack([

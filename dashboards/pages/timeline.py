@@ -4,22 +4,24 @@ and compute beneath them, the step's phases as background bands; zoom to a layer
 
 from __future__ import annotations
 
-from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import dash_mantine_components as dmc
-from dash import Input, Output, State, ctx, html, no_update
+from dash import Dash, Input, NoUpdate, Output, State, ctx, html, no_update
+from dash.development.base_component import Component
 from sptrace.dashboards.export_route import export_href
-from sptrace.dashboards.pages.common import View, error_box, graph, grid, page_title, verdict_badge
+from sptrace.dashboards.pages.common import ClickData, View, error_box, graph, grid, page_title, verdict_badge
 from sptrace.dashboards.store import RunStore
 
+from sptrace.analysis import RunAnalysis
+from sptrace.lanes import events_around, stragglers
 from sptrace.report.timeline import timeline
 from sptrace.vocab.errors import SptraceError
 
 PHASES = ("forward", "backward", "optimizer")
 
 
-def layer_options(a: Any) -> list[dict[str, str]]:
+def layer_options(a: RunAnalysis) -> list[dict[str, str]]:
     layers = sorted(int(x) for x in a.collectives["layer"].dropna().unique()) if len(a.collectives) else []
     return [{"label": "all layers", "value": "all"}] + [{"label": f"layer {i}", "value": str(i)} for i in layers]
 
@@ -33,7 +35,7 @@ def rank_groups(ranks: list[int], size: int = MAX_LANES) -> list[list[int]]:
     return [ranks[i : i + size] for i in range(0, len(ranks), size)]
 
 
-def chosen_group(a: Any, view: View) -> tuple[list[list[int]], int | None]:
+def chosen_group(a: RunAnalysis, view: View) -> tuple[list[list[int]], int | None]:
     """(the rank groups, the one to show): ``ranks=<first rank>`` in the URL, else the group of
     the rank that caused the most waiting. None when every rank fits in one view."""
     ranks = sorted(a.run.ranks)
@@ -43,15 +45,13 @@ def chosen_group(a: Any, view: View) -> tuple[list[list[int]], int | None]:
     wanted = view.params.get("ranks")
     first = int(wanted) if wanted and wanted.isdigit() else None
     if first is None and a.matching is not None:
-        from sptrace.reduce.matching import top_stragglers
-
-        top = top_stragglers(a.matching, 1)
+        top = stragglers(a, 1)
         first = int(top["rank"].iloc[0]) if len(top) else None
     index = next((i for i, g in enumerate(groups) if first in g), 0)
     return groups, index
 
 
-def export_link(a: Any, run: int, shown: list[int] | None) -> Any:
+def export_link(a: RunAnalysis, run: int, shown: list[int] | None) -> Component:
     """A link that downloads the ranks shown as one merged trace (sptrace export) for Perfetto."""
     ranks = shown if shown is not None else sorted(a.run.ranks)
     return html.A("download merged trace", href=export_href(run, ranks), id="timeline-export", className="sptrace-link",
@@ -64,7 +64,7 @@ def zoom(view: View) -> tuple[int | None, str | None]:
     return (int(layer) if layer and layer.isdigit() else None), (phase if phase in PHASES else None)
 
 
-def render(store: RunStore, view: View) -> Any:
+def render(store: RunStore, view: View) -> list[Component]:
     a = store.get(view.run)
     head = page_title("Timeline", "Each rank's lane: collectives over their transfer, compute beneath, phases behind. "
                       "Hover a collective for its bytes, bandwidth, layer, module and peers.")  # fmt: skip
@@ -115,7 +115,7 @@ def render(store: RunStore, view: View) -> Any:
     return parts
 
 
-def critical_path_section(a: Any) -> list[Any]:
+def critical_path_section(a: RunAnalysis) -> list[Component]:
     """The critical path (the red line across the lanes): who cost the step the most, its time
     by kind and by module."""
     path = a.critical_path
@@ -132,42 +132,23 @@ def critical_path_section(a: Any) -> list[Any]:
     ]  # fmt: skip
 
 
-EVENT_COLUMNS = ["rank", "name", "cat", "ph", "start_ms", "dur_ms", "tid", "input_dims", "input_types"]
-
-
-def event_rows(a: Any, rank: int, start_us: float, end_us: float, margin: float = 0.25) -> tuple[Any, str]:
-    """The rank's events overlapping the window (widened by ``margin`` of its length on each
-    side), times in ms from the step start on aligned clocks, and the window as text."""
-    from sptrace.load.window import event_window
-
-    pad = max((end_us - start_us) * margin, 50.0)
-    lo, hi = start_us - pad, end_us + pad
-    table = event_window(a.run, [rank], int(lo * 1e3), int(hi * 1e3))
-    frame = table.to_pandas()
-    frame = frame.assign(
-        start_ms=a.clock_ms(frame["rank"], frame["ts_ns"] / 1e3).round(3) if len(frame) else [],
-        dur_ms=(frame["dur_ns"].astype(float) / 1e6).round(3),
-    )
-    window = f"rank {rank}, {a.clock_ms(rank, lo):.2f} to {a.clock_ms(rank, hi):.2f} ms"
-    return frame[EVENT_COLUMNS], window
-
-
-def register(app: Any, store: RunStore) -> None:
+def register(app: Dash, store: RunStore) -> None:
     @app.callback(
         Output("timeline-events", "children"),
         Input("timeline-graph", "clickData"),
         State("header-run", "value"),
         prevent_initial_call=True,
     )
-    def _events(click: dict | None, run: str | None) -> Any:
+    def _events(click: ClickData | None, run: str | None) -> Component | NoUpdate:
         """The window of events around the clicked collective, on its rank, from the run store."""
         a = store.get(run)
         point = (click or {}).get("points", [{}])[0]
         custom = point.get("customdata")
         if isinstance(a, SptraceError) or not isinstance(custom, list) or len(custom) < 14:
             return no_update
-        frame, window = event_rows(a, int(custom[0]), float(custom[12]), float(custom[13]))
-        return grid(frame, "timeline-events", f"events on {window}", height=360)
+        window = events_around(a, int(custom[0]), float(custom[12]), float(custom[13]))
+        title = f"events on rank {window.rank}, {window.start_ms:.2f} to {window.end_ms:.2f} ms"
+        return grid(window.events, "timeline-events", title, height=360)
 
     @app.callback(
         Output("url", "search", allow_duplicate=True),
@@ -175,7 +156,7 @@ def register(app: Any, store: RunStore) -> None:
         State("url", "search"),
         prevent_initial_call=True,
     )
-    def _ranks(first: str | None, search: str | None) -> Any:
+    def _ranks(first: str | None, search: str | None) -> str | NoUpdate:
         """The rank group is part of the URL, as a zoom is."""
         query = {k: v[-1] for k, v in parse_qs((search or "").lstrip("?")).items()}
         if first is None or query.get("ranks") == first:
@@ -190,7 +171,7 @@ def register(app: Any, store: RunStore) -> None:
         State("url", "search"),
         prevent_initial_call=True,
     )
-    def _zoom(layer: str | None, phase: str | None, search: str | None) -> Any:
+    def _zoom(layer: str | None, phase: str | None, search: str | None) -> str | NoUpdate:
         """A zoom is part of the URL: the router redraws the page from it, and the link shares it."""
         query = {k: v[-1] for k, v in parse_qs((search or "").lstrip("?")).items()}
         query.pop("layer", None)

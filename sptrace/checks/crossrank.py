@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import pandas as pd
 
@@ -81,7 +80,8 @@ class CrossRankReport:
         }  # fmt: skip
 
 
-def _size(v: Any) -> str:
+def _size(v: object) -> str:
+    """A size cell as text: its bytes, or 'size unknown' (None, NaN, NA or '?')."""
     return "size unknown" if v is None or pd.isna(v) or v == "?" else human_bytes(float(v))
 
 

@@ -7,7 +7,7 @@ the analyzer imports it."""
 from __future__ import annotations
 
 import fnmatch
-from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -33,7 +33,7 @@ def _unpack(tensor: torch.Tensor) -> torch.Tensor:
 
 def assert_sequence_sharded(
     model: nn.Module,
-    inputs: Any,
+    inputs: torch.Tensor | tuple[object, ...],
     *,
     sp_size: int,
     seq_dim: int = 1,
@@ -67,13 +67,13 @@ def assert_sequence_sharded(
     stack: list[str] = []
     handles = []
 
-    def enter(qualname: str) -> Any:
-        def hook(module: nn.Module, args: Any) -> None:
+    def enter(qualname: str) -> Callable[[nn.Module, tuple[object, ...]], None]:
+        def hook(module: nn.Module, args: tuple[object, ...]) -> None:
             stack.append(qualname)
 
         return hook
 
-    def leave(module: nn.Module, args: Any, output: Any) -> None:  # returns None: output untouched
+    def leave(module: nn.Module, args: tuple[object, ...], output: object) -> None:  # returns None: output untouched
         if stack:
             stack.pop()
 

@@ -6,7 +6,8 @@ dashboard read the reports generically (RunAnalysis.reports), so a new check is 
 call (tests/checks/test_check_registry.py adds one).
 
 The run's own checks (the collectives against the cost model or across ranks, and the sharding
-check) are reported through the same CheckReport, under the names COLLECTIVES and SHARDING.
+check: sptrace.checks.builtin) are entries of the same list, first, under the names COLLECTIVES and
+SHARDING; their typed reports ride along in CheckReport.detail.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sptrace.detect.allocations import Retention
 from sptrace.detect.timing import RankTiming
 from sptrace.reduce.critical import CriticalPath
 from sptrace.reduce.matching import Matching
+from sptrace.reduce.p2p import P2PReport
 from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.shape import ModelShape
 
@@ -30,8 +32,23 @@ SHARDING = "sharding"
 
 
 @dataclass(frozen=True)
+class CheckOptions:
+    """How the user asked the checks to judge: ``allow`` module globs that may keep full tensors,
+    ``strict`` (ambiguous tensors that could be full-size fail too), the cost model's ``k`` and
+    scope (``attention_only``, ``grad_sync``) and the gradients' declared element type."""
+
+    allow: tuple[str, ...] = ()
+    strict: bool = False
+    k: int = 2
+    grad_dtype: str | None = None
+    attention_only: bool = False
+    grad_sync: bool = True
+
+
+@dataclass(frozen=True)
 class CheckFacts:
-    """What a check reads of a run: its reduced facts, built once by sptrace.analysis."""
+    """What a check reads of a run: its reduced facts, built once by sptrace.analysis, and the
+    options the user judges with."""
 
     ranks: tuple[int, ...]
     world_size: int
@@ -41,6 +58,9 @@ class CheckFacts:
     timing: tuple[RankTiming, ...]
     retained: tuple[Retention, ...]
     critical_path: CriticalPath | None
+    p2p: P2PReport | None = None
+    """Sends paired with receives (None without point-to-point)."""
+    options: CheckOptions = field(default_factory=CheckOptions)
 
 
 @dataclass(frozen=True)
@@ -55,6 +75,9 @@ class CheckReport:
     notes: tuple[str, ...] = ()
     gate: bool = False
     unavailable: str | None = None
+    detail: object = field(default=None, repr=False, compare=False)
+    """The check's own typed report, for the views that draw more than findings (the run's own
+    checks': sptrace.checks.builtin.CollectivesDetail and ShardingReport)."""
 
     def line(self) -> str:
         return self.verdict.line() if self.verdict is not None else f"not checked: {self.unavailable}"
@@ -94,8 +117,10 @@ def unregister(name: str) -> None:
 
 
 def checks() -> tuple[Check, ...]:
-    """The registered checks, in registration order."""
-    return tuple(_CHECKS.values())
+    """Every check: the run's own two, then the registered ones in registration order."""
+    from sptrace.checks.builtin import BUILTIN  # (they build their reports with this module's types)
+
+    return (*BUILTIN, *_CHECKS.values())
 
 
 def needed_parts(gate_only: bool = False) -> frozenset[str]:
@@ -104,9 +129,9 @@ def needed_parts(gate_only: bool = False) -> frozenset[str]:
 
 
 def run_checks(facts: CheckFacts, model: ModelShape, parts: Iterable[str]) -> dict[str, CheckReport]:
-    """Every registered check whose needs were computed, by name."""
+    """Every check whose needs were computed, by name, the run's own first."""
     computed = set(parts)
-    return {c.name: c.run(facts, model) for c in _CHECKS.values() if c.needs <= computed}
+    return {c.name: c.run(facts, model) for c in checks() if c.needs <= computed}
 
 
 def worst(verdicts: Iterable[Verdict | None]) -> int:

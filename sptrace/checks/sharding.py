@@ -14,7 +14,8 @@ B, S, H, P (and a, g, F when declared).
   other         no token dimension (weights, scalars, statistics)
   unknown       no shape, and a size that matches nothing
 
-The verdict over every rank's retained tensors is sptrace.checks.sharding_verdict.
+How a shape reads against the declared dims is sptrace.checks.sharding_shapes; the verdict over
+every rank's retained tensors is sptrace.checks.sharding_verdict.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from sptrace.checks.sharding_shapes import Reading, heads_of, readings, tokens_of, widths
 from sptrace.vocab import dtypes
 from sptrace.vocab.shape import ModelShape
 from sptrace.vocab.units import count, significant
@@ -60,36 +62,6 @@ class Judge:
     @property
     def shard_bytes(self) -> int | None:
         return None if self.full_bytes is None else self.full_bytes // self.model.sp_size
-
-    def widths(self) -> tuple[dict[int, str], dict[int, str]]:
-        """Per-token widths of whole tensors, and of 1/P tensor-parallel shards, that the declared
-        dims allow: {width: what}."""
-        m = self.model
-        H, P = m.hidden, m.sp_size
-        whole: dict[int, str] = {H: "H"}
-        shard: dict[int, str] = {}
-        if H % P == 0:
-            shard[H // P] = "H/P"
-        d = m.head_dim
-        if m.heads and d:
-            whole.setdefault(m.heads * d, "a*d")
-            if m.heads % P == 0:
-                shard.setdefault(m.heads // P * d, "a*d/P")
-            if m.kv_heads:
-                g = m.kv_heads
-                whole.setdefault(g * d, "g*d")
-                whole.setdefault((m.heads + 2 * g) * d, "(a+2g)*d")
-                if g % P == 0:
-                    shard.setdefault(g // P * d, "g*d/P")
-                if (m.heads + 2 * g) % P == 0:
-                    shard.setdefault((m.heads + 2 * g) // P * d, "(a+2g)*d/P")
-        if m.ffn:
-            whole.setdefault(m.ffn, "F")
-            whole.setdefault(2 * m.ffn, "2F")  # gated MLPs (SwiGLU) fuse gate and up
-            if m.ffn % P == 0:
-                shard.setdefault(m.ffn // P, "F/P")
-                shard.setdefault(2 * m.ffn // P, "2F/P")
-        return whole, shard
 
     def classify(
         self,
@@ -142,7 +114,7 @@ class Judge:
             return False
         width = storage_bytes // tokens
         if origin in ("column", "attention", "all-to-all", "reduce-scattered"):
-            whole, shard = self.widths()
+            whole, shard = widths(self.model)
             return width in whole and whole[width] != "H" and width not in shard
         return True
 
@@ -171,7 +143,7 @@ class Judge:
             return "full", f"no shape; {nbytes} bytes {text}: a gathered full sequence"
         if origin in ("reduce-scattered", "all-to-all"):
             return "seq-sharded", f"no shape; {text}"
-        whole, shard = self.widths()
+        whole, shard = widths(self.model)
         fulls = {w for w in whole if w >= m.hidden} | {m.hidden}
         explains_full = nbytes % tokens_full == 0 and (nbytes // tokens_full) >= m.hidden
         explains_shard = nbytes == self.shard_bytes or (
@@ -201,87 +173,17 @@ class Judge:
             )
         return "unknown", "no shape, and a size that identifies nothing"
 
-    def _views(self, shape: tuple[int, ...], chunked: bool = True) -> list[tuple[bool, int, str, bool]]:
-        """Every way ``shape`` reads as tokens x width: (full sequence?, width per token, layout,
-        attention scores?). A shape can read several ways when dimensions coincide (S == H,
-        B == P, B*S == H): each reading is kept, and the class must agree across them.
-        ``chunked``: also read the sequence as P chunks of S/P on two axes (an all-to-all's or a
-        gather's buffer); never for a tensor a point-to-point receive filled, which holds one
-        peer's block, whatever a leading axis of P coincides with (K and V stacked at P = 2)."""
-        m = self.model
-        B, S, P = m.batch, m.seq, m.sp_size
-        s_local = S // P
-        seqs = {S: True}
-        if P > 1:
-            seqs.setdefault(s_local, False)
-        n = len(shape)
-        out: list[tuple[bool, int, str, bool]] = []
-
-        def add(axis: int, width_dims: tuple[int, ...], layout: str) -> None:
-            full = seqs[shape[axis]]
-            width = math.prod(width_dims)
-            heads_first = layout in ("[B, h, S, d]", "[B*h, S, d]")
-            if not (heads_first and shape[-1] == S and S != m.head_dim):  # [B, h, S, S] is scores only
-                out.append((full, width, layout, False))
-            # the sequence once more as the last axis: attention scores (keys across the sequence)
-            if n >= 3 and axis != n - 1 and shape[-1] == S and S > 1:
-                out.append((full, width, layout, True))
-
-        if n >= 2 and shape[0] == B and shape[1] in seqs:
-            add(1, shape[2:], "[B, S, ...]")
-        if n >= 2 and shape[1] == B and shape[0] in seqs:
-            add(0, shape[2:], "[S, B, ...]")
-        if n == 4 and shape[0] == B and shape[2] in seqs and self._head_axis(shape[1], shape[3]):
-            add(2, (shape[1], shape[3]), "[B, h, S, d]")
-        if n >= 1 and B > 1 and shape[0] in (B * S, B * s_local):
-            out.append((shape[0] == B * S and P > 1, math.prod(shape[1:]), "[B*S, ...]", False))
-        if n >= 1 and B == 1 and shape[0] in seqs:
-            add(0, shape[1:], "[S, ...]")
-        if (
-            n == 3
-            and shape[1] in seqs
-            and shape[0] % B == 0
-            and shape[0] != B
-            and self._head_axis(shape[0] // B, shape[2])
-        ):
-            add(1, (shape[0] // B, shape[2]), "[B*h, S, d]")
-        if chunked and P > 1 and n >= 3 and not any(not v[0] and v[1] == m.hidden for v in out):
-            # (not where the shape already reads as an exact [S/P, B, H] shard, as the all-to-all
-            # that brings the heads home leaves it when P == S/P)
-            # the sequence as P chunks of S/P on two axes: an all-to-all's buffer (DeepSpeed-Ulysses
-            # lays q, k, v out as [P, S/P, B, h/P, d] sequence-first, [P, B, S/P, h/P, d] and
-            # [B, P, S/P, ...] batch-first); the whole sequence, whatever each axis alone reads as
-            for chunked, layout in (((0, 1), "[P, S/P, B, ...]"), ((0, 2), "[P, B, S/P, ...]"),
-                                    ((1, 2), "[B, P, S/P, ...]")):  # fmt: skip
-                batch_axis = ({0, 1, 2} - set(chunked)).pop()
-                if shape[chunked[0]] == P and shape[chunked[1]] == s_local and shape[batch_axis] == B:
-                    out.append((True, math.prod(shape[3:]), layout, False))
-        if m.heads and any(v[2] == "[B, h, S, d]" for v in out):
-            # declared heads matched one more axis than a [B, S, ...] reading: the more specific wins
-            out = [v for v in out if v[2] == "[B, h, S, d]"]
-        return out
-
-    def _head_axis(self, h: int, d: int) -> bool:
-        """Could (h, d) be a head count and a head dim? Any, unless the heads are declared."""
-        m = self.model
-        if not m.heads:
-            return True
-        counts = {m.heads, m.heads // m.sp_size or 1}
-        if m.kv_heads:
-            counts |= {m.kv_heads, max(m.kv_heads // m.sp_size, 1)}
-        return h in counts and (m.head_dim is None or d in (m.head_dim, m.seq))
-
     def _by_shape(
         self, shape: tuple[int, ...], nbytes: int, module: str, producer: str, origin: str | None, text: str
     ) -> tuple[str, str]:
         m = self.model
         S, H, P = m.seq, m.hidden, m.sp_size
-        views = self._views(shape, chunked=origin != "received")
-        full_views = [v for v in views if v[0]]
+        views = readings(m, shape, chunked=origin != "received")
+        full_views = [v for v in views if v.full_seq]
         if origin == "received" and not full_views and m.local_seq in shape:
             return "seq-sharded", f"a block one peer sent ({text}): a sequence shard ({m.local_seq} of {S} tokens)"
         if origin == "gathered":
-            wide = max((v[1] for v in full_views if not v[3]), default=0)
+            wide = max((v.width for v in full_views if not v.scores), default=0)
             if wide >= H or (self.full_bytes and nbytes >= self.full_bytes and (full_views or not views)):
                 return "full", f"a gathered full sequence ({text}), {wide or '?'} wide per token"
             if wide and wide < H:
@@ -301,16 +203,16 @@ class Judge:
             )
         if not full_views:
             return "seq-sharded", f"a sequence shard ({S // P} of {S} tokens)"
-        if origin == "attention" and m.heads and all(v[3] for v in full_views):
+        if origin == "attention" and m.heads and all(v.scores for v in full_views):
             # attention scores (keys on the last axis) with the heads declared: heads are counted over
             # the keys, not a head dim
             return self._by_view(full_views[0], shape, module, producer)
         if origin in ("column", "attention", "all-to-all"):
-            heads = self._heads_of(shape, self._tokens(full_views[0]))
+            heads = heads_of(m, shape, tokens_of(m, full_views[0]))
             if heads == "all" and origin != "column":
                 return "full", f"full sequence, every head ({text})"
-            whole, shard = self.widths()
-            wide = [v[1] for v in full_views if not v[3]]
+            whole, shard = widths(self.model)
+            wide = [v.width for v in full_views if not v.scores]
             # (H itself is no evidence: F/P may equal H when F is undeclared)
             if origin == "column" and wide and all(w in whole and whole[w] != "H" and w not in shard and w >= H
                                                    for w in wide):  # fmt: skip
@@ -318,7 +220,7 @@ class Judge:
                 return "full", f"full sequence, {wide[0]} wide per token ({whole[wide[0]]}, unsharded): {text}"
             return "head-sharded", f"full sequence, a tensor-parallel shard: {text}"
         if origin == "row":
-            wide = max(v[1] for v in full_views)
+            wide = max(v.width for v in full_views)
             if wide >= H:
                 return "full", f"full sequence, {wide} wide per token: {text}, before its reduce-scatter"
         if origin == "reduce-scattered":
@@ -327,13 +229,15 @@ class Judge:
         classes = {c for c, _ in judged}
         if len(classes) == 1:
             return judged[0]
-        readings_text = "; ".join(f"as {v[2]}: {c}" for v, (c, _) in zip(views, judged))
+        readings_text = "; ".join(f"as {v.layout}: {c}" for v, (c, _) in zip(views, judged))
         if classes <= {"seq-sharded", "head-sharded", "other"}:
             # no reading is full: the tensor is a shard (or a statistic) whichever it is
             cls = next(c for c in ("seq-sharded", "head-sharded", "other") if c in classes)
             return cls, f"not full whichever way its shape reads ({readings_text})"
-        readings = "; ".join(f"as {v[2]}{' scores' if v[3] else ''}: {c}" for v, (c, _) in zip(views, judged))
-        return "ambiguous", f"its shape reads several ways ({readings}) and its origin is not in the trace"
+        readings_scored = "; ".join(
+            f"as {v.layout}{' scores' if v.scores else ''}: {c}" for v, (c, _) in zip(views, judged)
+        )
+        return "ambiguous", f"its shape reads several ways ({readings_scored}) and its origin is not in the trace"
 
     def _no_token_axis(self, shape: tuple[int, ...], origin: str | None, text: str) -> tuple[str, str]:
         """A shape no [B, S, ...] layout reads. Fewer than B*S*H elements: no full activation
@@ -357,13 +261,7 @@ class Judge:
             "another kind, and the trace does not show the op that made it"
         )
 
-    def _tokens(self, view: tuple[bool, int, str, bool]) -> int:
-        m = self.model
-        return m.batch * (m.seq if view[0] else m.local_seq)
-
-    def _by_view(
-        self, view: tuple[bool, int, str, bool], shape: tuple[int, ...], module: str, producer: str
-    ) -> tuple[str, str]:
+    def _by_view(self, view: Reading, shape: tuple[int, ...], module: str, producer: str) -> tuple[str, str]:
         """The class of one reading of a shape, from widths alone."""
         m = self.model
         S, H, P = m.seq, m.hidden, m.sp_size
@@ -379,12 +277,12 @@ class Judge:
             if heads * P <= m.heads:
                 return "head-sharded", f"attention scores of {count(heads, 'head')} (a/P = {m.heads // P})"
             return "full", f"attention scores of {count(heads, 'head')} over the full sequence (a = {m.heads})"
-        heads = self._heads_of(shape, self._tokens(view))
+        heads = heads_of(m, shape, tokens_of(m, view))
         if heads == "all":
             return "full", f"full sequence, every head ({width} wide per token)"
         if heads == "share":
             return "head-sharded", f"full sequence, a 1/P share of the heads ({width} wide per token)"
-        whole, shard = self.widths()
+        whole, shard = widths(self.model)
         in_whole, in_shard = width in whole, width in shard
         if in_shard and not in_whole:
             return "head-sharded", f"full sequence, {width} wide per token ({shard[width]})"
@@ -401,27 +299,6 @@ class Judge:
                 )
             return "full", f"full sequence, {width} wide per token (H = {H}; no declared shard is that wide)"
         return "head-sharded", f"full sequence, {width} wide per token: a 1/{significant(H / width)} share of H"
-
-    def _heads_of(self, shape: tuple[int, ...], tokens: int) -> str | None:
-        """For layouts with a head axis ([B, S, h, d], [B, h, S, d], [S, B, h, d]) and the head
-        counts declared: 'all' heads (a, or g kv heads), a 1/P 'share', or None (either, or neither)."""
-        m = self.model
-        d, P = m.head_dim, m.sp_size
-        if len(shape) < 3 or not (m.heads and d) or d not in shape:
-            return None
-        rest = math.prod(shape) // tokens
-        if rest % d:
-            return None
-        h = rest // d
-        whole = {m.heads} | ({m.kv_heads} if m.kv_heads else set())
-        share = {m.heads // P} if m.heads % P == 0 else set()
-        if m.kv_heads:
-            share |= {m.kv_heads // P} if m.kv_heads % P == 0 else {max(m.kv_heads, P) // P}  # kv replicated up to P
-        if h in share and h not in whole:
-            return "share"
-        if h in whole and h not in share:
-            return "all"
-        return None
 
 
 def classify(

@@ -10,6 +10,7 @@ checks.sharding's Judge). The gate fails closed:
   CANNOT DECIDE  otherwise, naming the tensors or ranks left undecided and the one step that
                  decides them.
 ``strict`` fails what would otherwise leave the verdict undecided (ambiguous, unknown).
+What the verdict covered (ranks, layers, boundaries) is sptrace.checks.sharding_coverage's.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pandas as pd
 
 from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.checks.sharding import CLASSES, JUDGED, Judge
+from sptrace.checks.sharding_coverage import Coverage, coverage_of, covered_text
 from sptrace.detect.allocations import Retention
 from sptrace.detect.holders import HOLDERS, KEEPERS
 from sptrace.jsonable import records
@@ -42,9 +44,9 @@ class ShardingReport:
     layers: pd.DataFrame
     """Per rank and layer: retained bytes, full bytes, and Korthikanti's expectation."""
     verdict: Verdict
-    notes: list[str] = field(default_factory=list)
-    coverage: JSONObject = field(default_factory=dict)
+    coverage: Coverage
     """What the verdict covered: ranks, layers, boundaries, memory events."""
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -135,9 +137,9 @@ def check_sharding(
             "held by the backend, which drops its reference on a thread the profiler does not record (not kept by "
             "the step)"
         )
-    coverage = _coverage(retained, saved, missing_ranks)
+    coverage = coverage_of(retained, saved, missing_ranks)
     verdict = _conclude(retained, saved, findings, model, counts, coverage, missing_ranks)
-    return ShardingReport(model, saved, findings, layers, verdict, [*notes, *caller_notes], coverage)
+    return ShardingReport(model, saved, findings, layers, verdict, coverage, [*notes, *caller_notes])
 
 
 def _class_counts(saved: pd.DataFrame) -> dict[str, int]:
@@ -250,40 +252,9 @@ def _layer_table(saved: pd.DataFrame, expected_per_layer: float | None) -> pd.Da
     )
 
 
-def _coverage(retained: list[Retention], saved: pd.DataFrame, missing: Sequence[int]) -> JSONObject:
-    layers = sorted(set().union(*(r.layers_seen for r in retained)) | {int(x) for x in saved["layer"].dropna()})
-    return {
-        "ranks": sorted(r.rank for r in retained),
-        "missing_ranks": sorted(missing),
-        "layers": layers,
-        "boundaries": sum(len(r.boundaries) for r in retained),
-        "steps": sorted({b.step for r in retained for b in r.boundaries if b.step is not None}),
-        "memory_events": sorted(r.rank for r in retained if r.has_memory),
-        "saved_records": sorted(r.rank for r in retained if r.has_records),
-        "census": sorted(r.rank for r in retained if r.has_census),
-        "tensors": len(saved),
-    }
-
-
-def _covered(coverage: JSONObject) -> str:
-    """'8 ranks (0-7), layers 0-2, 2 steps, memory events on every rank'"""
-    ranks = coverage["ranks"]
-    parts = [f"{count(len(ranks), 'rank')} ({rank_ranges(ranks)})" if ranks else "no rank"]
-    if coverage["layers"]:
-        parts.append(f"layer{'s' if len(coverage['layers']) > 1 else ''} {rank_ranges(coverage['layers'])}")
-    if len(coverage["steps"]) > 1:
-        parts.append(f"{len(coverage['steps'])} steps")
-    if coverage["boundaries"] > max(len(ranks), 1) * max(len(coverage["steps"]), 1):
-        parts.append(f"{coverage['boundaries']} forward/backward boundaries")
-    with_memory = coverage["memory_events"]
-    parts.append("memory events on every rank" if with_memory == ranks
-                 else f"memory events on {count(len(with_memory), 'rank')} of {len(ranks)}")  # fmt: skip
-    return ", ".join(parts)
-
-
 def _conclude(
     retained: list[Retention], saved: pd.DataFrame, findings: list[Finding], model: ModelShape,
-    counts: dict[str, int], coverage: JSONObject, missing: Sequence[int],
+    counts: dict[str, int], coverage: Coverage, missing: Sequence[int],
 ) -> Verdict:  # fmt: skip
     errors = [f for f in findings if f.severity == "error"]
     judged = saved[saved["decides"] != "undecided-holder"]
@@ -291,7 +262,7 @@ def _conclude(
     held = ", ".join(f"{int(by_holder[h])} held by {h}" for h in ("autograd", "model", "backend", "parameter")
                      if by_holder.get(h, 0))  # fmt: skip
     summary = (
-        f"{count(len(judged), 'tensor')} alive at the boundary judged on {_covered(coverage)} "
+        f"{count(len(judged), 'tensor')} alive at the boundary judged on {covered_text(coverage)} "
         f"({counts['seq-sharded']} sequence-sharded, {counts['head-sharded']} head-sharded, {counts['full']} full; "
         f"{held})"
     )

@@ -6,8 +6,21 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from sptrace import __version__, result_cache
-from sptrace.cli import analyze, cache, check, collectives, diff, export, info, initconfig, model, reference, views
+from sptrace import __version__
+from sptrace.cli import (
+    analyze,
+    cache,
+    check,
+    collectives,
+    diff,
+    export,
+    info,
+    initconfig,
+    model,
+    reference,
+    result_cache,
+    views,
+)
 from sptrace.cli.common import Parser
 from sptrace.vocab.errors import SptraceError, TraceError
 

@@ -1,18 +1,27 @@
 """``sptrace cache info`` / ``sptrace cache clear``: the trace cache (sptrace.load.cache): parsed tables, and
-per-rank summaries (sptrace.summary_cache)."""
+per-rank summaries (sptrace.run.summaries); and the replayed results (sptrace.cli.result_cache)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
-from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.units import human_bytes
 
 if TYPE_CHECKING:
-    from sptrace.load.cache import Entry
+    from sptrace.cachedir import Entry
+
+
+class EntryRecord(TypedDict, total=False):
+    """One entry as ``sptrace cache info --format json`` lists it under ``traces``."""
+
+    source: str | None
+    kind: str
+    bytes: int
+    used: float
+    about: str | None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,12 +33,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sptrace import result_cache, summary_cache
+    from sptrace.cachedir import default_cache_dir, max_bytes
+    from sptrace.cli import result_cache
     from sptrace.load import cache
+    from sptrace.run.summaries import is_current
 
-    directory = Path(args.cache_dir) if args.cache_dir else cache.default_cache_dir()
+    directory = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     results_dir = result_cache.directory(directory)
-    cap = cache.max_bytes()
+    cap = max_bytes()
     if args.action == "clear":
         freed = cache.clear(directory) + result_cache.clear(results_dir)
         print(f"{directory}: cleared, {human_bytes(freed)} freed")
@@ -40,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     gone = [e for e in entries if e.source_gone]
     tables = [e for e in entries if e.kind == "table"]
     summaries = [e for e in entries if e.kind == "summary"]
-    other_code = [e for e in summaries if not summary_cache.is_current(e)]
+    other_code = [e for e in summaries if not is_current(e)]
     if args.format == "json":
         print(json.dumps({
             "directory": str(directory), "entries": len(entries), "bytes": total, "max_bytes": cap,
@@ -49,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
             "summaries": {"entries": len(summaries), "bytes": sum(e.bytes for e in summaries),
                           "other_code": len(other_code)},
             "results": {"entries": len(results), "bytes": sum(e.bytes for e in results),
-                        "max_bytes": cap // 8, "commands": [r.command for r in reversed(results)]},
+                        "max_bytes": cap // result_cache.SHARE,
+                        "commands": [r.header.get("command", "") for r in reversed(results)]},
             "traces": [_record(e) for e in reversed(entries)],
         }, indent=1))  # fmt: skip
         return 0
@@ -60,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  {len(summaries)} summaries, {human_bytes(sum(e.bytes for e in summaries))}: a rank's collectives, "
           "timing, retained tensors and counts, read instead of detecting them again")  # fmt: skip
     print(f"  {len(results)} results, {human_bytes(sum(e.bytes for e in results))} (at most "
-          f"{human_bytes(cap // 8)}): what a collectives, analyze or info printed, replayed when it is run again on "
-          "the unchanged run with the same flags and code")  # fmt: skip
+          f"{human_bytes(cap // result_cache.SHARE)}): what a collectives, analyze or info printed, replayed when "
+          "it is run again on the unchanged run with the same flags and code")  # fmt: skip
     if other_code:
         print(f"{len(other_code)} summaries written by other sptrace code (never read by this one; dropped as the "
               "cap needs room, or by clear)")  # fmt: skip
@@ -75,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record(entry: Entry) -> JSONObject:
-    out = {"source": entry.source, "kind": entry.kind, "bytes": entry.bytes, "used": entry.used}
+def _record(entry: Entry) -> EntryRecord:
+    out = EntryRecord(source=entry.source, kind=entry.kind, bytes=entry.bytes, used=entry.used)
     if entry.kind == "summary":
         out["about"] = entry.header.get("about")
     return out

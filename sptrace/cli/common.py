@@ -6,15 +6,21 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from sptrace.executors import EXECUTORS
+from sptrace.run.executors import EXECUTORS
 from sptrace.vocab.dtypes import ACTIVATION_DTYPES
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.shape import RECOMPUTE, SCHEME_CHOICES, Declarations, ShapeValues
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from sptrace.analysis import AnalyseOptions, RunAnalysis
+    from sptrace.checks.findings import Verdict
+    from sptrace.checks.registry import CheckReport
     from sptrace.run import LoadOptions
+    from sptrace.vocab.jsontypes import JSONObject
 
 
 class Parser(argparse.ArgumentParser):
@@ -123,8 +129,8 @@ def add_load_flags(p: argparse.ArgumentParser) -> None:
 
 def load_options(args: argparse.Namespace) -> LoadOptions:
     """The loader's options from the flags, built once for the whole command."""
-    from sptrace.executors import Executor
     from sptrace.run import LoadOptions
+    from sptrace.run.executors import Executor
 
     executor = Executor(args.executor, args.workers, args.scheduler)
     return LoadOptions(cache=not args.no_cache, cache_dir=args.cache_dir, skip_bad=args.skip_bad, executor=executor)
@@ -143,7 +149,7 @@ def map_quietly(args: argparse.Namespace, parts: tuple[str, ...], *, show_warnin
     return run, results
 
 
-def analyse(args: argparse.Namespace, **options: Any):
+def analyse(args: argparse.Namespace, **options: Unpack[AnalyseOptions]) -> RunAnalysis:
     """The run's analysis (sptrace.analysis) with the flags the user passed; the loader's
     warnings go to stderr, one line each."""
     from sptrace.analysis import analyse_run
@@ -154,7 +160,7 @@ def analyse(args: argparse.Namespace, **options: Any):
     return analysis
 
 
-def registered(analysis: Any, gate_only: bool = False) -> list[Any]:
+def registered(analysis: RunAnalysis, gate_only: bool = False) -> list[CheckReport]:
     """The reports of the registered checks (sptrace.checks.registry) of an analysis: every one
     but the run's own two; those that gate CI with ``gate_only``."""
     from sptrace.checks.registry import COLLECTIVES, SHARDING
@@ -163,17 +169,17 @@ def registered(analysis: Any, gate_only: bool = False) -> list[Any]:
             if name not in (COLLECTIVES, SHARDING) and (r.gate or not gate_only)]  # fmt: skip
 
 
-def registered_verdicts(analysis: Any, gate_only: bool = False) -> list[Any]:
+def registered_verdicts(analysis: RunAnalysis, gate_only: bool = False) -> list[Verdict | None]:
     return [r.verdict for r in registered(analysis, gate_only)]
 
 
-def registered_json(analysis: Any, gate_only: bool = False) -> dict[str, Any]:
+def registered_json(analysis: RunAnalysis, gate_only: bool = False) -> dict[str, dict[str, JSONObject]]:
     """``{"checks": {name: report}}`` for the registered checks' reports (nothing when there are none)."""
     reports = registered(analysis, gate_only)
     return {"checks": {r.name: r.to_dict() for r in reports}} if reports else {}
 
 
-def registered_text(analysis: Any, gate_only: bool = False) -> str:
+def registered_text(analysis: RunAnalysis, gate_only: bool = False) -> str:
     """Each registered check's findings, notes and verdict line, under its title."""
     lines: list[str] = []
     for r in registered(analysis, gate_only):
@@ -184,11 +190,11 @@ def registered_text(analysis: Any, gate_only: bool = False) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def missing(value: Any) -> bool:
+def missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def size_text(value: Any) -> str:
+def size_text(value: float | None) -> str:
     from sptrace.vocab.units import human_bytes
 
     return "?" if missing(value) else human_bytes(float(value))

@@ -74,7 +74,7 @@ def run_baseline(args: argparse.Namespace, fmt: str) -> int:
     """``check``/``analyze RUN --baseline BASE``: the run against its baseline, per module."""
     import time
 
-    from sptrace.checks.baseline import baseline_gate
+    from sptrace.baseline import baseline_gate
     from sptrace.diff import diff_runs
 
     clock = time.perf_counter()

@@ -5,10 +5,13 @@ what the trace showed of them, to fill in."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sptrace.cli.common import add_load_flags, emit, map_quietly
 from sptrace.vocab.shape import ShapeValues
+
+if TYPE_CHECKING:
+    from sptrace.detect.infer import Inferred
 
 ORDER = ("scheme", "sp_size", "layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "dtype")
 NOT_READ = {
@@ -61,7 +64,7 @@ def _cost_model_needs(values: ShapeValues) -> list[str] | None:
     return undeclared_sizes(shape)[0]
 
 
-def render(path: str, inferred: Any) -> str:
+def render(path: str, inferred: Inferred) -> str:
     lines = [
         f"# The model of {path}, as its traces show it (sptrace init-config).",
         "# Every value says where it was read from: check it. Fill in each null the analyses need, then",

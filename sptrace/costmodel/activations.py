@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from sptrace.costmodel.spec import as_shape
+from sptrace.costmodel.spec import DeclaresShape, as_shape
+from sptrace.vocab.shape import ModelShape
 
 KORTHIKANTI_SETTINGS = ("none", "tp", "tp_sp", "tp_sp_selective", "full_recompute")
 
@@ -16,7 +15,7 @@ def dtype_scale(dtype_bytes: int | None) -> float | None:
     return dtype_bytes / 2 if dtype_bytes else None
 
 
-def activation_bytes_at_dtype(cfg: Any) -> float | None:
+def activation_bytes_at_dtype(cfg: ModelShape | DeclaresShape) -> float | None:
     """activation_bytes_per_layer at the declared activation dtype (None when either is unknown)."""
     cfg = as_shape(cfg)
     act, scale = activation_bytes_per_layer(cfg), dtype_scale(cfg.dtype_bytes)
@@ -41,7 +40,7 @@ def korthikanti_bytes_per_layer(setting: str, *, seq: int, batch: int, hidden: i
     raise ValueError(f"unknown setting {setting!r}; choose one of {', '.join(KORTHIKANTI_SETTINGS)}")
 
 
-def activation_bytes_per_layer(cfg: Any) -> float | None:
+def activation_bytes_per_layer(cfg: ModelShape | DeclaresShape) -> float | None:
     """Bytes of activations one layer keeps for backward, per rank, for the scheme of ``cfg``.
 
     megatron, ulysses, hybrid: Korthikanti's figure; every scheme keeps its activations sequence-

@@ -4,7 +4,7 @@ scheme appends its per-layer collectives, grads the step's gradient and ZeRO-3 o
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from sptrace.costmodel import grads, hybrid, megatron, ring, ulysses, usp
 from sptrace.costmodel.spec import (
@@ -13,6 +13,7 @@ from sptrace.costmodel.spec import (
     Builder,
     CollectiveSpec,
     CommEstimate,
+    DeclaresShape,
     as_shape,
     needs,
     validate,
@@ -20,13 +21,21 @@ from sptrace.costmodel.spec import (
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.shape import ModelShape
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = ["NEEDS", "PHASES", "CollectiveSpec", "CommEstimate", "as_shape", "estimate_comm"]
 
 SCHEMES = {"megatron": megatron, "ulysses": ulysses, "hybrid": hybrid, "ring": ring, "usp": usp}
 
 
 def estimate_comm(
-    cfg: Any, *, k: int = 2, attention_only: bool = False, grad_bytes: int | None = 4, grad_sync: bool = True
+    cfg: ModelShape | DeclaresShape,
+    *,
+    k: int = 2,
+    attention_only: bool = False,
+    grad_bytes: int | None = 4,
+    grad_sync: bool = True,
 ) -> CommEstimate:
     """The collectives of one step of ``cfg.scheme`` (ZeRO-3 when ``cfg.zero3``), per rank.
 
@@ -54,12 +63,21 @@ def estimate_comm(
     return b.estimate(cfg.scheme + ("-zero3" if grads.zero3(cfg) else ""), k, grad_bytes)
 
 
+class EstimateOptions(TypedDict, total=False):
+    """estimate_comm's keyword options, passed through by those that build estimates for it."""
+
+    k: int
+    attention_only: bool
+    grad_bytes: int | None
+    grad_sync: bool
+
+
 SOMETIMES = ("heads", "kv_heads", "ffn")
 """Sizes that shape some schemes' collectives and not others' (Megatron-SP's all-gathers carry
 [B, S, H] whatever F is): asked for only where they change the estimate."""
 
 
-def undeclared_sizes(cfg: ModelShape, **options: Any) -> tuple[list[str], ModelShape | None]:
+def undeclared_sizes(cfg: ModelShape, **options: Unpack[EstimateOptions]) -> tuple[list[str], ModelShape | None]:
     """(the undeclared fields the estimate of ``cfg`` depends on, a stand-in config to estimate
     with when it depends on none of them). ``options``: estimate_comm's.
 

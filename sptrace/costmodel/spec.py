@@ -4,7 +4,7 @@ Builder the scheme modules append to (SPEC.md §1-2)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from sptrace.vocab import collective_kinds
 from sptrace.vocab.collective_kinds import wire_bytes
@@ -173,7 +173,13 @@ def needs(scheme: str | None) -> tuple[str, ...]:
     return (*NEEDS, "ulysses_degree") if scheme == "usp" else NEEDS
 
 
-def as_shape(cfg: Any) -> ModelShape:
+class DeclaresShape(Protocol):
+    """Anything that declares a ModelShape (the reference models' StepConfig)."""
+
+    def shape(self) -> ModelShape: ...
+
+
+def as_shape(cfg: ModelShape | DeclaresShape) -> ModelShape:
     """A ModelShape, or anything that declares one (the reference models' StepConfig)."""
     return cfg if isinstance(cfg, ModelShape) else cfg.shape()
 

@@ -18,17 +18,18 @@ record, which is why such a tensor's free can be missing from a trace.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
 
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.boundaries import Boundary, find_boundaries
+from sptrace.detect.columns import has_prefix, is_one_of, take_columns
 from sptrace.detect.handed import Handed, HandedTensors
 from sptrace.detect.holders import BACKEND_THREADS, SAVED_RECORD, Holder, HolderRules
-from sptrace.detect.index import RankIndex, has_prefix, is_one_of, take_columns, within
-from sptrace.detect.intervals import Intervals
+from sptrace.detect.index import RankIndex
+from sptrace.detect.intervals import Intervals, within
 from sptrace.detect.kinds import AUTOGRAD_NODE
 from sptrace.detect.ledger import AddressIndex, Allocation, detect_ledger, unrecorded_allocator_activity
 from sptrace.detect.producers import producing_collective
@@ -328,7 +329,9 @@ def _retained_from_memory(
     )  # fmt: skip
 
 
-def _shapes_seen(cpu: pd.DataFrame, fwd: int, bwd: int | None, dtypes_of: dict | None = None) -> set[tuple[int, ...]]:
+def _shapes_seen(
+    cpu: pd.DataFrame, fwd: int, bwd: int | None, dtypes_of: dict[tuple[int, ...], set[str]] | None = None
+) -> set[tuple[int, ...]]:
     """Every tensor shape the window's ops took; ``dtypes_of`` (shape -> element types) collects
     the type each shape was taken with, where the op records one per argument."""
     ts = cpu["ts_ns"].to_numpy(dtype=np.int64, na_value=0)
@@ -355,7 +358,9 @@ def _layers_seen(idx: RankIndex) -> set[int]:
     return seen
 
 
-def _op_name(ops: Intervals, ts: int, tid: Any) -> str | None:
+def _op_name(ops: Intervals, ts: int, tid: object) -> str | None:
+    """The innermost op running at ``ts`` on ``tid`` (a thread id as a table cell holds it: NaN or
+    NA where missing, then on any thread)."""
     i = ops.innermost(ts, ts, int(tid) if tid is not None and not pd.isna(tid) else None)
     return None if i is None else ops.name(i)
 

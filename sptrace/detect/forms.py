@@ -17,9 +17,9 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from sptrace.detect.args import get, is_shape, load_list, present
+from sptrace.detect.intervals import EventRow
 from sptrace.vocab import collective_kinds, dtypes
 
 
@@ -108,11 +108,11 @@ class Sizes:
         return s
 
 
-def _dims(event: Any, key: str = "input_dims") -> list:
+def _dims(event: EventRow, key: str = "input_dims") -> list:
     return load_list(get(event, key))
 
 
-def _numel(arg: Any) -> int | None:
+def _numel(arg: object) -> int | None:
     """Elements of one recorded argument: a shape, or a list of shapes (TensorList); None when
     nothing is recorded ([] for a TensorList, which Kineto writes for a list of lists)."""
     if is_shape(arg):
@@ -122,7 +122,7 @@ def _numel(arg: Any) -> int | None:
     return None
 
 
-def _shapes(arg: Any) -> list | None:
+def _shapes(arg: object) -> list | None:
     """The shapes of an argument: [shape] for a tensor, the shapes of a TensorList."""
     if isinstance(arg, list) and arg and all(is_shape(s) for s in arg):
         return arg
@@ -160,7 +160,7 @@ def _int_list(concrete: list, position: int) -> list[int] | None:
     return value if isinstance(value, list) and all(isinstance(v, int) for v in value) else None
 
 
-def sizes_from_op(op_name: str, event: Any) -> Sizes:
+def sizes_from_op(op_name: str, event: EventRow) -> Sizes:
     """Sizes from a c10d / functional op's own recorded arguments."""
     form = form_of(op_name)
     dims = _dims(event)
@@ -239,7 +239,7 @@ def sizes_from_op(op_name: str, event: Any) -> Sizes:
     return Sizes()
 
 
-def sizes_from_record(args: Any) -> Sizes:
+def sizes_from_record(args: EventRow) -> Sizes:
     """record_param_comms args (or the copy NCCL kernels carry): exact element counts."""
     name = get(args, "coll_dtype")
     n_in, n_out = get(args, "in_nelems"), get(args, "out_nelems")
@@ -248,7 +248,7 @@ def sizes_from_record(args: Any) -> Sizes:
     return Sizes(in_elems, out_elems, str(name) if present(name) else None)
 
 
-def sizes_from_annotation(kind: str, event: Any) -> Sizes:
+def sizes_from_annotation(kind: str, event: EventRow) -> Sizes:
     """An nccl:* or gloo:* annotation's Input Dims: the tensor(s) this rank sent."""
     dims = _dims(event)
     types = _dims(event, "input_types")
@@ -265,7 +265,7 @@ def sizes_from_annotation(kind: str, event: Any) -> Sizes:
     return Sizes(n, None, dtype, why_out="the annotation records the input only")
 
 
-def input_shapes(op_name: str, event: Any) -> list | None:
+def input_shapes(op_name: str, event: EventRow) -> list | None:
     """The shapes of what an op sends, where recorded (for matching worker annotations)."""
     form = form_of(op_name)
     dims = _dims(event)
@@ -276,7 +276,7 @@ def input_shapes(op_name: str, event: Any) -> list | None:
     return _shapes(dims[0])
 
 
-def output_shapes(op_name: str, event: Any) -> list | None:
+def output_shapes(op_name: str, event: EventRow) -> list | None:
     form = form_of(op_name)
     dims = _dims(event)
     if form is None or not dims:

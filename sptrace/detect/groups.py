@@ -1,6 +1,6 @@
 """The process groups a rank's trace lists (``distributedInfo``'s ``pg_config``), and which of
 them hold the rank: what names a collective's group, its size and its ranks, and what a peer named
-by its rank in an unnamed group can be (sptrace.detect.collectives asks; sptrace.reduce.peers
+by its rank in an unnamed group can be (sptrace.detect.collective_record asks; sptrace.reduce.peers
 settles the candidates once every rank is there)."""
 
 from __future__ import annotations

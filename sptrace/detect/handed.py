@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from sptrace.detect import forms
 from sptrace.detect.args import is_shape, load_list
-from sptrace.detect.intervals import Intervals
+from sptrace.detect.intervals import EventRow, Intervals
 from sptrace.vocab import collective_kinds, dtypes
 
 CALLS = ("c10d::", "_c10d_functional", "record_param_comms", "symm_mem::")
@@ -165,7 +164,7 @@ class HandedTensors:
             mask &= self._tid == tid
         return [int(r) for r in np.flatnonzero(mask)]
 
-    def _element_size_of(self, name: str, event: Any) -> int | None:
+    def _element_size_of(self, name: str, event: EventRow) -> int | None:
         for t in load_list(event.get("input_types")):
             size = dtypes.element_size(t)
             if size:
@@ -178,7 +177,7 @@ class HandedTensors:
         return self._element_size
 
     @staticmethod
-    def _recorded_elements(event: Any) -> list | None:
+    def _recorded_elements(event: EventRow) -> list | None:
         """record_param_comms alone (no c10d op around it): its element counts, as one-dim shapes."""
         out = []
         for key in ("in_nelems", "out_nelems"):

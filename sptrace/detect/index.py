@@ -1,95 +1,24 @@
 """One rank's index: the ranges of its trace that collectives, allocations and timings are placed
 in (steps, phases, sptrace's markers, autograd's backward nodes, python frames, CPU ops, kernels,
-launches and flows), and the layer a module path or python frame is. Built once per rank and
-shared by every per-rank detection (collectives, timing, retained tensors)."""
+launches and flows), and what runs where: the step, phase, module and layer of a time on a thread.
+Built once per rank and shared by every per-rank detection (collectives, timing, retained tensors)."""
 
 from __future__ import annotations
 
-import bisect
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from sptrace.detect.args import present
-from sptrace.detect.intervals import EventRow, EventTable, Intervals
+from sptrace.detect.columns import Distinct, take_columns
+from sptrace.detect.intervals import EventRow, EventTable, Intervals, within
 from sptrace.detect.kinds import AUTOGRAD_NODE, LAUNCH_CATEGORIES, is_comm_kernel
+from sptrace.detect.layers import layer_of, layers_of_paths, python_layer_frames
 from sptrace.load.trace import RankTrace
 from sptrace.vocab import collective_kinds, markers
-
-_LAYER_IN_PATH = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block|decoder\.layers|encoder\.layers)\.(\d+)(?:\.|$)")
-# python stacks name modules "nn.Module: <Class>_<k>" (k counts instances of the class): a class
-# whose name ENDS in Layer or Block is a transformer layer (LlamaDecoderLayer, GPT2Block,
-# TransformerBlock); LayerNorm_1 or BlockSparseAttention_0 are not
-_LAYER_CLASS = re.compile(r"^nn\.Module: (\w*(?:Layer|Block))_(\d+)$")
-_CONTAINERS = re.compile(r"^nn\.Module: (?:ModuleList|Sequential)_\d+$")
-
-
-def layer_of(module: str | None) -> int | None:
-    """The layer index of a module path, only inside a layer container (``layers.3.mlp``,
-    ``h.3``, ``blocks.3``, ``decoder.layers.3``); None elsewhere."""
-    if not module:
-        return None
-    match = _LAYER_IN_PATH.search(module)
-    return int(match.group(1)) if match else None
-
-
-def layers_of_paths(paths: Iterable[str]) -> dict[str, int]:
-    """Module paths -> layer index, read from the paths together: a named layer container first
-    (``layer_of``); else the outermost numbered child of a container (a path part that is a
-    number: a ModuleList or Sequential index) that holds modules of its own, as ``0`` does in
-    ``0.attn`` for ``nn.Sequential(*blocks)``. A Sequential MLP's ``mlp.0`` Linear holds none
-    and is no layer (the same rule ``RankIndex.layer_frames`` applies to python stacks)."""
-    paths = {p for p in paths if p}
-    composite = {p.rsplit(".", 1)[0] for p in paths if "." in p}
-    composite |= {c.rsplit(".", k)[0] for c in list(composite) for k in range(1, c.count(".") + 1)}
-    out: dict[str, int] = {}
-    for path in paths:
-        n = layer_of(path)
-        if n is None:
-            parts = path.split(".")
-            n = next((int(part) for i, part in enumerate(parts)
-                      if part.isdigit() and ".".join(parts[: i + 1]) in composite), None)  # fmt: skip
-        if n is not None:
-            out[path] = n
-    return out
-
-
-def within(ranges: Intervals, points: np.ndarray) -> np.ndarray:
-    """For each point: does a range (of any thread) contain it? Vectorised over the points:
-    the latest range starting at or before the point, or any open range, must still run."""
-    if not len(ranges) or not len(points):
-        return np.zeros(len(points), dtype=bool)
-    order = np.argsort(ranges.start, kind="stable")
-    starts = ranges.start[order]
-    running_end = np.maximum.accumulate(ranges.end[order])  # latest end among ranges begun so far
-    pos = np.searchsorted(starts, points, side="right") - 1
-    ok = pos >= 0
-    result = np.zeros(len(points), dtype=bool)
-    result[ok] = running_end[pos[ok]] >= points[ok]
-    return result
-
-
-def take_columns(frame: pd.DataFrame, rows: np.ndarray, columns: list[str]) -> pd.DataFrame:
-    """``frame.loc[rows, columns]`` (``rows`` a boolean mask or positions), index kept: each
-    column's array taken directly, without the label indexing (a few hundred microseconds a call,
-    and a rank makes a dozen)."""
-    at = np.flatnonzero(rows) if rows.dtype == bool else rows
-    return pd.DataFrame({c: frame[c].array.take(at) for c in columns}, index=frame.index[at])
-
-
-def is_one_of(column: pd.Series, values: Iterable[str]) -> np.ndarray:
-    """Rows whose value is one of ``values``."""
-    return Distinct(column).one_of(values)
-
-
-def has_prefix(column: pd.Series, prefix: str | tuple[str, ...]) -> np.ndarray:
-    """Rows whose value starts with ``prefix`` (or one of a tuple of them)."""
-    return Distinct(column).prefix(prefix)
-
 
 _AUTOGRAD_NODE = re.compile(r"[A-Za-z_]\w*Backward\d*")
 
@@ -98,69 +27,6 @@ def _is_autograd_node(name: str) -> bool:
     """An autograd node's own name (``AddmmBackward0``, ``CudnnConvolutionBackward``, a custom
     Function's ``_GatherSeqBackward``): what the engine records for each node it runs."""
     return _AUTOGRAD_NODE.fullmatch(name) is not None
-
-
-class Distinct:
-    """A column's distinct values, read once for the tests made on it. Each test runs once per
-    distinct value, in Python: an event table has a few hundred distinct names among 200k events,
-    so this is far cheaper than turning every row into a Python string, and cheaper too than a
-    pandas string method over the distinct values (its set-up alone costs more than a few hundred
-    calls)."""
-
-    def __init__(self, column: pd.Series) -> None:
-        array = column.array
-        if isinstance(array, pd.Categorical):  # the table's own dictionary: no factorize
-            self.codes, uniques = array.codes, array.categories
-        else:
-            self.codes, found = pd.factorize(column, use_na_sentinel=True)
-            uniques = pd.Index(found)
-        self.values = uniques.tolist() if uniques.dtype == object else [str(u) for u in uniques]
-
-    def passes(self, test: Callable[[str], bool], within: np.ndarray | None = None) -> np.ndarray:
-        """``test`` of each row's value (a str; missing values are False), as a numpy bool array;
-        ``within``: only these rows (a mask) can pass, and only their values are tested."""
-        codes, values = self.codes, self.values
-        if within is None:
-            ok = np.fromiter((isinstance(v, str) and test(v) for v in values), dtype=bool, count=len(values))
-        else:
-            ok = np.zeros(len(values), dtype=bool)
-            seen = np.unique(codes[within])
-            for c in seen[seen >= 0].tolist():
-                v = values[c]
-                ok[c] = isinstance(v, str) and test(v)
-        hit = np.where(codes >= 0, ok[np.maximum(codes, 0)], False) if len(ok) else np.zeros(len(codes), bool)
-        return hit if within is None else hit & within
-
-    def one_of(self, values: Iterable[str]) -> np.ndarray:
-        """Rows whose value is one of ``values`` (looked up, not tested one by one)."""
-        return self._rows_of([self._position[v] for v in set(values) if v in self._position])
-
-    def prefix(self, prefix: str | tuple[str, ...]) -> np.ndarray:
-        """Rows whose value starts with ``prefix`` (or one of a tuple of them): the values that
-        do are one run of the sorted values, found by bisection."""
-        keys, order = self._sorted
-        found: list[int] = []
-        for p in (prefix,) if isinstance(prefix, str) else prefix:
-            lo = bisect.bisect_left(keys, p)
-            hi = bisect.bisect_left(keys, p + "\U0010ffff", lo)
-            found.extend(order[lo:hi])
-        return self._rows_of(found)
-
-    def _rows_of(self, codes: list[int]) -> np.ndarray:
-        ok = np.zeros(len(self.values), dtype=bool)
-        ok[codes] = True
-        if not len(ok):
-            return np.zeros(len(self.codes), dtype=bool)
-        return np.where(self.codes >= 0, ok[np.maximum(self.codes, 0)], False)
-
-    @cached_property
-    def _position(self) -> dict[str, int]:
-        return {v: i for i, v in enumerate(self.values) if isinstance(v, str)}
-
-    @cached_property
-    def _sorted(self) -> tuple[list[str], list[int]]:
-        order = sorted((i for i, v in enumerate(self.values) if isinstance(v, str)), key=self.values.__getitem__)
-        return [self.values[i] for i in order], order
 
 
 class RankIndex:
@@ -276,7 +142,7 @@ class RankIndex:
         to = dict(zip(zip(start[ends].tolist(), tid[ends].tolist()), fid[ends].tolist()))
         return {kernel: source[f] for kernel, f in to.items() if f in source}
 
-    def forward_ops(self, seqs: Iterable[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def forward_ops(self, seqs: Iterable[object]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(found, ts_ns, tid) of the forward op that created the autograd node of each sequence
         number in ``seqs`` (None or NaN: none), read off the table's arrays."""
         rows = np.array([self._forward_at.get(int(s), -1) if present(s) else -1 for s in seqs], dtype=np.int64)
@@ -370,62 +236,9 @@ class RankIndex:
 
     @cached_property
     def layer_frames(self) -> dict[str, int]:
-        """Module frames of the python stacks that are transformer layers -> layer index.
-
-        Python stacks name modules by class and a per-class counter (``nn.Module: Block_3``), not
-        by attribute path, so a layer is recognised by what it is:
-          * a class named *Layer or *Block (LlamaDecoderLayer, GPT2Block, TransformerLayer);
-          * a child of a Sequential / ModuleList that was called (the container's own frame) and
-            holds modules of its own (an MLP's Linear inside a block's Sequential is no layer);
-          * one of several instances of a composite module (one with modules inside) called from
-            the same parent: the stack of layers a ``for layer in self.layers`` loop runs.
-        Its index is the class counter: the k-th instance of the layer class."""
-        if not len(self.python):
-            return {}
-        ids = self.python.column("python_id")
-        names = dict(zip(ids, (self.python.name(i) for i in range(len(self.python)))))
-        parents = dict(zip(ids, self.python.column("python_parent_id")))
-
-        def module_parent(pid: Any) -> Any:
-            parent = parents.get(pid)
-            for _ in range(64):
-                if parent is None or not present(parent) or parent not in names:
-                    return None
-                if names[parent].startswith("nn.Module: "):
-                    return parent
-                parent = parents.get(parent)
-            return None
-
-        modules = [pid for pid, name in names.items() if name.startswith("nn.Module: ")]
-        parent_of = {pid: module_parent(pid) for pid in modules}
-        composite = {names[p] for p in parent_of.values() if p is not None}
-        siblings: dict[Any, dict[str, set[str]]] = {}
-        for pid in modules:
-            name = names[pid]
-            cls = name[len("nn.Module: ") :].rpartition("_")[0]
-            siblings.setdefault(parent_of[pid], {}).setdefault(cls, set()).add(name)
-        layers: set[str] = set()
-        for pid in modules:
-            name = names[pid]
-            parent = parent_of[pid]
-            if _CONTAINERS.match(name):
-                continue
-            # a container's child is a layer only if it holds modules of its own: the Linear and
-            # GELU of an nn.Sequential MLP inside a block are not layers
-            if _LAYER_CLASS.match(name) or (
-                parent is not None and _CONTAINERS.match(names[parent]) and name in composite
-            ):
-                layers.add(name)
-        for group in siblings.values():
-            for same in group.values():
-                if len(same) >= 2 and all(n in composite and not _CONTAINERS.match(n) for n in same):
-                    layers |= same
-        out = {}
-        for name in layers:
-            number = name.rsplit("_", 1)[1]
-            if number.isdigit():
-                out[name] = int(number)
-        return out
+        """Module frames of the python stacks that are transformer layers -> layer index
+        (sptrace.detect.layers.python_layer_frames)."""
+        return python_layer_frames(self.python)
 
     def python_layers(self) -> set[int]:
         """Layer indices the python stacks show running."""

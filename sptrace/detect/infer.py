@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import pandas as pd
 
 from sptrace.detect.args import load_list
 from sptrace.vocab.dtypes import ACTIVATION_DTYPES
-from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.shape import ShapeValues
 
 NORM_OP = re.compile(r"(?:layer_?norm|rms_?norm|layernorm|rmsnorm)", re.IGNORECASE)
@@ -41,7 +40,7 @@ class Inferred:
     evidence: dict[str, str] = field(default_factory=dict)
     open: dict[str, str] = field(default_factory=dict)
 
-    def put(self, name: str, value: Any, why: str) -> None:
+    def put(self, name: str, value: int | str, why: str) -> None:
         self.values[name] = value
         self.evidence[name] = why
         self.open.pop(name, None)
@@ -87,9 +86,12 @@ def shapes_of(table: pd.DataFrame, pattern: re.Pattern, skip: re.Pattern | None 
     return shapes
 
 
-def infer_model(collectives: pd.DataFrame, groups: list[JSONObject], table: pd.DataFrame | None) -> Inferred:
-    """What ``collectives`` (every rank's), the ranks' process ``groups`` and one rank's event
-    ``table`` say of the model."""
+def infer_model(
+    collectives: pd.DataFrame, groups: Sequence[Mapping[str, object]], table: pd.DataFrame | None
+) -> Inferred:
+    """What ``collectives`` (every rank's), the ranks' process ``groups`` (``distributedInfo``'s
+    ``pg_config`` entries, as the trace lists them: each field is checked before use) and one
+    rank's event ``table`` say of the model."""
     out = Inferred()
     for name, what in (("scheme", "the scheme"), ("sp_size", "P"), ("layers", "L"), ("batch", "B"),
                        ("seq", "S"), ("hidden", "H"), ("heads", "a"), ("dtype", "the activation dtype")):  # fmt: skip

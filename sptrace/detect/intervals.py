@@ -117,6 +117,21 @@ class Intervals:
         return np.flatnonzero(mask)
 
 
+def within(ranges: Intervals, points: np.ndarray) -> np.ndarray:
+    """For each point: does a range (of any thread) contain it? Vectorised over the points:
+    the latest range starting at or before the point, or any open range, must still run."""
+    if not len(ranges) or not len(points):
+        return np.zeros(len(points), dtype=bool)
+    order = np.argsort(ranges.start, kind="stable")
+    starts = ranges.start[order]
+    running_end = np.maximum.accumulate(ranges.end[order])  # latest end among ranges begun so far
+    pos = np.searchsorted(starts, points, side="right") - 1
+    ok = pos >= 0
+    result = np.zeros(len(points), dtype=bool)
+    result[ok] = running_end[pos[ok]] >= points[ok]
+    return result
+
+
 class EventRow:
     """One row of a frame, as a read-only mapping (``row["name"]``, ``row.get(...)``,
     ``row.name``): values are those ``frame[col].iat[i]`` gives. ``columns``: a cache of the

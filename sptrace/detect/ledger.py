@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.index import is_one_of, take_columns
+from sptrace.detect.columns import is_one_of, take_columns
 from sptrace.load.trace import RankTrace
 
 LEDGER_COLUMNS = ["device_type", "device_id", "addr", "bytes", "alloc_ns", "free_ns", "lost_free", "tid", "free_tid"]

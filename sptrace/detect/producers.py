@@ -6,15 +6,16 @@ sptrace.detect.provenance, start from the answer)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from sptrace.detect import forms
 from sptrace.detect.args import load_list
-from sptrace.detect.intervals import Intervals
+from sptrace.detect.intervals import EventRow, Intervals
 from sptrace.detect.provenance import FACTORIES
+from sptrace.detect.shapes import candidate_shapes
 from sptrace.vocab import dtypes
 
 if TYPE_CHECKING:
@@ -100,12 +101,20 @@ def _received_into(
     row = collectives.row(recv)
     name = str(row["name"])
     elems, size = _recorded_elements(name, row)
-    size = size or element_size  # c10d's recv_ records a TensorList, with no element type
+    # c10d's recv_ records a TensorList, with no element type: the factory that made the buffer
+    # records its own (aten::empty's dtype argument), else the declared activation's
+    size = size or _factory_element_size(ops.row(made)) or element_size
     fits = elems is not None and size is not None and 0 <= nbytes - elems * size <= slack
     return name if fits else None
 
 
-def _p2p_kind(name: str, row: Any) -> str | None:
+def _factory_element_size(op: EventRow) -> int | None:
+    """The element size a factory op recorded for what it made (its dtype argument), if any."""
+    kinds = {dtypes.element_size(dtype) for _, dtype in candidate_shapes(op) if dtype is not None}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _p2p_kind(name: str, row: EventRow) -> str | None:
     """'send' or 'recv' for a point-to-point op (c10d's, NCCL's and gloo's names, or
     record_param_comms naming one), else None."""
     form = forms.form_of(name)
@@ -116,7 +125,7 @@ def _p2p_kind(name: str, row: Any) -> str | None:
     return what if what in ("send", "recv") else None
 
 
-def _recorded_elements(name: str, row: Any) -> tuple[int | None, int | None]:
+def _recorded_elements(name: str, row: EventRow) -> tuple[int | None, int | None]:
     """(elements, element size) of the tensor a point-to-point op moved, where the trace records
     them (None where it does not)."""
     if name in forms.all_forms():

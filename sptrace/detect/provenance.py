@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from sptrace.detect.args import is_shape, load_list
-from sptrace.detect.intervals import Intervals
+from sptrace.detect.intervals import EventRow, Intervals
 
 if TYPE_CHECKING:
     from sptrace.detect.handed import HandedTensors
@@ -199,7 +199,7 @@ class Provenance:
         i = self.collectives.innermost(int(self._alloc[row]), int(self._alloc[row]), tid)
         return None if i is None else self.collectives.name(i)
 
-    def _gathered_pieces(self, op: Any, start: int, tid: int | None) -> str | None:
+    def _gathered_pieces(self, op: EventRow, start: int, tid: int | None) -> str | None:
         """A concatenation of the pieces a list all-gather just returned: the gather that ended
         last before ``start`` on ``tid`` took one tensor of the shape every piece has (c10d
         records a list gather's input, not its output list)."""
@@ -223,7 +223,7 @@ class Provenance:
         return f"by {name}" if shapes and list(shapes[0]) == list(pieces[0]) else None
 
     def _matmul(
-        self, name: str, dims: list[Any], types: list[Any], start: int, tid: int | None, since_ns: int, depth: int
+        self, name: str, dims: list[object], types: list[object], start: int, tid: int | None, since_ns: int, depth: int
     ) -> Origin:
         mats = [tuple(d) for d in dims if is_shape(d) and len(d) >= 1]
         if name in ("aten::addmm", "aten::baddbmm") and len(mats) >= 3:

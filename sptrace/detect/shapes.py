@@ -14,9 +14,9 @@ meta functions need the inputs themselves, which a trace does not hold).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from sptrace.detect.args import is_shape, load_list
+from sptrace.detect.intervals import EventRow
 from sptrace.vocab import dtypes
 
 # factory ops: position of the size list, and of the dtype (a c10::ScalarType code) in Concrete Inputs
@@ -28,7 +28,7 @@ _FACTORIES = {
 }  # fmt: skip
 
 
-def candidate_shapes(op: Any) -> list[tuple[tuple[int, ...], str | None]]:
+def candidate_shapes(op: EventRow) -> list[tuple[tuple[int, ...], str | None]]:
     """(shape, dtype) candidates for what ``op`` allocated, most specific first."""
     name = str(op.get("name"))
     dims = load_list(op.get("input_dims"))
@@ -73,7 +73,7 @@ def candidate_shapes(op: Any) -> list[tuple[tuple[int, ...], str | None]]:
 
 
 def infer_shape(
-    op: Any, nbytes: int, default_element_size: int | None, slack: int = 0
+    op: EventRow, nbytes: int, default_element_size: int | None, slack: int = 0
 ) -> tuple[tuple[int, ...], str | None] | None:
     """(shape, dtype) of the ``nbytes`` that ``op`` allocated, or None when no candidate's bytes
     fit. ``slack``: bytes a CUDA caching-allocator block may exceed the request by."""

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.index import RankIndex, has_prefix, take_columns
+from sptrace.detect.columns import has_prefix, take_columns
+from sptrace.detect.index import RankIndex
 from sptrace.detect.kinds import COMM_CALLS
 from sptrace.load.trace import RankTrace
 from sptrace.vocab import markers

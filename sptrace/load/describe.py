@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypedDict
 
 import numpy as np
@@ -10,7 +11,6 @@ import pyarrow as pa
 from sptrace.load.arrow import codes_of, compute, rows_where, to_numpy, value_counts
 from sptrace.load.trace import RankTrace, RunTrace
 from sptrace.vocab import markers
-from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.units import rank_ranges
 
 
@@ -71,6 +71,45 @@ def describe_rank(trace: RankTrace) -> RankDescription:
     )
 
 
+class GroupDescription(TypedDict):
+    """One process group of the run, as its first rank's distributedInfo lists it."""
+
+    name: str | None
+    desc: str | None
+    size: int | None
+    ranks: list[int] | None
+
+
+class SpanRange(TypedDict):
+    """The shortest and longest time span of a rank's events (ms)."""
+
+    min: float
+    max: float
+
+
+class SkippedFile(TypedDict):
+    file: str
+    why: str
+
+
+class RunDescription(TypedDict):
+    """What ``sptrace info`` reports of a run (a TypedDict: its JSON as is)."""
+
+    path: str | None
+    ranks: str
+    world_size: int
+    missing_ranks: list[int]
+    backend: str | None
+    process_groups: list[GroupDescription]
+    run_info: Mapping[str, object] | None
+    """run.json's ``config``."""
+    span_ms: SpanRange | None
+    per_rank: list[RankDescription]
+    analyses: dict[str, str]
+    skipped: list[SkippedFile]
+    warnings: list[str]
+
+
 def analyses(ranks: list[RankDescription], n_ranks: int) -> dict[str, str]:
     """Analysis -> 'yes' or why not, from what every rank's trace carries."""
 
@@ -105,32 +144,32 @@ def analyses(ranks: list[RankDescription], n_ranks: int) -> dict[str, str]:
     }
 
 
-def describe_run(run: RunTrace, described: dict[int, RankDescription] | None = None) -> JSONObject:
+def describe_run(run: RunTrace, described: Mapping[int, RankDescription] | None = None) -> RunDescription:
     """``described``: describe_rank's result per rank where the map computed it already."""
     ranks = [described[t.rank] if described and t.rank in described else describe_rank(t) for t in run]
     first = next(iter(run))
     groups = [
-        {"name": g.get("pg_name"), "desc": g.get("pg_desc"), "size": g.get("pg_size"), "ranks": g.get("ranks")}
+        GroupDescription(name=g.get("pg_name"), desc=g.get("pg_desc"), size=g.get("pg_size"), ranks=g.get("ranks"))
         for g in first.process_groups
     ]
     spans = [r["span_ms"] for r in ranks if r["span_ms"] is not None]
-    return {
-        "path": str(run.root) if run.root else None,
-        "ranks": rank_ranges(run.ranks),
-        "world_size": run.world_size,
-        "missing_ranks": run.missing_ranks,
-        "backend": run.backend,
-        "process_groups": groups,
-        "run_info": run.run_info.get("config") if run.run_info else None,
-        "span_ms": {"min": min(spans), "max": max(spans)} if spans else None,
-        "per_rank": ranks,
-        "analyses": analyses(ranks, len(ranks)),
-        "skipped": [{"file": str(p), "why": why} for p, why in run.skipped],
-        "warnings": run.warnings,
-    }
+    return RunDescription(
+        path=str(run.root) if run.root else None,
+        ranks=rank_ranges(run.ranks),
+        world_size=run.world_size,
+        missing_ranks=run.missing_ranks,
+        backend=run.backend,
+        process_groups=groups,
+        run_info=run.run_info.get("config") if run.run_info else None,
+        span_ms=SpanRange(min=min(spans), max=max(spans)) if spans else None,
+        per_rank=ranks,
+        analyses=analyses(ranks, len(ranks)),
+        skipped=[SkippedFile(file=str(p), why=why) for p, why in run.skipped],
+        warnings=run.warnings,
+    )
 
 
-def render_text(info: JSONObject) -> str:
+def render_text(info: RunDescription) -> str:
     lines = [
         f"run:          {info['path'] or '(files)'}",
         f"ranks:        {info['ranks']} of world size {info['world_size']}"

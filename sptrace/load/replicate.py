@@ -14,23 +14,32 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
-from sptrace.load.trace import RUN_FILE, find_traces
+from sptrace.load.files import RUN_FILE, find_traces
+from sptrace.load.trace import DistributedInfo
 from sptrace.vocab.errors import TraceError, UsageError
-from sptrace.vocab.jsontypes import JSONObject
 
 
-def _read(path: Path) -> JSONObject:
+class TraceDocument(TypedDict, total=False):
+    """A trace file's JSON, of which replication rewrites these keys (the rest are copied as they are)."""
+
+    traceEvents: list[Mapping[str, object]]
+    distributedInfo: DistributedInfo
+
+
+def _read(path: Path) -> TraceDocument:
     import msgspec
 
     raw = gzip.open(path).read() if path.name.endswith(".gz") else path.read_bytes()
-    return msgspec.json.decode(raw)
+    return cast(TraceDocument, msgspec.json.decode(raw))  # the JSON edge: checked by the caller
 
 
-def _move_groups(value: Any, offset: int, copy: int) -> Any:
-    """Every process group of the trace, moved to copy ``copy``'s ranks under its own name."""
+def _move_groups(value: object, offset: int, copy: int) -> object:
+    """Every process group of the trace (in any JSON value: groups are named at any depth), moved
+    to copy ``copy``'s ranks under its own name."""
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():

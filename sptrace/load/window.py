@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.ipc as ipc
 
+from sptrace.cachedir import default_cache_dir
 from sptrace.load import cache as table_cache
 from sptrace.load.trace import RunTrace, load_trace
 
@@ -67,7 +68,7 @@ def event_window(
     for rank in wanted:
         trace = run.ranks[rank]
         use_cache, directory = trace.reload
-        directory = cache_dir or directory or table_cache.default_cache_dir()
+        directory = cache_dir or directory or default_cache_dir()
         entry = table_cache.cached_entry(directory, trace.path) if use_cache else None
         if entry is not None and engine == "dataset":
             entries[str(entry)] = rank

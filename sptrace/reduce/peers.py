@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
+from typing import Protocol
 
 import pandas as pd
 
@@ -22,6 +22,14 @@ from sptrace.detect.collectives import COLUMNS, detect_collectives
 from sptrace.load.trace import RunTrace
 from sptrace.vocab import dtypes
 from sptrace.vocab.collective_kinds import wire_bytes
+
+
+class _Placed(Protocol):
+    """A send's or receive's row, as itertuples or .loc gives it: the columns that place it."""
+
+    in_bytes: float | None
+    phase: str
+    layer: float | None
 
 
 def merge_collectives(tables: Iterable[pd.DataFrame | None]) -> pd.DataFrame:
@@ -60,12 +68,12 @@ def resolve_peers(frame: pd.DataFrame) -> pd.DataFrame:
     # a send and its receive share their size; usually their phase and layer too, but not always:
     # a pipeline stage receives its gradient before its own backward starts, and each stage
     # numbers its own layers. Partners are sought where all three agree, then by size alone.
-    def strict(row: Any) -> tuple:
+    def strict(row: _Placed) -> tuple[int | str | None, ...]:
         size = None if pd.isna(row.in_bytes) else int(row.in_bytes)
         layer = None if pd.isna(row.layer) else int(row.layer)
         return size, str(row.phase), layer
 
-    def loose(row: Any) -> tuple:
+    def loose(row: _Placed) -> tuple[int | str | None, ...]:
         return (None if pd.isna(row.in_bytes) else int(row.in_bytes),)
 
     opposite = {"send": "recv", "recv": "send"}

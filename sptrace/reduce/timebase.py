@@ -23,12 +23,15 @@ Bandwidth follows nccl-tests: algbw = S / t, busbw = algbw x 2(n-1)/n for all-re
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 import pandas as pd
 
 from sptrace.vocab import collective_kinds
+
+if TYPE_CHECKING:
+    from pandas.api.typing import NAType
 
 
 def transfer_span(frame: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -56,9 +59,9 @@ def transfer_us(last_arrival: float, end: float) -> float:
     return max(float(end) - float(last_arrival), 0.0)
 
 
-def algbw_gbps(size_bytes: Any, transfer: float) -> float:
+def algbw_gbps(size_bytes: float | NAType | None, transfer: float) -> float:
     """nccl-tests' algorithm bandwidth in GB/s: the bytes over the transfer time; NaN when the
-    size is unknown or no time passed."""
+    size is unknown (None, NaN or NA) or no time passed."""
     return float(size_bytes) / (transfer * 1e-6) / 1e9 if transfer > 0 and pd.notna(size_bytes) else np.nan
 
 
@@ -83,9 +86,13 @@ def clock_offsets(matched: pd.DataFrame) -> dict[int, float]:
     return offsets
 
 
-def aligned(us: Any, rank: Any, offsets: dict[int, float]) -> Any:
+@overload
+def aligned(us: pd.Series, rank: pd.Series | int, offsets: dict[int, float]) -> pd.Series: ...
+@overload
+def aligned(us: float, rank: int, offsets: dict[int, float]) -> float: ...
+def aligned(us: pd.Series | float, rank: pd.Series | int, offsets: dict[int, float]) -> pd.Series | float:
     """A rank's trace time in us on the reference rank's clock: minus the rank's offset (0 when
-    none is known). Scalars, or a Series of ranks beside a Series of times."""
+    none is known). Scalars, or a Series of times of one rank or beside a Series of their ranks."""
     if isinstance(rank, pd.Series):
         return us.astype(float) - rank.map(offsets).astype(float).fillna(0.0)
     return us - offsets.get(rank, 0.0)

@@ -1,5 +1,5 @@
 """Figures across runs, the dashboard's Compare page's (the HTML report draws the model sweep of
-each run too): runs side by side, the cost model across sequence lengths (a ModelSweep), and a
+each run too): runs side by side, the cost model across sequence lengths (a run's model sweep), and a
 sweep's measured step times against its fitted regression (a Sweep). The numbers come finished
 from sptrace.analysis (RunAnalysis.facts, RunAnalysis.model_sweep) and sptrace.sweep (the fit
 and its predictions): these functions only draw them, on the sptrace template.
@@ -13,8 +13,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from sptrace.analysis import RunAnalysis
-from sptrace.report.theme import CLASS_COLORS, COLORS, TEMPLATE, figure
-from sptrace.sweep import UNDERDETERMINED, ModelSweep, Sweep
+from sptrace.report.theme import CLASS_COLORS, COLORS, TEMPLATE, empty, figure
+from sptrace.sweep import UNDERDETERMINED, Sweep
 
 
 def compare_runs(analyses: Sequence[RunAnalysis]) -> go.Figure:
@@ -112,9 +112,13 @@ def compare_runs(analyses: Sequence[RunAnalysis]) -> go.Figure:
     return fig
 
 
-def model_sweep(sweep: ModelSweep) -> go.Figure:
-    """The cost model's wire GiB per rank and step against sequence length (the first article's
-    table), a line per scheme; a length a scheme cannot split is a gap."""
+def model_sweep(a: RunAnalysis) -> go.Figure:
+    """The cost model's wire GiB per rank and step against sequence length at the run's model
+    (RunAnalysis.model_sweep: the first article's table), a line per scheme; a length a scheme
+    cannot split is a gap."""
+    sweep = a.model_sweep
+    if sweep is None:
+        return empty("model: wire bytes per rank and step (the run leaves a size of the cost model undeclared)")
     fig = figure("model: wire bytes per rank and step", xaxis_title="sequence length", yaxis_title="GiB",
                  xaxis_type="log")  # fmt: skip
     seqs = list(sweep.seqs)

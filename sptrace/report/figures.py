@@ -12,8 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from sptrace.analysis import RunAnalysis
-from sptrace.costmodel import CommEstimate
-from sptrace.reduce.timebase import aligned
+from sptrace.lanes import boundary_us, on_aligned_clock
 from sptrace.report.theme import COLORS, GROUP_COLORS, PHASE_COLORS, VERDICT_COLORS, empty, figure, kind_color
 
 MiB = 2**20
@@ -22,9 +21,10 @@ MiB = 2**20
 # ---- collectives -------------------------------------------------------------------------------
 
 
-def wire_by_kind(frame: pd.DataFrame, est: CommEstimate | None) -> go.Figure:
+def wire_by_kind(a: RunAnalysis) -> go.Figure:
     """Wire bytes per rank and step by collective kind: measured (mean over ranks; collectives of
     unknown size left out) and the model; a kind that differs from the model is outlined red."""
+    frame, est = a.collectives, a.estimate
     ranks = max(frame["rank"].nunique(), 1) if not frame.empty else 1
     measured = frame.groupby("kind")["wire_bytes"].sum() / ranks if not frame.empty else pd.Series(dtype=float)
     kinds = sorted(set(measured.index) | ({c.kind for c in est.collectives} if est else set()))
@@ -44,10 +44,11 @@ def wire_by_kind(frame: pd.DataFrame, est: CommEstimate | None) -> go.Figure:
     return fig
 
 
-def wire_by_layer(frame: pd.DataFrame, est: CommEstimate | None = None) -> go.Figure:
+def wire_by_layer(a: RunAnalysis) -> go.Figure:
     """Wire bytes per layer and phase, per rank (mean over ranks), against the model's per-layer
     figure; collectives outside layers (gradient syncs) in their own bar. A bar that differs from
     the model is outlined red."""
+    frame, est = a.collectives, a.estimate
     if frame.empty:
         return empty("wire bytes per layer")
     ranks = max(frame["rank"].nunique(), 1)
@@ -135,27 +136,25 @@ def memory_over_step(a: RunAnalysis, max_points: int = 4000) -> go.Figure:
     series = a.memory
     if series.empty:
         return empty("allocated memory over the step (no [memory] events)")
-    offsets = a.offsets_us
     ranks = sorted(series["rank"].unique())
     t0 = a.step_zero_us
     fig = figure("allocated memory over the step", xaxis_title="ms from the step start", yaxis_title="MiB")
     if len(a.phases):
         first = a.phases[a.phases["rank"] == ranks[0]]
-        for p in first.itertuples():
-            s = aligned(p.start_us, p.rank, offsets)
+        for p, s in zip(first.itertuples(), on_aligned_clock(a, first)):
             fig.add_vrect(x0=(s - t0) / 1e3, x1=(s + p.dur_us - t0) / 1e3, line_width=0, layer="below",
                           fillcolor=PHASE_COLORS.get(p.phase, PHASE_COLORS["step"]))  # fmt: skip
     for rank, g in series.groupby("rank"):
         g = _min_max_thin(g.sort_values("ts_us"), "ts_us", "allocated_bytes", max_points)
-        x = (aligned(g["ts_us"], rank, offsets) - t0) / 1e3
+        x = (on_aligned_clock(a, g, "ts_us") - t0) / 1e3
         # SVG lines, not Scattergl: a WebGL context per figure costs more than drawing a few
         # thousand points, and headless or remote browsers often have no GPU at all
         fig.add_trace(go.Scatter(x=x, y=g["allocated_bytes"] / MiB, mode="lines", line_shape="hv",
                                  name=f"rank {rank}", hovertemplate="%{x:.2f} ms: %{y:.1f} MiB<extra>rank "
                                  f"{rank}</extra>"))  # fmt: skip
-    boundaries = [aligned(r.boundary_ns / 1e3, r.rank, offsets) for r in a.retained if r.boundary_ns is not None]
-    if boundaries:
-        x = (float(np.median(boundaries)) - t0) / 1e3
+    boundary = boundary_us(a)
+    if boundary is not None:
+        x = (boundary - t0) / 1e3
         fig.add_vline(x=x, line_dash="dash", line_color=COLORS["dark"], annotation_text="forward → backward",
                       annotation_position="top")  # fmt: skip
     return fig

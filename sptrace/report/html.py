@@ -20,12 +20,13 @@ import html
 import lzma
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 
 from sptrace import __version__
 from sptrace.analysis import RunAnalysis
@@ -35,6 +36,9 @@ from sptrace.report.html_page import B85_ALPHABET, LOADER, PAGE
 from sptrace.report.theme import FONT, VERDICT_COLORS, header
 from sptrace.vocab.errors import SptraceError
 from sptrace.vocab.units import human_bytes, human_ms, rank_ranges
+
+Cell = TypeVar("Cell")
+"""A table cell's value, as its column's formatter takes it."""
 
 MEMORY_POINTS = 1000
 """Points per rank of the memory plot: min and max of 500 time bins keep every peak of a plot
@@ -64,8 +68,11 @@ def render_html(runs: Sequence[tuple[Path, RunAnalysis | SptraceError]]) -> str:
     )  # fmt: skip
 
 
-def _run_section(anchor: str, name: str, a: RunAnalysis, verdicts: tuple[Any, ...], plots: list[str]) -> str:
-    def plot(fig: Any) -> str:
+def _run_section(
+    anchor: str, name: str, a: RunAnalysis, verdicts: tuple[tuple[str, Verdict | None, str | None], ...],
+    plots: list[str],
+) -> str:  # fmt: skip
+    def plot(fig: go.Figure) -> str:
         return _plot(fig, plots)
 
     run, model = a.run, a.model
@@ -86,11 +93,10 @@ def _run_section(anchor: str, name: str, a: RunAnalysis, verdicts: tuple[Any, ..
             f"step {t.step_ms:.1f} ms (slowest rank, measured by {t.step_source}); communication "
             f"{t.comm_ms or 0:.1f} ms of transfer time per rank{share}; exposed {exposed}"
         ))  # fmt: skip
-    frame = a.collectives
     parts.append(plot(timeline.timeline(a)))
     parts += _critical_path(a)
-    parts.append(plot(figures.wire_by_kind(frame, a.estimate)))
-    parts.append(plot(figures.wire_by_layer(frame, a.estimate)))
+    parts.append(plot(figures.wire_by_kind(a)))
+    parts.append(plot(figures.wire_by_layer(a)))
     if a.p2p is not None and not a.p2p.pairs.empty:
         parts.append(plot(timeline.p2p_matrix(a)))
         parts.append(plot(timeline.p2p_steps(a)))
@@ -118,7 +124,7 @@ def _run_section(anchor: str, name: str, a: RunAnalysis, verdicts: tuple[Any, ..
     sweep = a.model_sweep
     if sweep is not None:
         parts.append(html_h3(f"the cost model across sequence lengths at the model of this run: {sweep.describe()}"))
-        parts.append(plot(compare.model_sweep(sweep)))
+        parts.append(plot(compare.model_sweep(a)))
     for w in a.warnings:
         parts.append(f'<p class="warning">{html.escape(w)}</p>')
     parts.append("</section>")
@@ -227,13 +233,13 @@ def _cells(values: pd.Series, col: str) -> list[str]:
     return [_text(v, _value_text) for v in values]
 
 
-def _text(v: Any, fmt: Any) -> str:
+def _text(v: Cell, fmt: Callable[[Cell], str]) -> str:
     if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
         return ""
     return fmt(v)
 
 
-def _value_text(v: Any) -> str:
+def _value_text(v: object) -> str:
     if isinstance(v, (list, tuple)):
         if v and all(isinstance(x, (int, np.integer)) for x in v):
             return rank_ranges(v)
@@ -259,14 +265,14 @@ def _findings_table(title: str, findings: list[Finding]) -> str:
 # ---- plotly.js and the figures, packed ---------------------------------------------------------
 
 
-def _plot(fig: Any, plots: list[str]) -> str:
+def _plot(fig: go.Figure, plots: list[str]) -> str:
     """A figure's place in the page; its data joins ``plots``, which the loader draws there."""
     plots.append(_lightened(fig).to_json())
     height = fig.layout.height or 450
     return f'<div id="plot{len(plots) - 1}" class="plotly-graph-div" style="height:{height}px;width:100%"></div>'
 
 
-def _lightened(fig: Any) -> Any:
+def _lightened(fig: go.Figure) -> go.Figure:
     """What the page needs of a figure: coordinates in float32 (7 digits, plenty for a plot, and
     half the bytes) and no customdata that the hover text does not show (the dashboard's clicks
     read the rest)."""
@@ -310,8 +316,8 @@ def _plotly() -> tuple[str, str]:
     import plotly
     import plotly.offline
 
+    from sptrace.cachedir import default_cache_dir
     from sptrace.fileio import write_atomic
-    from sptrace.load.cache import default_cache_dir
 
     source = plotly.offline.get_plotlyjs()
     found = re.match(r"\s*/\*.*?\*/", source, flags=re.S)

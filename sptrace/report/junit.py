@@ -9,7 +9,7 @@ from xml.sax.saxutils import quoteattr
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from sptrace.checks.baseline import BaselineGate
+    from sptrace.baseline import BaselineGate
     from sptrace.checks.registry import CheckReport
     from sptrace.checks.sharding_verdict import ShardingReport
 

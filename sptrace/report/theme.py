@@ -6,12 +6,15 @@ the dashboard's grids and the report's tables. System fonts only: nothing is fet
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import plotly.graph_objects as go
 import plotly.io as pio
 
 from sptrace.vocab import collective_kinds
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 FONT = "Inter, system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
 """System fonts only: an air-gapped cluster downloads nothing."""
@@ -78,7 +81,18 @@ pio.templates["sptrace"] = go.layout.Template(
 TEMPLATE = "sptrace"
 
 
-def figure(title: str, **layout: Any) -> go.Figure:
+class Layout(TypedDict, total=False):
+    """What a figure sets of its plotly layout beside the template and the title."""
+
+    barmode: str
+    height: int
+    showlegend: bool
+    xaxis_title: str
+    yaxis_title: str
+    xaxis_type: str
+
+
+def figure(title: str, **layout: Unpack[Layout]) -> go.Figure:
     """An empty figure on the sptrace template."""
     return go.Figure().update_layout(template=TEMPLATE, title=title, **layout)
 

@@ -2,21 +2,18 @@
 collective over its transfer, linked to the same collective on the other ranks, its straggler
 marked), arrival skew (collectives x ranks), and point-to-point traffic (bytes rank to rank, and
 the ring's steps). Each takes a finished RunAnalysis and returns a plotly figure; where a bar
-starts and ends, and which collectives meet, follow the reduce's one time base and matching
-(sptrace.reduce), which they call and never re-derive.
+starts and ends, and which collectives meet, are the lanes' (sptrace.lanes: the reduce's one time
+base and matching), which they draw and never re-derive.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from sptrace.analysis import RunAnalysis
-from sptrace.reduce.matching import Matching, skew_by_rank
-from sptrace.reduce.timebase import aligned, transfer_span
+from sptrace.lanes import arrival_skew, collective_bars, matched_peers, on_aligned_clock
 from sptrace.report.theme import COLORS, PHASE_COLORS, empty, figure, kind_color
 from sptrace.vocab.units import human_bytes, rank_text
 
@@ -39,7 +36,6 @@ def timeline(
     frame = a.collectives
     if frame.empty and a.compute.empty:
         return empty("timeline")
-    offsets = a.offsets_us
     present = sorted(set(frame["rank"].dropna().astype(int)) | set(a.compute["rank"].dropna().astype(int)))
     title = ""
     if ranks is not None:
@@ -58,15 +54,9 @@ def timeline(
     lane = {r: i for i, r in enumerate(ranks)}
 
     t0 = a.step_zero_us
-    f = frame.copy()
-    if not f.empty:
-        # a bar spans when the data moved (sptrace.reduce.timebase): raw_start on the rank's own
-        # clock, bar_start on the aligned one
-        f["raw_start"], f["bar_dur"] = transfer_span(f)
-        f["bar_start"] = aligned(f["raw_start"], f["rank"], offsets)
-        f["issue_ms"] = (aligned(f["start_us"], f["rank"], offsets) - t0) / 1e3
+    f = collective_bars(a, frame)  # a bar spans when the data moved: raw_start on the rank's clock, bar_start aligned
     phases = a.phases[a.phases["rank"].isin(ranks)] if len(a.phases) else a.phases
-    phases = phases.assign(s=lambda p: aligned(p["start_us"], p["rank"], offsets)) if len(phases) else phases
+    phases = phases.assign(s=lambda p: on_aligned_clock(a, p)) if len(phases) else phases
     lo_parts = [t0]
     if len(f):
         lo_parts.append(f["bar_start"].min())
@@ -104,7 +94,7 @@ def timeline(
     # compute: a thin band at the bottom of each lane
     if len(a.compute):
         c = a.compute[a.compute["rank"].isin(ranks)]
-        c = c.assign(s=aligned(c["start_us"], c["rank"], offsets))
+        c = c.assign(s=on_aligned_clock(a, c))
         fig.add_trace(go.Bar(
             y=[lane[int(r)] - 0.28 for r in c["rank"]], base=(c["s"] - t0) / 1e3,
             x=np.maximum(c["dur_us"].astype(float), span / 2000) / 1e3, orientation="h", width=0.12,
@@ -113,7 +103,7 @@ def timeline(
     # collectives, with what hover needs: bytes, bandwidth, layer, module and the matched peers
     if len(f):
         f = f.sort_values("bar_start").head(max_bars)
-        info = _matched_info(a, f)
+        info = matched_peers(a, f)
         for kind, g in f.groupby("kind", sort=False):
             m = info.loc[g.index]
             custom = np.column_stack([
@@ -146,33 +136,12 @@ def timeline(
     return fig
 
 
-def _bytes_text(v: Any) -> str:
+def _bytes_text(v: float | None) -> str:
     return "?" if v is None or (isinstance(v, float) and np.isnan(v)) else human_bytes(float(v))
 
 
-def _layer_text(v: Any) -> str:
+def _layer_text(v: float | None) -> str:
     return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else str(int(v))
-
-
-def _matched_info(a: RunAnalysis, f: pd.DataFrame) -> pd.DataFrame:
-    """Per row of ``f``: its matched collective's bandwidth, peers and straggler."""
-    out = pd.DataFrame({"algbw": "bandwidth ?", "peers": "no other rank", "straggler": "-"}, index=f.index)
-    m = a.matching
-    if m is None or m.matched.empty or m.members.empty:
-        return out
-    members = m.members.merge(m.matched[["group", "key", "ranks", "straggler", "algbw_gbps", "busbw_gbps"]],
-                              on=["group", "key"], how="inner")  # fmt: skip
-    keyed = f.reset_index().merge(members, on=["rank", "start_us"], how="left").set_index("index")
-    for i, row in keyed.iterrows():
-        if isinstance(row.get("ranks"), list):
-            others = [r for r in row["ranks"] if r != row["rank"]]
-            out.at[i, "peers"] = rank_text(others, none="no other rank")
-            if pd.notna(row["straggler"]):
-                out.at[i, "straggler"] = f"rank {int(row['straggler'])}"
-            if pd.notna(row["algbw_gbps"]):
-                busbw = f"{row['busbw_gbps']:.2f} GB/s" if pd.notna(row["busbw_gbps"]) else "? (group size unknown)"
-                out.at[i, "algbw"] = f"algbw {row['algbw_gbps']:.2f} GB/s, busbw {busbw}"
-    return out
 
 
 def _links_and_stragglers(fig: go.Figure, a: RunAnalysis, f: pd.DataFrame, lane: dict[int, int], t0: float) -> None:
@@ -248,14 +217,14 @@ def _critical_path(fig: go.Figure, a: RunAnalysis, lane: dict[int, int], t0: flo
 
 
 def skew_heatmap(a: RunAnalysis, max_rows: int = 400, max_columns: int = 256) -> go.Figure:
-    """Arrival skew as collectives x ranks (sptrace.reduce.matching.skew_by_rank): how long after
+    """Arrival skew as collectives x ranks (sptrace.lanes.arrival_skew): how long after
     the first rank of its group each rank arrived at its i-th collective. Past ``max_columns``
     ranks, neighbouring ranks share a column (its largest skew), so that a thousand ranks stay
     one readable, light figure."""
-    m = a.matching
-    grid = skew_by_rank(m, max_rows=max_rows) if m is not None else pd.DataFrame()
-    if grid.empty:
+    skew = arrival_skew(a, max_rows=max_rows)
+    if skew is None:
         return empty("arrival skew: no collective matched across ranks")
+    grid = skew.grid
     ranks = [int(r) for r in grid.columns]
     per = -(-len(ranks) // max_columns)  # ceil: ranks per column
     if per > 1:
@@ -266,7 +235,7 @@ def skew_heatmap(a: RunAnalysis, max_rows: int = 400, max_columns: int = 256) ->
     else:
         x = [str(r) for r in ranks]
         x_title = "rank"
-    labels = _collective_labels(m, len(grid))
+    labels = skew.labels
     z = grid.to_numpy(dtype=float) / 1e3
     fig = figure(
         f"arrival skew: {len(grid)} collectives x {len(ranks)} ranks", height=max(260, min(900, 120 + 9 * len(grid)))
@@ -362,15 +331,3 @@ def p2p_steps(a: RunAnalysis) -> go.Figure:
                                        "showgrid": False},
     )  # fmt: skip
     return fig
-
-
-def _collective_labels(m: Matching, n: int) -> list[str]:
-    """Row i's label: the i-th collective of the lowest rank (kind and layer)."""
-    mem = m.members
-    low = mem[mem["rank"] == mem["rank"].min()].sort_values("start_us", kind="stable").head(n)
-    info = low.merge(m.matched[["group", "key", "kind", "layer"]], on=["group", "key"], how="left")
-    labels = [
-        f"#{i} {k}" + ("" if pd.isna(layer) else f" L{int(layer)}")
-        for i, (k, layer) in enumerate(zip(info["kind"].fillna("?"), info["layer"]))
-    ]
-    return labels + [f"#{i}" for i in range(len(labels), n)]

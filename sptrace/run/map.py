@@ -7,7 +7,7 @@ phases, a thinned memory series, its retained tensors, and its trace's metadata 
 The driver never holds two tables at once (none with workers), so its memory does not grow
 with the event count of the run, only with these summaries.
 
-With the cache on, each summary is kept beside the rank's parsed table (sptrace.summary_cache):
+With the cache on, each summary is kept beside the rank's parsed table (sptrace.run.summaries):
 a rank whose trace, MapSpec and code are unchanged is read back instead of parsed and
 detected again, and a run whose every rank is kept starts no worker.
 """
@@ -17,16 +17,20 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from sptrace.executors import Executor
-from sptrace.load.cache import default_cache_dir
-from sptrace.load.trace import RankTrace, RunFiles, RunTrace, load_trace, map_files
-from sptrace.summary_cache import Slot, read_summary, slot_of, write_summary
+from sptrace.cachedir import default_cache_dir
+from sptrace.load.files import RunFiles, RunSource
+from sptrace.load.trace import RankTrace, RunTrace, load_trace
+from sptrace.run.executors import Executor
+from sptrace.run.ranks import map_files
+from sptrace.run.summaries import Slot, read_summary, slot_of, write_summary
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from sptrace.detect.allocations import Retention
+    from sptrace.detect.timing import RankTiming
     from sptrace.load.describe import RankDescription
 
 PHASE_COLUMNS = ["rank", "phase", "start_us", "dur_us"]
@@ -60,8 +64,7 @@ class RankResult:
     description: RankDescription
     """sptrace.load.describe.describe_rank's counts (what ``sptrace info`` shows)."""
     collectives: pd.DataFrame | None = None
-    timing: Any = None
-    """sptrace.detect.timing.RankTiming"""
+    timing: RankTiming | None = None
     compute: pd.DataFrame | None = None
     work: pd.DataFrame | None = None
     """The rank's work lane, labelled by module (sptrace.detect.work): the critical path's input."""
@@ -71,8 +74,8 @@ class RankResult:
     memory: pd.DataFrame | None = None
     peak_allocated: int | None = None
     """The largest Total Allocated a [memory] event recorded (bytes)."""
-    retained: Any = None
-    """sptrace.detect.allocations.Retention (when the sharding part ran)."""
+    retained: Retention | None = None
+    """When the sharding part ran."""
 
 
 def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
@@ -109,7 +112,7 @@ def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
 
 
 def map_one(path: Path, spec: MapSpec) -> RankResult:
-    """The map: the rank's summary from the cache (sptrace.summary_cache) when its trace and
+    """The map: the rank's summary from the cache (sptrace.run.summaries) when its trace and
     the code are unchanged; else parse its file (through the table cache), summarize it, keep
     the summary, let the table go."""
     slot = summary_slot(path, spec)
@@ -153,7 +156,7 @@ def _reuse(path: Path, results: dict[Path, RankResult]) -> RankResult:
 
 
 def map_run(
-    source: RunFiles | Any,
+    source: RunFiles | RunSource,
     spec: MapSpec | None = None,
     *,
     skip_bad: bool = False,
@@ -161,7 +164,7 @@ def map_run(
 ) -> tuple[RunTrace, dict[int, RankResult]]:
     """Every rank of a run (its RunFiles, else a folder, a trace file or a list of them) through
     ``map_one`` on ``executor``: the run (its traces released) and each rank's result. Errors as
-    sptrace.load.load_run's; its warnings are in ``run.warnings`` (not raised)."""
+    sptrace.run.ranks.load_run's; its warnings are in ``run.warnings`` (not raised)."""
     found = source if isinstance(source, RunFiles) else RunFiles.scan(source)
     spec = dataclasses.replace(spec or MapSpec(), single_file=found.single_file)
     fn, args = map_one, (spec,)
@@ -190,7 +193,7 @@ def rank_phases(trace: RankTrace) -> pd.DataFrame:
     """The rank's phase ranges (sptrace.phase markers, else its ProfilerStep), in us."""
     import pandas as pd
 
-    from sptrace.detect.index import has_prefix, is_one_of, take_columns
+    from sptrace.detect.columns import has_prefix, is_one_of, take_columns
     from sptrace.vocab import markers
 
     ev = trace.events
@@ -210,7 +213,7 @@ def rank_memory(trace: RankTrace, max_points: int = 1500) -> tuple[pd.DataFrame,
     ``max_points``: the page needs the shape, not every event), and the peak."""
     import pandas as pd
 
-    from sptrace.detect.index import is_one_of, take_columns
+    from sptrace.detect.columns import is_one_of, take_columns
 
     ev = trace.events
     is_memory = is_one_of(ev["name"], ["[memory]"]) & ev["mem_total_allocated"].notna().to_numpy()

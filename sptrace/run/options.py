@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from sptrace.cachedir import default_cache_dir
-from sptrace.executors import Executor
+from sptrace.run.executors import Executor
 from sptrace.vocab.errors import UsageError
 
 

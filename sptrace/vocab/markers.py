@@ -14,8 +14,8 @@ analyzers) both use this module; no torch import here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 PREFIX = "sptrace."
 PHASE = "sptrace.phase::"
@@ -100,7 +100,7 @@ class SavedTensor:
 
 
 def saved_marker(
-    module: str, shape: Any, dtype: str, nbytes: int, storage_ptr: int, storage_nbytes: int, kind: str
+    module: str, shape: Iterable[int], dtype: str, nbytes: int, storage_ptr: int, storage_nbytes: int, kind: str
 ) -> str:
     """One saved tensor's record (SavedTensor.from_marker reads it back)."""
     dims = "x".join(map(str, shape)) or "scalar"

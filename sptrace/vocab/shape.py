@@ -15,11 +15,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from sptrace.vocab.dtypes import ACTIVATION_DTYPES, element_size
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 SCHEMES = ("megatron", "ulysses", "hybrid", "ring", "usp")
 SCHEME_CHOICES = (
@@ -77,7 +80,7 @@ class ShapeValues(TypedDict, total=False):
     ulysses_degree: int | None
 
 
-def config_values(data: Any, source: str) -> ShapeValues:
+def config_values(data: object, source: str) -> ShapeValues:
     """The ModelShape fields of a config document: run_info's keys (``seq``, ``sp_size`` ...,
     dashes or underscores, ``sp`` for sp_size), flat or under ``config`` as run.json holds them.
     A key that is no field is an error naming it (a misspelt key must not be silently unknown)."""
@@ -167,7 +170,7 @@ class ModelShape:
             values["zero3"] = False  # a scheme named without -zero3 declares no ZeRO-3
         return cls(**values, provenance={k: source for k in values})
 
-    def override(self, source: str, **values: Any) -> ModelShape:
+    def override(self, source: str, **values: Unpack[ShapeValues]) -> ModelShape:
         """A copy with ``values`` (None entries ignored) declared by ``source``; source "flags"
         labels each value with its own flag (``--seq``). A scheme ``ulysses-zero3`` sets zero3."""
         given = {k: v for k, v in values.items() if v is not None}
@@ -176,6 +179,16 @@ class ModelShape:
             given["scheme"], given["zero3"] = scheme, bool(zero)
         labels = {k: (FIELDS[k][0] if source == "flags" else source) for k in given}
         return dataclasses.replace(self, **given, provenance={**self.provenance, **labels})
+
+    def with_read(self, read: Mapping[str, tuple[object, str]]) -> ModelShape:
+        """A copy with the values read off the traces (field -> (value, where it was read)) for the
+        fields still unknown: a declared value is never replaced."""
+        unknown = {name: value for name, value in read.items() if getattr(self, name) is None}
+        if not unknown:
+            return self
+        values = {name: value for name, (value, _) in unknown.items()}
+        sources = {name: source for name, (_, source) in unknown.items()}
+        return dataclasses.replace(self, **values, provenance={**self.provenance, **sources})
 
     # ---- reading ----------------------------------------------------------------------------
     def known(self, name: str) -> bool:

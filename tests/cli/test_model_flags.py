@@ -93,7 +93,7 @@ def test_sweep_takes_the_model_from_a_config_file(tmp_path, monkeypatch, capsys)
     """sweep --config: the file's sizes for the reference model, a flag winning over the file; S,
     the schemes and P stay sweep's own (--seq, --schemes, --nproc), and the file's are named as
     not taken. Nothing is launched: the sweep's first configuration is caught."""
-    import sptrace.cli.reference
+    import sptrace.cli.sweep
 
     seen = {}
 
@@ -104,7 +104,7 @@ def test_sweep_takes_the_model_from_a_config_file(tmp_path, monkeypatch, capsys)
         seen.update(base=base, schemes=schemes, seqs=seqs)
         raise Caught
 
-    monkeypatch.setattr(sptrace.cli.reference, "run_sweep", caught)
+    monkeypatch.setattr(sptrace.cli.sweep, "run_sweep", caught)
     config = tmp_path / "model.yaml"
     config.write_text("hidden: 48\nheads: 8\nkv-heads: 4\nffn: 96\nseq: 4096\nscheme: ulysses\n")
     with pytest.raises(Caught):

@@ -123,8 +123,7 @@ def test_analyze_against_a_baseline_is_keyed_by_the_baselines_files_too(tmp_path
     is another key, so its kept result is never printed again for a changed baseline."""
     import shutil
 
-    from sptrace import result_cache
-    from sptrace.cli import build_parser
+    from sptrace.cli import build_parser, result_cache
     from tests.golden.make_golden import reference_runs
 
     runs = reference_runs()

@@ -11,7 +11,8 @@ import pytest
 import sptrace
 from sptrace.detect.allocations import detect_retained
 from sptrace.detect.collectives import detect_collectives
-from sptrace.detect.index import RankIndex, layer_of
+from sptrace.detect.index import RankIndex
+from sptrace.detect.layers import layer_of
 from sptrace.detect.timing import detect_timing
 from sptrace.vocab import markers
 

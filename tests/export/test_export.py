@@ -21,7 +21,8 @@ import pytest
 from sptrace.analysis import analyse_run
 from sptrace.cli import main
 from sptrace.export import ExportOptions, choose_ranks, export_run, parse_window
-from sptrace.load.trace import load_run, load_trace
+from sptrace.load.trace import load_trace
+from sptrace.run.ranks import load_run
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.units import parse_ranks
 from tests.golden.make_golden import reference_runs

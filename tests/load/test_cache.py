@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 import sptrace
+from sptrace.cachedir import default_cache_dir, max_bytes
 from sptrace.cli import main
 from sptrace.load import cache
 
@@ -28,7 +29,7 @@ def write_run(root, ranks=4, events=400):
 
 
 def test_the_suite_writes_no_user_cache(private_cache):
-    assert cache.default_cache_dir().is_relative_to(private_cache)
+    assert default_cache_dir().is_relative_to(private_cache)
 
 
 def test_a_damaged_entry_is_rebuilt_never_trusted(tmp_path):
@@ -87,7 +88,7 @@ def test_entries_of_traces_that_are_gone_are_dropped(tmp_path, capsys):
 @pytest.mark.parametrize("value, expected", [("", 2 * 2**30), ("500M", 500 * 2**20), ("4G", 4 * 2**30), ("1234", 1234)])
 def test_cache_cap_setting(monkeypatch, value, expected):
     monkeypatch.setenv("SPTRACE_CACHE_MAX", value)
-    assert cache.max_bytes() == expected
+    assert max_bytes() == expected
 
 
 def test_a_bad_cap_is_one_line(monkeypatch, tmp_path, capsys):

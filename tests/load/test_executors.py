@@ -14,7 +14,7 @@ import pytest
 
 from sptrace.analysis import analyse_run
 from sptrace.cli import main
-from sptrace.executors import Executor
+from sptrace.run.executors import Executor
 
 pytestmark = pytest.mark.distributed
 dask_distributed = pytest.importorskip("dask.distributed", reason="the dask extra is not installed")

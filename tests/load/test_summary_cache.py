@@ -1,5 +1,5 @@
 """GIVEN a run mapped once through the cache (sptrace.run.map: each rank's summary kept beside its
-parsed table, sptrace.summary_cache)
+parsed table, sptrace.run.summaries)
 WHEN it is mapped again: unchanged, after a trace is touched or edited, with another MapSpec,
 with an entry damaged, with the cache off, or with the code changed
 THEN an unchanged rank is not summarized again and gives the same result, every change is a
@@ -19,11 +19,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sptrace import summary_cache
 from sptrace.cli import main
-from sptrace.executors import Executor
 from sptrace.load import cache, load_trace
 from sptrace.run import map as rankmap
+from sptrace.run import summaries as summary_cache
+from sptrace.run.executors import Executor
 from sptrace.run.map import MapSpec, map_run
 from tests.trace_helpers import gpu_trace, write_gpu_run
 
@@ -90,7 +90,7 @@ def test_a_warm_run_starts_no_worker(tmp_path, counted, monkeypatch):
     def no_processes(*args, **kwargs):
         raise AssertionError("a worker process was started for a run whose summaries are kept")
 
-    monkeypatch.setattr("sptrace.executors._processes", no_processes)
+    monkeypatch.setattr("sptrace.run.executors._processes", no_processes)
     _, results = map_run(run, spec_in(store), executor=Executor(workers=2))
     assert sorted(results) == [0, 1, 2] and counted == [0, 1, 2]
 

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from sptrace.analysis import analyse_run
-from sptrace.reduce.critical import KINDS, critical_path
+from sptrace.reduce.critical import KINDS
+from sptrace.reduce.critical_walk import critical_path
 
 RUNS = Path(__file__).resolve().parents[1] / "golden" / "runs"
 CLEAN = ("megatron", "ulysses", "hybrid", "ring", "usp", "ring-mha")
@@ -191,7 +192,7 @@ def test_each_profiled_step_has_its_own_path_and_the_slowest_is_shown():
     from sptrace.dashboards.pages.timeline import critical_path_section
 
     from sptrace.detect.timing import RankTiming
-    from sptrace.reduce.critical import run_critical_path
+    from sptrace.reduce.critical_walk import run_critical_path
     from sptrace.reduce.matching import Matching
     from sptrace.report import html
 

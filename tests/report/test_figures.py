@@ -13,17 +13,20 @@ import pytest
 from sptrace.reference_models.config import StepConfig
 
 from sptrace.analysis import RunAnalysis
+from sptrace.checks.builtin import CollectivesDetail
+from sptrace.checks.registry import COLLECTIVES, CheckReport
 from sptrace.costmodel import estimate_comm
+from sptrace.costmodel.sweep import sweep_model
 from sptrace.detect.collectives import COLUMNS
 from sptrace.detect.timing import RankTiming
 from sptrace.reduce.matching import Matching
 from sptrace.report import compare, figures, theme, timeline
-from sptrace.sweep import load_sweep, sweep_model
+from sptrace.sweep import load_sweep
 from sptrace.vocab.shape import ModelShape
 
 
 def analysis(collectives: pd.DataFrame, *, offsets=None, phases=None, compute=None, matched=None, members=None,
-             memory=None, retained=(), timing=(), estimate=None, name="run") -> RunAnalysis:  # fmt: skip
+             memory=None, retained=(), timing=(), estimate=None, model=None, name="run") -> RunAnalysis:  # fmt: skip
     """A RunAnalysis around hand-written tables (only what the figures read)."""
     from pathlib import Path
 
@@ -34,10 +37,10 @@ def analysis(collectives: pd.DataFrame, *, offsets=None, phases=None, compute=No
         offsets or {},
         members if members is not None else pd.DataFrame(columns=["rank", "group", "key", "start_us"]),
     )  # fmt: skip
+    own = CheckReport(COLLECTIVES, "collectives", None, detail=CollectivesDetail(estimate, None, None, None))
     return RunAnalysis(
-        path=Path(name), run=None, model=None, warnings=(), collectives=frame, matching=matching, timing=tuple(timing),
-        estimate=estimate, comm=None, comm_unavailable=None, retained=tuple(retained), sharding=None,
-        sharding_unavailable=None, expected_activation_bytes=None,
+        path=Path(name), run=None, model=model or ModelShape(), warnings=(), collectives=frame, matching=matching,
+        timing=tuple(timing), retained=tuple(retained), reports={COLLECTIVES: own},
         phases=phases if phases is not None else pd.DataFrame(columns=["rank", "phase", "start_us", "dur_us"]),
         memory=memory if memory is not None else pd.DataFrame(columns=["rank", "ts_us", "allocated_bytes"]),
         compute=compute if compute is not None else pd.DataFrame(columns=["rank", "start_us", "dur_us"]),
@@ -124,7 +127,7 @@ def test_timeline_links_matched_collectives_and_marks_the_straggler(frame):
 
 def test_wire_by_kind_outlines_what_differs_from_the_model(frame):
     est = estimate_comm(StepConfig())
-    fig = figures.wire_by_kind(frame, est)
+    fig = figures.wire_by_kind(analysis(frame, estimate=est))
     measured, model = fig.data
     assert dict(zip(measured.x, measured.y)) == {"all_gather": 7.0, "all_reduce": 28.0, "reduce_scatter": 0.0}
     assert dict(zip(model.x, model.y))["all_gather"] == est.wire_per_step("all_gather") / 2**20
@@ -134,7 +137,7 @@ def test_wire_by_kind_outlines_what_differs_from_the_model(frame):
 
 
 def test_wire_by_layer_per_phase(frame):
-    fig = figures.wire_by_layer(frame)
+    fig = figures.wire_by_layer(analysis(frame))
     by = {t.name: dict(zip(t.x, t.y)) for t in fig.data}
     assert by == {"backward": {"outside layers": 28 * 1024.0}, "forward": {"layer 0": 7 * 1024.0}}
     assert {t.name: t.customdata[0] for t in fig.data} == {"backward": "backward", "forward": "forward"}
@@ -202,17 +205,19 @@ def test_compare_runs_side_by_side(frame):
 
 def test_model_sweep_is_the_cost_model():
     cfg = StepConfig(layers=1, seq=128)
-    sweep = sweep_model(cfg.shape())
+    a = analysis(pd.DataFrame(), model=cfg.shape())
+    sweep = a.model_sweep  # the analysis's own: sweep_model at the run's model
+    assert sweep == sweep_model(cfg.shape())
     assert sweep.seqs == (32, 64, 128, 256, 512, 1024, 2048, 4096)  # S/4 to 32 S, those P = 8 divides
     assert sweep.describe() == "megatron P=8 L=1 B=2 S=128 H=96 a=16 g=8 F=160 float32, S varied"
-    fig = compare.model_sweep(sweep)
+    fig = compare.model_sweep(a)
     mega = bars(fig, "megatron")
     assert list(mega.y) == [estimate_comm(cfg.replace(seq=s)).wire_per_step() / 2**30 for s in sweep.seqs]
     assert list(fig.layout.xaxis.ticktext) == ["32", "64", "128", "256", "512", "1K", "2K", "4K"]
     assert [t.name for t in fig.data] == ["megatron", "ulysses", "hybrid", "ring", "usp (U=2)"]
     short = sweep_model(cfg.shape().override("test", seq=32))  # from S = 8: ring's zigzag needs 2P = 16 chunks
     assert short.seqs[0] == 8 and short.wire_bytes["ring"][0] is None and None not in short.wire_bytes["ring"][1:]
-    assert bars(compare.model_sweep(short), "ring").y[0] is None  # a gap in its curve
+    assert bars(compare.model_sweep(analysis(pd.DataFrame(), model=short.model)), "ring").y[0] is None  # a gap
     # a model with a size undeclared is not swept: its curves would describe no run
     assert sweep_model(ModelShape(scheme="megatron", sp_size=8, seq=128)) is None
 
@@ -236,6 +241,7 @@ def test_sweep_fit_says_when_it_is_underdetermined(tmp_path):
 
 def test_every_figure_uses_the_template(frame):
     a = analysis(frame)
-    for fig in (timeline.timeline(a), figures.wire_by_kind(frame, None), figures.memory_over_step(a),
-                compare.compare_runs([a]), compare.model_sweep(sweep_model(StepConfig().shape()))):  # fmt: skip
+    swept = analysis(frame, model=StepConfig().shape())
+    for fig in (timeline.timeline(a), figures.wire_by_kind(a), figures.memory_over_step(a),
+                compare.compare_runs([a]), compare.model_sweep(swept)):  # fmt: skip
         assert fig.layout.template.layout.font.family == theme.FONT

@@ -40,8 +40,12 @@ def bare(tmp_path_factory):
 def test_the_report_renders_the_analyses_it_is_given(ring, tmp_path, monkeypatch):
     sweep = ring.model_sweep
     assert sweep is not None and sweep.model is ring.model
+
     # the renderer computes no model: with the cost model gone, the page still draws the sweep
-    monkeypatch.setattr("sptrace.sweep.estimate_comm", lambda *args, **kwargs: pytest.fail("the report computed"))
+    def computed(*args, **kwargs):
+        pytest.fail("the report computed")
+
+    monkeypatch.setattr("sptrace.costmodel.sweep.estimate_comm", computed)
     page = render_html([(RUNS / "ring", ring), (tmp_path / "broken", SptraceError("broken: invalid JSON"))])
     text = without_scripts(page)
     assert "ring</a>: collectives" in text and "broken</a>: unusable" in text and "broken: invalid JSON" in text

@@ -231,7 +231,7 @@ def test_selective_checkpointing_runs_instrumented(outside):
 
 
 def test_layers_from_the_structure_of_module_paths():
-    from sptrace.detect.index import layers_of_paths
+    from sptrace.detect.layers import layers_of_paths
 
     paths = ["0", "0.attn", "0.mlp.0", "0.mlp.1", "1", "1.attn", "layers.3.mlp.0", "head", "mlp.0"]
     layers = layers_of_paths(paths)

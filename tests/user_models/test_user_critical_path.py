@@ -18,7 +18,7 @@ import pytest
 
 from sptrace.analysis import analyse_run
 from sptrace.cli import main
-from sptrace.detect.index import layer_of
+from sptrace.detect.layers import layer_of
 
 pytestmark = pytest.mark.distributed
 WORLD = 8

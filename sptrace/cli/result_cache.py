@@ -3,7 +3,7 @@ what one printed (stdout and stderr, in order) and its exit code, replayed when 
 is run again on the same run with the same code.
 
 A warm ``collectives`` or ``analyze`` of an unchanged run already reads each rank's summary
-instead of parsing and detecting (sptrace.summary_cache); what it has left is a fresh process
+instead of parsing and detecting (sptrace.run.summaries); what it has left is a fresh process
 importing pandas and pyarrow (about 0.9 s of the 1.2 s) and the cross-rank reduce. A replay
 needs neither: this module and what it imports are the standard library.
 
@@ -23,8 +23,9 @@ with ``--no-cache``, one that writes a file (``--output``) or a timestamp (JUnit
 raised an error (nothing is kept), and ``sptrace.cli.main([...])`` called in-process, where code
 may be patched beneath the digest: only the ``sptrace`` command itself replays.
 
-Entries live in ``results/`` of the cache directory, written atomically, their bytes' CRC-32 in
-their name (checked before use: a damaged entry is deleted, a miss), one per command line and
+Entries live in ``results/`` of the cache directory (a sptrace.cachedir.Store), written
+atomically, their bytes' CRC-32 in their name (checked before use: a damaged entry is deleted, a
+miss), one per command line and
 run (a newer version of the run's files or of the code replaces the older), within an eighth of the
 cache's cap (SPTRACE_CACHE_MAX), least recently used first; an entry whose run is gone goes at
 the next write. ``sptrace cache info`` counts them, ``sptrace cache clear`` empties them.
@@ -38,14 +39,22 @@ import json
 import os
 import re
 import sys
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from sptrace.cachedir import max_bytes, sources_digest, sweep_temporaries, write_entry
+from sptrace.cachedir import (
+    Entry,
+    EntryFormat,
+    EntryHeader,
+    Store,
+    default_cache_dir,
+    frame,
+    framed_header,
+    sources_digest,
+    unframe,
+)
 
 RESULT_VERSION = 1
 """Bump when what a replay needs changes in a way the code digest cannot see."""
@@ -55,33 +64,35 @@ NOT_KEYED = frozenset({"func", "argv", "command", "no_cache", "cache_dir", "work
 """Parsed options that change how the work is spread or cached, never what is printed."""
 
 SUBDIR = "results"
+SHARE = 8
+"""The results may hold an eighth of the cache's cap."""
 MAX_OUTPUT = 32 * 2**20
 """A larger output (``collectives --format json`` of thousands of ranks) is not kept: reading it
 back saves little against printing it, and it would crowd the cap."""
-_ENTRY = re.compile(r"^(?P<slot>[0-9a-f]{16})-(?P<version>[0-9a-f]{16})-(?P<crc>[0-9a-f]{8})\.result$")
+_MAGIC = b"sptrace-result\n"
+RESULTS = EntryFormat(
+    "result",
+    ".result",
+    re.compile(r"^(?P<slot>[0-9a-f]{16})-(?P<version>[0-9a-f]{16})-(?P<crc>[0-9a-f]{8})\.result$"),
+    framed_header(_MAGIC),
+)
 """An entry's name: the command's slot (its options, path, config and environment), the version of
 its inputs (the run's files and the code) and its bytes' CRC-32. Keeping a result deletes the
-slot's other versions: results of a run's older files or older code are never read again."""
+slot's other versions: results of a run's older files or older code are never read again. Its
+bytes are framed (sptrace.cachedir.frame): a header (``source``, ``command``, ``exit_code``), then
+what was printed, as JSON."""
 
-
-@dataclass(frozen=True)
-class Entry:
-    path: Path
-    bytes: int
-    used: float
-    source: str | None
-    """The run the result is of (resolved)."""
-    command: str
-
-    @property
-    def source_gone(self) -> bool:
-        return self.source is None or not Path(self.source).exists()
+Printed = list[tuple[int, str]]
+"""What a command printed, in order: (1 for stdout or 2 for stderr, text)."""
 
 
 def directory(cache_dir: str | os.PathLike[str] | None) -> Path:
-    from sptrace.cachedir import default_cache_dir
-
     return (Path(cache_dir) if cache_dir else default_cache_dir()) / SUBDIR
+
+
+def store(results_dir: Path) -> Store:
+    """The kept results in ``results_dir`` (``directory``'s answer), within their share of the cap."""
+    return Store(results_dir, (RESULTS,), share=SHARE)
 
 
 def key_of(args: argparse.Namespace) -> str | None:
@@ -116,14 +127,14 @@ def _hex(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _fingerprint(run: Path) -> list[list[Any]]:
+def _fingerprint(run: Path) -> list[list[object]]:
     """The name, size, mtime_ns and inode of every entry the run's result can depend on."""
     if run.is_dir():
         names = sorted(os.listdir(run))
         files = [run / n for n in names]
     else:
         files = [run, run.parent / "run.json"]
-    out: list[list[Any]] = [[str(run), os.stat(run).st_mtime_ns]]
+    out: list[list[object]] = [[str(run), os.stat(run).st_mtime_ns]]
     for p in files:
         try:
             st = os.stat(p)
@@ -134,36 +145,33 @@ def _fingerprint(run: Path) -> list[list[Any]]:
     return out
 
 
+def _printed(data: bytes) -> tuple[Printed, int]:
+    """(what a kept result printed, its exit code); ValueError, KeyError or TypeError when the
+    entry is none."""
+    header, start = unframe(_MAGIC, data)
+    chunks = [(int(fd), str(text)) for fd, text in json.loads(data[start:])]
+    return chunks, int(header["exit_code"])
+
+
 def replay(cache_dir: Path, key: str) -> int | None:
     """Print the kept result of ``key`` as it was first printed and return its exit code; None
     when there is none (or it is damaged: deleted)."""
-    for entry in sorted(cache_dir.glob(f"{key}-*.result")) if cache_dir.is_dir() else []:
-        try:
-            data = entry.read_bytes()
-            match = _ENTRY.match(entry.name)
-            if match is None or zlib.crc32(data) != int(match.group("crc"), 16):
-                raise ValueError("damaged")
-            head, _, body = data.partition(b"\n")
-            chunks, code = json.loads(body), int(json.loads(head)["exit_code"])
-            os.utime(entry)  # used now: the least recently used go first
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError, KeyError, TypeError):
-            entry.unlink(missing_ok=True)
-            continue
-        streams = {1: sys.stdout, 2: sys.stderr}
-        for fd, text in chunks:
-            streams[fd].write(text)
-            streams[fd].flush()
-        return code
-    return None
+    found = store(cache_dir).read(f"{key}-", RESULTS, _printed)
+    if found is None:
+        return None
+    chunks, code = found[1]
+    streams = {1: sys.stdout, 2: sys.stderr}
+    for fd, text in chunks:
+        streams[fd].write(text)
+        streams[fd].flush()
+    return code
 
 
 class _Recorder:
     """A text stream that writes through to ``stream`` and keeps what it wrote in ``chunks``.
     A progress bar's redraws (carriage returns: tqdm over the ranks) pass through unkept."""
 
-    def __init__(self, stream: TextIO, fd: int, chunks: list[tuple[int, str]]) -> None:
+    def __init__(self, stream: TextIO, fd: int, chunks: Printed) -> None:
         self._stream, self._fd, self._chunks = stream, fd, chunks
 
     def write(self, text: str) -> int:
@@ -172,14 +180,14 @@ class _Recorder:
             self._chunks.append((self._fd, text))
         return n
 
-    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding...: the stream's
+    def __getattr__(self, name: str) -> object:  # flush, fileno, isatty, encoding...: the stream's
         return getattr(self._stream, name)
 
 
 @contextmanager
-def recording() -> Iterator[list[tuple[int, str]]]:
+def recording() -> Iterator[Printed]:
     """Within the block, what is printed to stdout and stderr is also kept, in order."""
-    chunks: list[tuple[int, str]] = []
+    chunks: Printed = []
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _Recorder(out, 1, chunks), _Recorder(err, 2, chunks)  # type: ignore[assignment]
     try:
@@ -188,74 +196,31 @@ def recording() -> Iterator[list[tuple[int, str]]]:
         sys.stdout, sys.stderr = out, err
 
 
-def keep(cache_dir: Path, key: str, args: argparse.Namespace, chunks: list[tuple[int, str]], code: int) -> None:
+def keep(cache_dir: Path, key: str, args: argparse.Namespace, chunks: Printed, code: int) -> None:
     """Keep a result (atomically; nothing when the cache is not writable or the output is too
     large), then the results within their share of the cap."""
-    merged: list[list[Any]] = []
+    merged: Printed = []
     for fd, text in chunks:  # print() writes a line and its newline apart: one chunk per run of a stream
         if merged and merged[-1][0] == fd:
-            merged[-1][1] += text
+            merged[-1] = (fd, merged[-1][1] + text)
         else:
-            merged.append([fd, text])
-    head = {"source": str(Path(args.path).resolve()), "command": " ".join(getattr(args, "argv", []) or []),
-            "exit_code": code}  # fmt: skip
-    data = json.dumps(head).encode() + b"\n" + json.dumps(merged).encode()  # JSON escapes a newline: one line each
+            merged.append((fd, text))
+    head = EntryHeader(source=str(Path(args.path).resolve()), command=" ".join(getattr(args, "argv", []) or []),
+                       exit_code=code)  # fmt: skip
+    data = frame(_MAGIC, head, json.dumps(merged).encode())
     if len(data) > MAX_OUTPUT:
         return
-    try:
-        entry = write_entry(cache_dir, data, lambda crc: f"{key}-{crc}.result")
-        for stale in cache_dir.glob(f"{key.split('-')[0]}-*.result"):
-            if stale != entry:
-                stale.unlink(missing_ok=True)
-        prune(cache_dir, keep=entry)
-    except OSError:
-        return
+    store(cache_dir).put(f"{key}-", RESULTS, data, replaces=f"{key.split('-')[0]}-")
 
 
 def entries(cache_dir: Path) -> list[Entry]:
-    """The kept results, least recently used first."""
-    out = []
-    for p in cache_dir.iterdir() if cache_dir.is_dir() else []:
-        if not _ENTRY.match(p.name):
-            continue
-        try:
-            st = p.stat()
-            with open(p, "rb") as f:
-                head = json.loads(f.readline())
-            source, command = head.get("source"), str(head.get("command", ""))
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError, AttributeError):
-            source, command = None, ""
-        out.append(Entry(p, st.st_size, st.st_mtime, source if isinstance(source, str) else None, command))
-    return sorted(out, key=lambda e: e.used)
-
-
-def prune(cache_dir: Path, *, keep: Path | None = None) -> None:
-    """Drop results whose run is gone, then the least recently used past an eighth of the cap."""
-    limit = max_bytes() // 8
-    alive = []
-    for e in entries(cache_dir):
-        if e.path != keep and e.source_gone:
-            e.path.unlink(missing_ok=True)
-        else:
-            alive.append(e)
-    total = sum(e.bytes for e in alive)
-    for e in alive:
-        if total <= limit:
-            break
-        if e.path != keep:
-            e.path.unlink(missing_ok=True)
-            total -= e.bytes
-    sweep_temporaries(cache_dir)
+    """The kept results, least recently used first (``header["command"]``: the command line)."""
+    return store(cache_dir).entries()
 
 
 def clear(cache_dir: Path) -> int:
-    """Delete every kept result; the bytes freed."""
-    freed = 0
-    for e in entries(cache_dir):
-        freed += e.bytes
-        e.path.unlink(missing_ok=True)
+    """Delete every kept result, and the folder once empty; the bytes freed."""
+    freed = store(cache_dir).clear()
     try:
         cache_dir.rmdir()
     except OSError:  # not there, or holds what is not ours

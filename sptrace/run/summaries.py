@@ -1,6 +1,6 @@
 """Per-rank summaries in the trace cache: what the map (sptrace.run.map) made of a rank, kept
-beside its parsed table (sptrace.load.cache), so that a warm run of an unchanged trace skips
-detection as well as parsing.
+beside its parsed table (sptrace.load.cache: one sptrace.cachedir.Store holds both), so that a
+warm run of an unchanged trace skips detection as well as parsing.
 
 A summary is a cached answer, and a stale one is a wrong answer, so it is reused only when
 everything that made it is unchanged:
@@ -32,9 +32,9 @@ import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from sptrace.cachedir import sources_digest
+from sptrace.cachedir import Entry, EntryHeader, sources_digest
 from sptrace.load import cache as trace_cache
 
 SUMMARY_VERSION = 1
@@ -42,7 +42,7 @@ SUMMARY_VERSION = 1
 how a dependency behaves, say); code changes in the digested sources invalidate by themselves."""
 
 NOT_SUMMARIZED = frozenset({"cli", "report", "checks", "analysis.py", "sweep.py", "launch.py", "profiling.py",
-                            "instrumentation.py", "fileio.py", "__main__.py", "result_cache.py"})  # fmt: skip
+                            "instrumentation.py", "fileio.py", "__main__.py"})  # fmt: skip
 """Top-level parts of the package a rank's summary never runs (the reduce, the renderers, the
 launchers): their edits keep the summaries."""
 
@@ -104,14 +104,14 @@ def read_summary(slot: Slot, kind: type[T]) -> T | None:
     return None
 
 
-def write_summary(slot: Slot, result: Any) -> Path | None:
-    """Keep ``result`` in ``slot`` (atomically, within the cache's cap); the entry, or None when
-    the cache is not writable."""
-    header = {"source": str(slot.source.resolve()), "about": slot.about, "code": code_digest()}
+def write_summary(slot: Slot, result: object) -> Path | None:
+    """Keep ``result`` (pickled) in ``slot`` (atomically, within the cache's cap); the entry, or
+    None when the cache is not writable."""
+    header = EntryHeader(source=str(slot.source.resolve()), about=slot.about, code=code_digest())
     return trace_cache.write_summary(slot.cache_dir, slot.version, slot.key, header, pickle.dumps(result, 5))
 
 
-def is_current(entry: trace_cache.Entry) -> bool:
+def is_current(entry: Entry) -> bool:
     """Whether a summary entry was written by this code (another sptrace's never match, and go
     with the least recently used)."""
     return entry.header.get("code") == code_digest()

@@ -13,9 +13,12 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, TypeVar
 
 from sptrace.vocab.errors import TraceError, UsageError
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 EXECUTORS = ("local", "dask")
 PARALLEL_MIN_BYTES = 32 * 2**20
@@ -43,14 +46,14 @@ class Executor:
 
 
 def map_ranks(
-    fn: Callable[..., Any],
-    items: Sequence[Any],
-    args: tuple[Any, ...] = (),
+    fn: Callable[..., Result],
+    items: Sequence[Item],
+    args: tuple[object, ...] = (),
     *,
     executor: Executor | None = None,
     total_bytes: int = 0,
     desc: str = "analysing ranks",
-) -> Iterator[tuple[Any, Any]]:
+) -> Iterator[tuple[Item, Result | TraceError]]:
     """``(item, fn(item, *args) or the TraceError it raised)`` for every item, as they finish."""
     executor = executor or Executor()
     show = sys.stderr.isatty() if executor.progress is None else executor.progress
@@ -72,14 +75,16 @@ def map_ranks(
         bar.close()
 
 
-def _call(item: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+def _call(item: Item, fn: Callable[..., Result], args: tuple[object, ...]) -> Result | TraceError:
     try:
         return fn(item, *args)
     except TraceError as exc:
         return exc
 
 
-def _processes(fn: Callable[..., Any], items: Sequence[Any], args: tuple[Any, ...], workers: int, bar: Any):
+def _processes(
+    fn: Callable[..., Result], items: Sequence[Item], args: tuple[object, ...], workers: int, bar: Progress
+) -> Iterator[tuple[Item, Result | TraceError]]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -92,7 +97,9 @@ def _processes(fn: Callable[..., Any], items: Sequence[Any], args: tuple[Any, ..
             bar.update(1)
 
 
-def _dask(fn: Callable[..., Any], items: Sequence[Any], args: tuple[Any, ...], executor: Executor, bar: Any):
+def _dask(
+    fn: Callable[..., Result], items: Sequence[Item], args: tuple[object, ...], executor: Executor, bar: Progress
+) -> Iterator[tuple[Item, Result | TraceError]]:
     try:
         from dask.distributed import Client, LocalCluster, as_completed
     except ImportError:
@@ -125,6 +132,14 @@ def _dask(fn: Callable[..., Any], items: Sequence[Any], args: tuple[Any, ...], e
             cluster.close()
 
 
+class Progress(Protocol):
+    """A progress bar over ranks (tqdm's, or none)."""
+
+    def update(self, n: int) -> object: ...
+
+    def close(self) -> object: ...
+
+
 class _NoBar:
     def update(self, n: int) -> None:
         pass
@@ -133,7 +148,7 @@ class _NoBar:
         pass
 
 
-def _progress(total: int, show: bool, desc: str) -> Any:
+def _progress(total: int, show: bool, desc: str) -> Progress:
     if not show or total < 2:
         return _NoBar()
     from tqdm import tqdm
