@@ -35,6 +35,7 @@ from sptrace.reduce.critical_walk import run_critical_path
 from sptrace.reduce.matching import Matching, match_collectives
 from sptrace.reduce.p2p import P2PReport, analyse_point_to_point
 from sptrace.reduce.peers import merge_collectives
+from sptrace.reduce.replay_graph import ReplayGraph, replay_graphs
 from sptrace.resolve import declared_model, resolve_model
 from sptrace.run import LoadOptions
 from sptrace.run.map import COMPUTE_COLUMNS, MEMORY_COLUMNS, PHASE_COLUMNS, MapSpec, RankResult, map_run, summarize
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
 PARTS = ("collectives", "sharding", "path")
 """What analyse_run computes by default: collectives (with matching, timing and the cost-model
 check), the sharding check and the critical path across ranks (``path``, with ``collectives``);
-``modules`` (each module's own time, for sptrace diff) on request."""
+``modules`` (each module's own time, for sptrace diff) and ``whatif`` (the replay graphs, with
+``collectives``) on request."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,9 @@ class RunAnalysis:
     """Each rank's own time per module, forward and backward (MODULE_TIME_COLUMNS, ms)."""
     critical_path: CriticalPath | None = None
     """The chain of work, transfers and waiting across ranks that set the step time."""
+    replay_graphs: tuple[ReplayGraph, ...] = field(repr=False, default=())
+    """Each profiled step's cross-rank dependency graph (with the ``whatif`` part): what
+    sptrace.whatif replays with changed costs."""
     reports: Mapping[str, CheckReport] = field(default_factory=dict)
     """Every check's report by name, the run's own (COLLECTIVES, SHARDING, where computed) first,
     then the registered checks' (sptrace.checks.registry): what the views render generically."""
@@ -315,7 +320,7 @@ def reduce_run(
     model = resolve_model(declared or declared_model(run.run_info), run, collectives, retained)
     timing = tuple(r.timing for r in ranked if r.timing is not None)
     compute = _concat([r.compute for r in ranked if r.compute is not None], COMPUTE_COLUMNS)
-    matching, p2p, critical = _cross_rank(collectives, compute, ranked, run.world_size, timing, parts)
+    matching, p2p, critical, graphs = _cross_rank(collectives, compute, ranked, run.world_size, timing, parts)
     facts = CheckFacts(
         ranks=tuple(sorted(run.ranks)), world_size=run.world_size, missing_ranks=tuple(sorted(run.missing_ranks)),
         collectives=collectives, matching=matching, timing=timing, retained=retained, critical_path=critical,
@@ -328,7 +333,7 @@ def reduce_run(
         memory=_concat([r.memory for r in ranked if r.memory is not None], MEMORY_COLUMNS),
         module_times=_concat([r.module_times for r in ranked if r.module_times is not None], MODULE_TIME_COLUMNS),
         peak_allocated={r.trace.rank: r.peak_allocated for r in ranked if r.peak_allocated is not None},
-        reports=run_checks(facts, model, parts),
+        replay_graphs=graphs, reports=run_checks(facts, model, parts),
     )  # fmt: skip
 
 
@@ -339,20 +344,20 @@ def _cross_rank(
     world_size: int,
     timing: tuple[RankTiming, ...],
     parts: tuple[str, ...],
-) -> tuple[Matching | None, P2PReport | None, CriticalPath | None]:
-    """The collectives matched across ranks, sends paired with receives, and the critical path
-    (each None when its part was not asked for or the run has none)."""
+) -> tuple[Matching | None, P2PReport | None, CriticalPath | None, tuple[ReplayGraph, ...]]:
+    """The collectives matched across ranks, sends paired with receives, the critical path and the
+    replay graphs of the profiled steps (each None or empty when its part was not asked for or the
+    run has none)."""
     if "collectives" not in parts:
-        return None, None, None
+        return None, None, None, ()
     matching = match_collectives(collectives, world_size)
     p2p = None
     if len(collectives) and collectives["kind"].isin(["send", "recv"]).any():
         p2p = analyse_point_to_point(collectives, compute, matching.pairing)
-    critical = None
-    if "path" in parts:  # (each rank's work lane walked rank by rank: never joined)
-        work = {r.trace.rank: r.work for r in ranked if r.work is not None}
-        critical = run_critical_path(collectives, matching, list(timing), work)
-    return matching, p2p, critical
+    work = {r.trace.rank: r.work for r in ranked if r.work is not None}  # (walked rank by rank: never joined)
+    critical = run_critical_path(collectives, matching, list(timing), work) if "path" in parts else None
+    graphs = replay_graphs(collectives, matching, list(timing), work) if "whatif" in parts else ()
+    return matching, p2p, critical, graphs
 
 
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:

@@ -20,6 +20,7 @@ from sptrace.cli import (
     reference,
     result_cache,
     views,
+    whatif,
 )
 from sptrace.cli.common import Parser
 from sptrace.vocab.errors import SptraceError, TraceError
@@ -36,6 +37,7 @@ def build_parser() -> Parser:
     check.add_parser(sub)
     diff.add_parser(sub)
     export.add_parser(sub)
+    whatif.add_parser(sub)
     views.add_parsers(sub)  # dash, report
     info.add_parser(sub)
     initconfig.add_parser(sub)

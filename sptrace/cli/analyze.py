@@ -29,6 +29,7 @@ from sptrace.vocab.units import count, human_bytes, rank_ranges, significant
 
 if TYPE_CHECKING:  # the analysis (pandas) is imported when a command runs, not to parse flags
     from sptrace.analysis import RunAnalysis
+    from sptrace.reduce.critical import CriticalPath
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -113,7 +114,7 @@ def render_text(analysis: RunAnalysis, max_findings: int = 30) -> str:
             for r in off.head(40).itertuples():
                 lines.append(f"  rank {r.rank}, layer {r.layer}, {r.phase}: {r.observed} / {r.expected}")
     lines += render_point_to_point(analysis)
-    lines += render_critical_path(analysis)
+    lines += render_critical_path(analysis.critical_path)
     lines += _findings_and_notes(analysis, report.findings, report.notes, max_findings)
     lines.append("\n" + report.verdict.line())
     return "\n".join(lines)
@@ -145,14 +146,14 @@ def render_point_to_point(analysis: RunAnalysis, max_rows: int = 24) -> list[str
     return lines
 
 
-def render_critical_path(analysis: RunAnalysis, max_rows: int = 8) -> list[str]:
-    """The critical path across ranks: its culprit, its time by kind and by module."""
-    path = analysis.critical_path
+def render_critical_path(path: CriticalPath | None, max_rows: int = 8, title: str = "critical path") -> list[str]:
+    """A critical path across ranks (measured, or a what-if's): its culprit, its time by kind and
+    by module."""
     if path is None:
         return []
     step = path.step_us
     ranks = sorted(int(r) for r in path.segments["rank"].unique())
-    lines = [f"\ncritical path: {significant(step / 1e3)} ms through {count(len(ranks), 'rank')} "
+    lines = [f"\n{title}: {significant(step / 1e3)} ms through {count(len(ranks), 'rank')} "
              f"({rank_ranges(ranks)}): "
              f"{path.kinds_text()}", "  " + path.headline(), "  by module (its time on the path):"]  # fmt: skip
     for module, phase, kind, ms, share in path.module_table(max_rows).itertuples(index=False):
@@ -215,7 +216,7 @@ def render_cross_rank(analysis: RunAnalysis, max_findings: int = 30) -> str:
         lines.append("  (wire +?: some collectives' size or group is not in the trace)")
     lines.append("  (disagree: collectives whose kind or size differs from the rest of their group's)")
     lines += render_point_to_point(analysis)
-    lines += render_critical_path(analysis)
+    lines += render_critical_path(analysis.critical_path)
     lines += _findings_and_notes(analysis, cross.findings, cross.notes, max_findings)
     lines.append("\n" + cross.verdict.line())
     return "\n".join(lines)

@@ -86,7 +86,7 @@ def run_critical_path(
         collectives, matching.members if matching is not None else None,
         matching.offsets_us if matching is not None else {}, work, layers,
     )  # fmt: skip
-    by_step = _common_steps(timing)
+    by_step = common_steps(timing)
     if len(by_step) < 2:
         return walker.walk({t.rank: (t.step_start_us, t.step_start_us + t.step_ms * 1e3) for t in timing
                             if t.step_start_us is not None and t.step_ms is not None})  # fmt: skip
@@ -99,7 +99,7 @@ def run_critical_path(
     return replace(slowest, step=name, steps=steps)
 
 
-def _common_steps(timing: list[RankTiming]) -> dict[str, dict[int, tuple[float, float]]]:
+def common_steps(timing: list[RankTiming]) -> dict[str, dict[int, tuple[float, float]]]:
     """Each profiler step every rank recorded: name -> rank -> (start_us, end_us), in the order
     the steps ran; empty when a rank recorded none (its step came from another source)."""
     if not timing or any(not t.steps for t in timing):
@@ -137,7 +137,7 @@ class _Walker:
         work: Mapping[int, pd.DataFrame] | pd.DataFrame, layers: dict[str, int],
     ) -> None:  # fmt: skip
         self.offsets, self.layers = offsets, layers
-        self.colls = _collectives(collectives, members, offsets)
+        self.colls = aligned_collectives(collectives, members, offsets)
         self.by_rank = dict(tuple(self.colls.groupby("rank"))) if len(self.colls) else {}
         if isinstance(work, pd.DataFrame):
             self.lanes = dict(tuple(work.groupby("rank"))) if len(work) else {}
@@ -224,12 +224,15 @@ class _Walker:
         return CriticalPath(step_us=end_of_step - t, start_us=t, segments=seg)
 
 
-def _collectives(frame: pd.DataFrame, members: pd.DataFrame | None, offsets: dict[int, float]) -> pd.DataFrame:
+def aligned_collectives(
+    frame: pd.DataFrame, members: pd.DataFrame | None, offsets: Mapping[int, float]
+) -> pd.DataFrame:
     """Each rank's collectives on the aligned clock (arr, end), each with its matched group's last
     arrival (last), the rank that arrived last, how many members waited for it, whether members
-    the trace lacks may have been later (unseen), and how the text names it."""
+    the trace lacks may have been later (unseen), how the text names it, and its match (m_group,
+    m_key: one pair per collective across its members)."""
     columns = ["rank", "arr", "end", "op_s", "op_e", "last", "last_rank", "waiting", "unseen", "name", "module",
-               "layer", "phase"]  # fmt: skip
+               "layer", "phase", "kind", "seq", "group_size", "m_group", "m_key"]  # fmt: skip
     if frame is None or frame.empty:
         return pd.DataFrame(columns=columns)
     op_s = aligned(frame["start_us"], frame["rank"], offsets)

@@ -98,7 +98,7 @@ def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
         result.collectives = detect_collectives(trace, index, for_reduce=True)
         result.timing = detect_timing(trace, result.collectives, index)
         result.compute = detect_compute(trace, index)
-        if "path" in spec.parts:  # (what the critical path walks: analyze pays for it, check does not)
+        if "path" in spec.parts or "whatif" in spec.parts:  # (what the critical path and replays walk: not check)
             result.work = detect_work(trace, index, result.collectives)
     if "modules" in spec.parts:  # (what sptrace diff compares: a few ms a rank that analyze need not pay)
         from sptrace.detect.timing import detect_module_times

@@ -25,7 +25,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("resolve",),
     ("checks",),
     ("analysis",),
-    ("sweep", "timechange", "commchange", "keptchange", "diff", "baseline", "gpu", "lanes"),
+    ("sweep", "timechange", "commchange", "keptchange", "diff", "baseline", "gpu", "lanes", "whatif"),
     ("export", "export_events", "export_tracks"),
     ("report",),
     ("dashboards",),

@@ -105,13 +105,14 @@ def profiled(out: Path, step: Callable[[], Any], *, backward_in_window: bool = T
     dist.barrier()
 
 
-def two_active_steps() -> Any:
-    """torch.profiler with the usual options over a schedule of one warm-up step and two active
-    ones (the loop calls prof.step() after each step, as the torch.profiler docs show)."""
+def two_active_steps(active: int = 2) -> Any:
+    """torch.profiler with the usual options over a schedule of one warm-up step and two (or
+    ``active``) active ones (the loop calls prof.step() after each step, as the torch.profiler
+    docs show)."""
     from torch.profiler import schedule
 
     return profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True,
-                   schedule=schedule(wait=0, warmup=1, active=2, repeat=1))  # fmt: skip
+                   schedule=schedule(wait=0, warmup=1, active=active, repeat=1))  # fmt: skip
 
 
 def write_oracle(root: Path, name: str, data: dict[str, Any]) -> None:
@@ -607,6 +608,46 @@ def slow_rank(root: Path) -> None:
     })  # fmt: skip
 
 
+SLEEPS_MS = (80, 40, 0)
+SLEEPY_STEPS = 4
+"""Profiled steps per run: their spread is each run's noise (8 ranks on a few cores are noisy)."""
+
+
+def sleepy_rank(root: Path) -> None:
+    """One rank sleeps T ms inside one layer (a Stall module before layer 1's work, on rank
+    world-3) in each of four profiled steps; the same job at T = 80, 40 and 0 ms, three runs of one
+    launch (sleep_80, sleep_40, sleep_0). The oracle is the job's record of T, the rank, the
+    stall's module path, and how long each sleep took (timed around it)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sleeper, layer = world - 3, 1
+    torch.manual_seed(13)
+    model = models.MegatronStack(3, H, 2 * H, dist.group.WORLD)
+    x = shard_of(torch.randn(B, S, H), rank, world)
+    step = sgd_step(model, lambda: model(x).square().mean())
+    for _ in range(2):
+        step()
+    slept: dict[str, list[float]] = {}
+    for ms in SLEEPS_MS:
+        stall = models.Stall(ms / 1e3 if rank == sleeper else 0.0)
+        model.layers[layer].stall = stall
+        dist.barrier()
+        with two_active_steps(SLEEPY_STEPS) as prof:
+            for _ in range(SLEEPY_STEPS + 1):  # step 0 warms up, the others are recorded
+                step()
+                prof.step()
+        out = root / f"sleep_{ms}"
+        out.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(out / f"rank{rank}.json"))
+        slept[f"sleep_{ms}"] = [s * 1e3 for s in stall.slept]
+        dist.barrier()
+    model.layers[layer].stall = None
+    write_oracle(root, "sleepy_rank", {
+        "rank": sleeper, "layer": layer, "module": f"layers.{layer}.stall", "sleeps_ms": list(SLEEPS_MS),
+        "slept_ms": slept if rank == sleeper else None,
+        "config": {"batch": B, "seq": S, "hidden": H, "sp": world, "layers": 3},
+    })  # fmt: skip
+
+
 SCENARIOS = {
     "tp_sp_native": tp_sp_native,
     "tp_sp_instrumented": tp_sp_instrumented,
@@ -623,6 +664,7 @@ SCENARIOS = {
     "accumulation": accumulation,
     "two_steps": two_steps,
     "slow_rank": slow_rank,
+    "sleepy_rank": sleepy_rank,
     # last: their groups stay in every later trace's process groups, where the other scenarios'
     # checks read P from "the run's only process group"
     "ring_isend": ring_isend,

@@ -225,6 +225,22 @@ class _ColumnParallel(torch.autograd.Function):
         return grad_x, grad_weight, None
 
 
+class Stall(nn.Module):
+    """A host-side stall inside a layer (a slow data path, a Python hiccup, a throttled device as
+    the host sees it): the layer sleeps ``seconds`` before its work. ``slept`` times each call."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.slept: list[float] = []
+
+    def forward(self, x: Tensor) -> Tensor:
+        began = time.perf_counter()
+        time.sleep(self.seconds)
+        self.slept.append(time.perf_counter() - began)
+        return x
+
+
 class MegatronMlp(nn.Module):
     def __init__(self, hidden: int, ffn: int, group: dist.ProcessGroup) -> None:
         super().__init__()
@@ -241,8 +257,12 @@ class MegatronMlp(nn.Module):
         self.keep_gathered = False
         """fc1 as PyTorch-native ColwiseParallel after SequenceParallel has it: the gathered
         [B, S, H] input goes into a plain matmul, which saves it for backward."""
+        self.stall: Stall | None = None
+        """A Stall run before the layer's work (None: none)."""
 
     def forward(self, x: Tensor) -> Tensor:  # [B, S/P, H]
+        if self.stall is not None:
+            x = self.stall(x)
         h = self.norm(x)
         if self.aux_steps:
             began = time.perf_counter()
