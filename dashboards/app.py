@@ -40,6 +40,8 @@ PAGES = {
     "/gpu": ("gpu", "GPU (HTA)", gpu),
 }
 ASSETS = Path(__file__).parent / "assets"
+DIFF_SELECT_W = 168
+"""The Diff page's base and new selects (px): with the brand and the nav, one row at a 1440 px window."""
 THEME = {"fontFamily": FONT, "headings": {"fontFamily": FONT}, "primaryColor": "blue", "defaultRadius": "sm"}
 log = logging.getLogger(__name__)
 
@@ -90,25 +92,31 @@ def header(store: RunStore) -> Component:
     )  # fmt: skip
     brand = dcc.Link(
         dmc.Group([dmc.Text("sptrace", fw=800, size="xl", c="blue.7"),
-                   dmc.Text("sequence-parallel trace analyzer", size="xs", c="dimmed")], gap=8, align="baseline"),
+                   dmc.Text("sequence-parallel trace analyzer", size="xs", c="dimmed", className="brand-subtitle")],
+                  gap=8, align="baseline", wrap="nowrap"),
         href="/", style={"textDecoration": "none"},
     )  # fmt: skip
-    # the Diff page's pair: its baseline and its new run
+    # the Diff page's pair, compact ("base [..] → [..] new"): narrow selects cut a long name short and say it
+    # whole on hover (their wrapper's title) and in their dropdown, so the header stays one row at 1440 px
     pair = dmc.Group([
-        dmc.Select(id="diff-base", data=options, value="0" if options else None, allowDeselect=False, w=230,
-                   size="sm", leftSection=dmc.Text("base", size="xs", c="dimmed"), leftSectionWidth=44,
-                   comboboxProps={"width": "max-content"}, **{"aria-label": "baseline"}),
-        dmc.Select(id="diff-new", data=options, value="1" if len(options) > 1 else "0" if options else None,
-                   allowDeselect=False, w=230, size="sm", leftSection=dmc.Text("new", size="xs", c="dimmed"),
-                   leftSectionWidth=40, comboboxProps={"width": "max-content"}, **{"aria-label": "new run"}),
-    ], gap=6)  # fmt: skip
+        dmc.Text("base", size="xs", c="dimmed"),
+        html.Div(dmc.Select(id="diff-base", data=options, value="0" if options else None, allowDeselect=False,
+                            w=DIFF_SELECT_W, size="sm", comboboxProps={"width": "max-content"},
+                            **{"aria-label": "baseline"}), id="diff-base-wrap"),
+        dmc.Text("→", size="sm", c="dimmed"),
+        html.Div(dmc.Select(id="diff-new", data=options, value="1" if len(options) > 1 else "0" if options else None,
+                            allowDeselect=False, w=DIFF_SELECT_W, size="sm", comboboxProps={"width": "max-content"},
+                            **{"aria-label": "new run"}), id="diff-new-wrap"),
+        dmc.Text("new", size="xs", c="dimmed"),
+    ], gap=6, wrap="nowrap")  # fmt: skip
     selectors = dmc.Group([
         html.Div(run_select, id="header-run-wrap"),
         html.Div(runs_select, id="header-runs-wrap", style={"display": "none"}),
         html.Div(pair, id="header-diff-wrap", style={"display": "none"}),
-    ], gap="sm")  # fmt: skip
-    return dmc.AppShellHeader(dmc.Group([dmc.Group([brand, nav], gap="xl"), selectors], justify="space-between",
-                                        h="100%", px="lg", wrap="nowrap"))  # fmt: skip
+    ], gap="sm", wrap="nowrap")  # fmt: skip
+    left = dmc.Group([brand, nav], gap="lg", wrap="nowrap", style={"minWidth": 0})
+    return dmc.AppShellHeader(dmc.Group([left, selectors], justify="space-between", h="100%", px="lg", gap="md",
+                                        wrap="nowrap"))  # fmt: skip
 
 
 def not_found(pathname: str) -> Component:
@@ -195,6 +203,21 @@ def create_app(
             *[href(k, current.run) for k in keys],
             *["nav-link active" if k == current.page else "nav-link" for k in keys],
         )
+
+    @app.callback(
+        Output("diff-base-wrap", "title"),
+        Output("diff-new-wrap", "title"),
+        Input("diff-base", "value"),
+        Input("diff-new", "value"),
+    )
+    def _pair_titles(base: str | None, new: str | None) -> tuple[str, str]:
+        """The pair's whole run names on hover: a narrow select cuts a long one short."""
+
+        def name(value: str | None) -> str:
+            index = _index(value or "", len(store))
+            return store.name(index) if index is not None else "none"
+
+        return f"base: {name(base)}", f"new: {name(new)}"
 
     @app.callback(
         Output({"type": "sptrace-grid", "name": MATCH}, "exportDataAsCsv"),

@@ -12,11 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from sptrace.analysis import RunAnalysis, analyse_run
+from sptrace.analysis import PARTS, RunAnalysis, analyse_run
 from sptrace.sweep import Sweep, load_sweep
 from sptrace.vocab.errors import SptraceError
 
 T = TypeVar("T")
+
+VIEW_PARTS = (*PARTS, "whatif")
+"""What the dashboard analyses when the caller names no parts: analyse_run's own, and the replay graphs
+of the Timeline's what-if (built from what the critical path already has: a few ms)."""
 
 
 class RunStore:
@@ -25,7 +29,8 @@ class RunStore:
         options: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         self.paths = [Path(p) for p in paths]
-        self.analyse_options = dict(options or {})  # analyse_run's: the model flags and load options
+        # analyse_run's: the model flags and load options, and the parts (VIEW_PARTS unless the caller names them)
+        self.analyse_options = {"parts": VIEW_PARTS, **(options or {})}
         self.sweeps = [Path(p) for p in sweeps or []]
         self._cache: dict[tuple[int, str], object] = {(i, "run"): a for i, a in enumerate(analyses or [])}
         self._locks: dict[tuple[int, str], threading.Lock] = {}

@@ -10,6 +10,7 @@ import dash_mantine_components as dmc
 from dash import Dash, Input, NoUpdate, Output, State, ctx, html, no_update
 from dash.development.base_component import Component
 from sptrace.dashboards.export_route import export_href
+from sptrace.dashboards.pages import whatif_panel
 from sptrace.dashboards.pages.common import ClickData, View, error_box, graph, grid, page_title, verdict_badge
 from sptrace.dashboards.store import RunStore
 
@@ -108,6 +109,7 @@ def render(store: RunStore, view: View) -> list[Component]:
                                    "run's table cache, that window only).", size="sm", c="dimmed", mt="xs"),
                           id="timeline-events"))  # fmt: skip
     parts += critical_path_section(a)
+    parts += whatif_panel.panel(a)
     if index is not None:  # the whole run at a glance: who arrived late, at which collective
         from sptrace.dashboards.pages.collectives import skew_section
 
@@ -133,6 +135,8 @@ def critical_path_section(a: RunAnalysis) -> list[Component]:
 
 
 def register(app: Dash, store: RunStore) -> None:
+    whatif_panel.register(app, store)
+
     @app.callback(
         Output("timeline-events", "children"),
         Input("timeline-graph", "clickData"),

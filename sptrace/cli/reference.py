@@ -137,12 +137,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     runs = profile_references(
         requests, warmup=args.warmup, steps=args.steps, device=args.device, force=True, log=log
     )  # one launch
-    from sptrace.analysis import analyse_run  # (after the launch: its import overlaps nothing)
+    from sptrace.analysis import PARTS, analyse_run  # (after the launch: its import overlaps nothing)
 
     print(f"Profiled one training step of each scheme on {args.nproc} ranks, in one launch:")
     for run in runs:
         print(f"  {run.out_dir}/  ({run.world_size} x rank*.pt.trace.json.gz, run.json; {run.seconds:.0f} s)")
-    analyses = [analyse_run(run.out_dir) for run in runs]  # once per run, for both verdicts
+    # once per run, for both verdicts and the dashboard (its Timeline's what-if replays the graphs)
+    analyses = [analyse_run(run.out_dir, parts=(*PARTS, "whatif")) for run in runs]
     print("\nCollectives against the cost model (sptrace analyze RUN for the details):")
     for run, a in zip(runs, analyses):
         line = a.comm.verdict.line() if a.comm else f"not checked: {a.comm_unavailable}"

@@ -1,4 +1,4 @@
-"""Whole results of the commands that only read a run (``collectives``, ``analyze``, ``info``):
+"""Whole results of the commands that only read a run (``collectives``, ``analyze``, ``info``, ``whatif``):
 what one printed (stdout and stderr, in order) and its exit code, replayed when the same command
 is run again on the same run with the same code.
 
@@ -59,7 +59,7 @@ from sptrace.cachedir import (
 RESULT_VERSION = 1
 """Bump when what a replay needs changes in a way the code digest cannot see."""
 
-COMMANDS = frozenset({"collectives", "analyze", "info"})
+COMMANDS = frozenset({"collectives", "analyze", "info", "whatif"})
 NOT_KEYED = frozenset({"func", "argv", "command", "no_cache", "cache_dir", "workers", "executor", "scheduler"})
 """Parsed options that change how the work is spread or cached, never what is printed."""
 

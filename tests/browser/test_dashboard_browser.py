@@ -1,7 +1,8 @@
 """The dashboard in a real headless Chromium (Debian's /usr/bin/chromium, driven by Playwright):
 every page renders without console errors and leaves a screenshot in artifacts/ for a reviewer;
-the design holds (verdict badge colours, no truncated header, hover content on the timeline,
-visible collectives); the URL round-trips (run selector, nav, back button, shared links); a bar
+the design holds (verdict badge colours, no truncated header, the Diff page's header on one row
+at 1440 px, hover content on the timeline, visible collectives); the Timeline's what-if predicts a
+shorter step with communication halved; the URL round-trips (run selector, nav, back button, shared links); a bar
 click filters its table; a grid downloads as CSV; unknown pages are 404s.
 
 One server (its runs analysed once), one Chromium and one tab serve the module: each test loads its
@@ -274,6 +275,32 @@ def test_the_critical_path_line_and_the_merged_trace_download(open_page, server)
     assert errors == []
 
 
+def test_timeline_whatif_panel_predicts_a_shorter_step(open_page):
+    """The Timeline's what-if: unfolded, it replays the step as measured; comm x0.5 predicts a
+    shorter step than the measured one, and draws both critical paths by kind."""
+    page, errors = open_page("/timeline?run=0")
+    page.click("#whatif-accordion .mantine-Accordion-control", timeout=TIMEOUT_MS)
+    page.wait_for_selector("#whatif-predicted", state="visible", timeout=TIMEOUT_MS)  # nothing changed yet
+    assert "nothing changed" in page.inner_text("#whatif-changes")
+    page.fill("#whatif-comm", "0.5")
+    page.press("#whatif-comm", "Tab")
+    page.wait_for_selector("#whatif-changes >> text=comm x0.5", timeout=TIMEOUT_MS)
+
+    def ms(selector: str) -> float:
+        return float(re.search(r"([\d.]+) ms", page.inner_text(selector)).group(1))
+
+    assert "off the measured step" in page.inner_text("#whatif-replayed")  # the calibration, always said
+    assert 0 < ms("#whatif-predicted") < ms("#whatif-measured")
+    assert "against the replay" in page.inner_text("#whatif-predicted")
+    page.wait_for_selector("#whatif-graph .barlayer .point path", timeout=TIMEOUT_MS)
+    bars = page.evaluate("""() => [...document.querySelectorAll('#whatif-graph .barlayer .trace')]
+        .map(t => [t.__data__[0].trace.name, t.__data__[0].trace.y])""")
+    assert [name for name, _ in bars] == ["compute", "transfer", "wait", "idle"]
+    assert all(y == ["measured", "predicted"] for _, y in bars)
+    page.locator("#whatif-accordion").screenshot(path=str(ARTIFACTS / "timeline-whatif.png"))
+    assert errors == []
+
+
 def test_url_round_trip_and_back_button(open_page, server):
     page, errors = open_page("/memory?run=1")
     page.wait_for_selector("text=FAIL: 1 full-size tensor", timeout=TIMEOUT_MS)
@@ -309,6 +336,35 @@ def test_diff_pair_is_chosen_in_the_header(open_page):
     page.wait_for_url("**/diff?base=0&new=0", timeout=TIMEOUT_MS)
     page.wait_for_selector("#diff-verdict >> text=NO CHANGE", timeout=TIMEOUT_MS)
     assert page.locator("#diff-retained").count() == 0 and page.locator("tr.diff-worse").count() == 0
+    assert errors == []
+
+
+def test_diff_header_fits_one_row_at_1440(open_page, server):
+    """With two runs, the Diff page's header holds the brand, every nav link and both selectors
+    on one row inside its box at a 1440 px window: nothing wraps under it, nothing runs off the
+    right edge; a long run name is cut short in its select and said in full on hover (title)."""
+    page, errors = open_page()
+    page.set_viewport_size({"width": 1440, "height": 900})
+    try:
+        page.goto(server + "/diff?base=0&new=1", timeout=TIMEOUT_MS)
+        page.wait_for_selector("#diff-verdict >> text=REGRESSION", timeout=TIMEOUT_MS)
+        page.wait_for_selector("#diff-new", state="visible", timeout=TIMEOUT_MS)
+        boxes = page.evaluate("""() => {
+            const box = el => { const r = el.getBoundingClientRect();
+                                return {id: el.id, top: r.top, bottom: r.bottom, right: r.right}; };
+            return {header: box(document.querySelector('.mantine-AppShell-header')), width: window.innerWidth,
+                    items: [...document.querySelectorAll('.mantine-AppShell-header .nav-link'),
+                            document.querySelector('#diff-base'), document.querySelector('#diff-new')].map(box)};
+        }""")
+        header, items = boxes["header"], boxes["items"]
+        assert len(items) == 9, items  # 7 nav links, base, new
+        for item in items:
+            assert header["top"] <= item["top"] < item["bottom"] <= header["bottom"], (item, header)
+            assert item["right"] <= boxes["width"], (item, boxes["width"])
+        assert "megatron-stray-full-save" in page.get_attribute("#diff-new-wrap", "title")
+        page.locator(".mantine-AppShell-header").screenshot(path=str(ARTIFACTS / "diff-header-1440.png"))
+    finally:
+        page.set_viewport_size({"width": 1600, "height": 1000})
     assert errors == []
 
 

@@ -281,7 +281,8 @@ def test_a_slow_run_blocks_no_other(monkeypatch, tmp_path):
 
     release = threading.Event()
 
-    def analyse(path):
+    def analyse(path, **options):
+        assert "whatif" in options["parts"]  # the Timeline's what-if replays the store's analysis
         if path.name == "slow":
             release.wait(30)
         return f"analysis of {path.name}"
