@@ -87,8 +87,8 @@ class Replay:
     step_us: float
     ends_us: dict[int, float]
     forced: int
-    lanes: dict[int, pd.DataFrame] = field(repr=False)
-    """Each rank's busy pieces as replayed (start_us, dur_us, module, phase, lane)."""
+    lanes: dict[int, list[tuple[float, float, str | None, str | None, str | None]]] = field(repr=False)
+    """Each rank's busy pieces as replayed: (start_us, dur_us, module, phase, lane)."""
     members: pd.DataFrame = field(repr=False)
     """ReplayGraph.members with the replayed arrival and end (arr_us, end_us) and the scale of its
     communication (comm_factor)."""
@@ -111,7 +111,9 @@ class Replay:
         })  # fmt: skip
         members = pd.DataFrame({"rank": m["rank"], "start_us": call_start, "group": m["group"], "key": m["key"]})
         steps = {r: (p.start_us, self.ends_us[r]) for r, p in graph.ranks.items()}
-        return critical_path(frame, members, {}, steps, self.lanes, dict(layers or {}))
+        lanes = {r: pd.DataFrame(rows, columns=["start_us", "dur_us", "module", "phase", "lane"])
+                 for r, rows in self.lanes.items()}  # fmt: skip
+        return critical_path(frame, members, {}, steps, lanes, dict(layers or {}))
 
 
 def replay(graph: ReplayGraph, changes: Changes = Changes()) -> Replay:
@@ -134,6 +136,7 @@ def replay(graph: ReplayGraph, changes: Changes = Changes()) -> Replay:
         _balance(graph, scales)
     cursor = dict.fromkeys(graph.ranks, 0)
     entered = dict.fromkeys(graph.ranks, 0)
+    next_arrival = dict.fromkeys(graph.ranks, 0)
     clock = {r: p.start_us for r, p in graph.ranks.items()}
     lanes: dict[int, list[tuple]] = {r: [] for r in graph.ranks}
     ready = deque(graph.ranks)
@@ -170,8 +173,11 @@ def replay(graph: ReplayGraph, changes: Changes = Changes()) -> Replay:
                 kind = int(p.kind[i])
                 if entered[r] <= i:  # the arrivals inside this piece, once
                     entered[r] = i + 1
-                    for row, offset in p.arrivals[i]:
-                        arrive(row, t + offset * (scale[i] if kind == BUSY else 1.0))
+                    j = next_arrival[r]
+                    while j < len(p.arrival_piece) and p.arrival_piece[j] == i:
+                        arrive(int(p.arrival_row[j]), t + p.arrival_offset_us[j] * (scale[i] if kind == BUSY else 1.0))
+                        j += 1
+                    next_arrival[r] = j
                 if kind == WAIT:
                     row = int(p.member[i])
                     if np.isnan(end[row]):
@@ -196,16 +202,19 @@ def replay(graph: ReplayGraph, changes: Changes = Changes()) -> Replay:
             last[c] = float(m["arr_us"].iat[row])
         forced += 1
         complete(c)
-    frames = {r: pd.DataFrame(rows, columns=["start_us", "dur_us", "module", "phase", "lane"])
-              for r, rows in lanes.items()}  # fmt: skip
     step = max((clock[r] - p.start_us for r, p in graph.ranks.items()), default=0.0)
-    return Replay(step, dict(clock), forced, frames, m.assign(arr_us=arr, end_us=end, comm_factor=factor))
+    return Replay(step, dict(clock), forced, lanes, m.assign(arr_us=arr, end_us=end, comm_factor=factor))
 
 
 def _busy_scales(p: RankPieces, changes: Changes) -> np.ndarray:
+    """Each piece's scale: its module's for a busy piece (worked out once per module), else 1."""
     scale = np.ones(len(p.kind))
-    for i in np.flatnonzero(p.kind == BUSY):
-        scale[i] = changes.busy_scale(p.module[i], p.rank)
+    busy = p.kind == BUSY
+    if not busy.any() or not changes.applies(p.rank):
+        return scale
+    modules = p.module[busy]
+    by_module = {m: changes.busy_scale(m, p.rank) for m in set(modules.tolist())}
+    scale[busy] = [by_module[m] for m in modules.tolist()]
     return scale
 
 
@@ -213,15 +222,15 @@ def _balance(graph: ReplayGraph, scales: dict[int, np.ndarray]) -> None:
     """Every rank's busy time per (layer, phase) scaled to the median rank's (of the ranks that
     have busy time there)."""
     totals: dict[tuple[object, object], dict[int, float]] = {}
+    keys = {r: [(None if np.isnan(p.layer[i]) else int(p.layer[i]), p.phase[i]) for i in np.flatnonzero(p.kind == BUSY)]
+            for r, p in graph.ranks.items()}  # fmt: skip
     for r, p in graph.ranks.items():
-        for i in np.flatnonzero(p.kind == BUSY):
-            key = (p.layer[i], p.phase[i])
-            totals.setdefault(key, {})
-            totals[key][r] = totals[key].get(r, 0.0) + float(p.dur_us[i] * scales[r][i])
+        for key, i in zip(keys[r], np.flatnonzero(p.kind == BUSY)):
+            per = totals.setdefault(key, {})
+            per[r] = per.get(r, 0.0) + float(p.dur_us[i] * scales[r][i])
     median = {key: float(np.median(list(per.values()))) for key, per in totals.items()}
     for r, p in graph.ranks.items():
-        for i in np.flatnonzero(p.kind == BUSY):
-            key = (p.layer[i], p.phase[i])
+        for key, i in zip(keys[r], np.flatnonzero(p.kind == BUSY)):
             own = totals[key][r]
             if own > 0:
                 scales[r][i] *= median[key] / own

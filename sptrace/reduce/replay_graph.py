@@ -47,17 +47,21 @@ class RankPieces:
     kind: np.ndarray
     """BUSY, IDLE or WAIT per piece."""
     dur_us: np.ndarray
-    module: list[str | None]
-    phase: list[str | None]
-    layer: list[int | None]
-    lane: list[str | None]
+    module: np.ndarray
+    """Per piece, its module (a str; None outside busy pieces): an object array, as are phase and lane."""
+    phase: np.ndarray
+    layer: np.ndarray
+    """Per piece, its layer (NaN where none)."""
+    lane: np.ndarray
     member: np.ndarray
     """For a WAIT piece, the row of ReplayGraph.members whose end releases it (else -1)."""
     after_end_us: np.ndarray
     """For a WAIT piece released by its call's return: how long after the transfer's end it returned."""
-    arrivals: list[list[tuple[int, float]]] = field(default_factory=list)
-    """Per piece, the members (rows of ReplayGraph.members) that arrive inside it, with their
-    offset from the piece's start."""
+    arrival_piece: np.ndarray
+    """The members that arrive on this rank (rows of ReplayGraph.members in ``arrival_row``), each
+    inside piece ``arrival_piece`` at ``arrival_offset_us`` from its start, in piece order."""
+    arrival_row: np.ndarray
+    arrival_offset_us: np.ndarray
 
 
 @dataclass
@@ -133,86 +137,115 @@ def build_replay_graph(
         "seq": inside["seq"].to_numpy(), "group_size": inside["group_size"].to_numpy(),
         "group": inside["m_group"].to_numpy(), "key": inside["m_key"].astype(str).to_numpy(),
     })  # fmt: skip
-    by_rank = {int(r): g for r, g in table.groupby("rank")} if len(table) else {}
+    rows_of = {int(r): np.asarray(i) for r, i in table.groupby("rank").indices.items()} if len(table) else {}
+    times = (table["arr_us"].to_numpy(), table["end_us"].to_numpy(), table["call_end_us"].to_numpy())
     layers = dict(layers or {})
+    none = np.empty(0, dtype=np.int64)
     ranks = {}
     for r, (s, e) in aligned.items():
-        lane = work.get(r)
-        lane = lane.assign(start_us=lane["start_us"].astype(float) - offsets.get(r, 0.0)) if lane is not None else None
-        ranks[r] = _pieces(r, s, e, lane, by_rank.get(r, table.iloc[:0]), layers)
+        rows = rows_of.get(r, none)
+        ranks[r] = _pieces(r, s, e, _lane(work.get(r), offsets.get(r, 0.0)), rows, *(t[rows] for t in times), layers)
     unseen = int(table.loc[table["unseen"], "collective"].nunique()) if len(table) else 0
     return ReplayGraph(ranks, table, int(ids.max()) + 1 if len(ids) else 0, unseen, step)
 
 
 def _pieces(
-    rank: int, start: float, end: float, lane: pd.DataFrame | None, mine: pd.DataFrame, layers: Mapping[str, int]
+    rank: int,
+    start: float,
+    end: float,
+    lane: Lane | None,
+    rows: np.ndarray,
+    arrivals_us: np.ndarray,
+    ends: np.ndarray,
+    calls: np.ndarray,
+    layers: Mapping[str, int],
 ) -> RankPieces:
-    """Rank ``rank``'s window [start, end] tiled by busy, idle and wait pieces."""
-    kinds: list[int] = []
-    durs: list[float] = []
-    modules: list[str | None] = []
-    phases: list[str | None] = []
-    lanes: list[str | None] = []
-    member: list[int] = []
-    after: list[float] = []
-    bounds: list[float] = []
-
-    def add(kind: int, lo: float, hi: float, module=None, phase=None, lane_name=None, row=-1, late=0.0) -> None:
-        if hi - lo > 0:
-            kinds.append(kind)
-            durs.append(hi - lo)
-            modules.append(module)
-            phases.append(phase)
-            lanes.append(lane_name)
-            member.append(row)
-            after.append(late)
-            bounds.append(lo)
-
+    """Rank ``rank``'s window [start, end] tiled by busy, idle and wait pieces: the lane's busy
+    stretches (numpy, no loop over them), the gaps between them, and inside a gap the waits on what
+    released it, in order, then idle (a loop over the rank's releases only). ``rows``: the rank's
+    rows of ReplayGraph.members, with their arrival, end and call's return."""
+    lo, hi, busy = _busy(start, end, lane)
+    gap_lo, gap_hi = np.concatenate([[start], hi]), np.concatenate([lo, [end]])
     # what may release an idle lane: a member's transfer end, or its call's return when that came later
-    rows = mine.index.to_numpy()
-    ends = mine["end_us"].to_numpy(dtype=float)
-    calls = mine["call_end_us"].to_numpy(dtype=float)
     late = calls > ends + EPS_US
     release = np.concatenate([ends, calls[late]])
     which = np.concatenate([rows, rows[late]])
     lateness = np.concatenate([np.zeros(len(rows)), (calls - ends)[late]])
     order = np.argsort(release, kind="stable")
     release, which, lateness = release[order], which[order], lateness[order]
+    gap_of = np.searchsorted(gap_lo + EPS_US, release, side="right") - 1
+    inside = (gap_of >= 0) & (release <= gap_hi[np.maximum(gap_of, 0)] + EPS_US)
+    # the gaps' pieces: (start, end, kind, member row, lateness); a gap without a release is one idle piece
+    waits: list[tuple[float, float, int, int, float]] = []
+    t_of: dict[int, float] = {}
+    for g, rel, row, lateness_ in zip(gap_of[inside], release[inside], which[inside], lateness[inside]):
+        g = int(g)
+        t = t_of.get(g, float(gap_lo[g]))
+        rel = min(float(rel), float(gap_hi[g]))
+        if rel > t + EPS_US:
+            waits.append((t, rel, WAIT, int(row), float(lateness_)))
+            t_of[g] = rel
+    idle_lo = gap_lo.copy()
+    for g, t in t_of.items():
+        idle_lo[g] = t
+    starts = np.concatenate([lo, [w[0] for w in waits], idle_lo])
+    stops = np.concatenate([hi, [w[1] for w in waits], gap_hi])
+    kinds = np.concatenate([np.full(len(lo), BUSY), np.full(len(waits), WAIT), np.full(len(idle_lo), IDLE)])
+    member = np.concatenate([np.full(len(lo), -1), [w[3] for w in waits], np.full(len(idle_lo), -1)])
+    after = np.concatenate([np.zeros(len(lo)), [w[4] for w in waits], np.zeros(len(idle_lo))])
+    source = np.concatenate([np.arange(len(lo)), np.full(len(waits) + len(idle_lo), -1)])
+    keep = stops - starts > 0
+    order = np.argsort(starts[keep], kind="stable")
+    starts, stops, kinds = starts[keep][order], stops[keep][order], kinds[keep][order]
+    member, after, source = member[keep][order], after[keep][order], source[keep][order]
+    text = [np.asarray([*col, None], dtype=object)[np.where(source >= 0, source, len(col))] for col in busy]
+    modules, phases, lanes = text
+    piece = np.maximum(np.searchsorted(starts, arrivals_us, side="right") - 1, 0)
+    order = np.argsort(piece, kind="stable")
+    piece, arrival_rows = piece[order], rows[order].astype(np.int64)
+    offset = np.maximum(arrivals_us[order] - starts[piece], 0.0) if len(starts) else np.zeros(len(piece))
+    names = {m: (layers.get(m) if m in layers else path_layer(m)) for m in set(modules.tolist()) if isinstance(m, str)}
+    layer = np.array([np.nan if names.get(m) is None else names[m] for m in modules.tolist()], dtype=float)
+    return RankPieces(rank, start, end, kinds.astype(np.int8), stops - starts, modules, phases, layer, lanes,
+                      member.astype(np.int64), after.astype(float), piece, arrival_rows, offset)  # fmt: skip
 
-    def gap(lo: float, hi: float) -> None:
-        """An idle stretch: waits on what released it, in order, then idle."""
-        t = lo
-        i = int(np.searchsorted(release, lo + EPS_US, side="left"))
-        while i < len(release) and release[i] <= hi + EPS_US:
-            rel = min(float(release[i]), hi)
-            if rel > t + EPS_US:
-                add(WAIT, t, rel, row=int(which[i]), late=float(lateness[i]))
-                t = rel
-            i += 1
-        add(IDLE, t, hi)
 
-    t = start
-    if lane is not None and len(lane):
-        lane = lane.sort_values("start_us", kind="stable")
-        names = lane["lane"] if "lane" in lane else [None] * len(lane)
-        for s, d, module, phase, lane_name in zip(
-            lane["start_us"], lane["dur_us"].astype(float), lane["module"], lane["phase"], names
-        ):
-            lo, hi = max(float(s), t), min(float(s) + d, end)
-            if hi <= lo:
-                continue
-            gap(t, lo)
-            add(BUSY, lo, hi, module if isinstance(module, str) else None, phase if isinstance(phase, str) else None,
-                lane_name if isinstance(lane_name, str) else None)  # fmt: skip
-            t = hi
-    gap(t, end)
-    starts = np.asarray(bounds, dtype=float)
-    arrivals: list[list[tuple[int, float]]] = [[] for _ in kinds]
-    for row, arr in zip(rows, mine["arr_us"].to_numpy(dtype=float)):
-        i = max(int(np.searchsorted(starts, arr, side="right")) - 1, 0)
-        if arrivals:
-            arrivals[i].append((int(row), max(arr - starts[i], 0.0)))
-    layer = [(layers.get(m) if m in layers else path_layer(m)) if isinstance(m, str) else None for m in modules]
-    return RankPieces(rank, start, end, np.asarray(kinds, dtype=np.int8), np.asarray(durs, dtype=float), modules,
-                      phases, layer, lanes, np.asarray(member, dtype=np.int64), np.asarray(after, dtype=float),
-                      arrivals)  # fmt: skip
+@dataclass(frozen=True)
+class Lane:
+    """A rank's work lane as arrays, on the aligned clock, in time order."""
+
+    start_us: np.ndarray
+    end_us: np.ndarray
+    module: np.ndarray
+    phase: np.ndarray
+    lane: np.ndarray
+
+
+def _lane(work: pd.DataFrame | None, offset: float) -> Lane | None:
+    if work is None or not len(work):
+        return None
+    start = work["start_us"].to_numpy(dtype=float) - offset
+    order = np.argsort(start, kind="stable")
+    end = start + work["dur_us"].to_numpy(dtype=float)
+    names = work["lane"].to_numpy(dtype=object) if "lane" in work else np.full(len(work), None, dtype=object)
+    text = (work["module"].to_numpy(dtype=object), work["phase"].to_numpy(dtype=object), names)
+    return Lane(start[order], end[order], *(t[order] for t in text))
+
+
+def _busy(
+    start: float, end: float, lane: Lane | None
+) -> tuple[np.ndarray, np.ndarray, tuple[list[str | None], list[str | None], list[str | None]]]:
+    """The lane's busy stretches inside [start, end], in order and without overlap (a stretch that
+    starts inside the one before starts where that one ends), with their module, phase and lane."""
+    if lane is None:
+        empty = np.empty(0, dtype=float)
+        return empty, empty, ([], [], [])
+    s, e = lane.start_us, lane.end_us
+    usable = (e > s) & (s < end) & (e > start)
+    s, e = np.maximum(s[usable], start), np.minimum(e[usable], end)
+    before = np.maximum.accumulate(np.concatenate([[start], e[:-1]]))  # where the stretches before ended
+    lo = np.maximum(s, before)
+    kept = e > lo
+    module, phase, names = ([v if isinstance(v, str) else None for v in col[usable][kept]]
+                            for col in (lane.module, lane.phase, lane.lane))  # fmt: skip
+    return lo[kept], e[kept], (module, phase, names)
