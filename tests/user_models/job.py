@@ -565,6 +565,18 @@ def pp2_sp4(root: Path) -> None:
     })  # fmt: skip
 
 
+def warm_stack(seed: int) -> tuple[nn.Module, Callable[[], None]]:
+    """A 3-layer Megatron-style stack over the world, its training step, and two steps run (warm)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(seed)
+    model = models.MegatronStack(3, H, 2 * H, dist.group.WORLD)
+    x = shard_of(torch.randn(B, S, H), rank, world)
+    step = sgd_step(model, lambda: model(x).square().mean())
+    for _ in range(2):
+        step()
+    return model, step
+
+
 def slow_rank(root: Path) -> None:
     """In each of two profiled steps (a profiler schedule with two active steps), one rank
     computes more than the others inside one layer (an auxiliary statistic before the layer's
@@ -577,12 +589,7 @@ def slow_rank(root: Path) -> None:
     # rank's longest stall when 8 ranks share 2 busy cores (CI once saw a 0.1 s stall in a backward
     # outrun 100 of them)
     plan = {1: (world - 3, 1, 800), 2: (1, 0, 400)}
-    torch.manual_seed(12)
-    model = models.MegatronStack(3, H, 2 * H, dist.group.WORLD)
-    x = shard_of(torch.randn(B, S, H), rank, world)
-    step = sgd_step(model, lambda: model(x).square().mean())
-    for _ in range(2):
-        step()
+    model, step = warm_stack(12)
     steps: dict[str, dict[str, Any]] = {}
     dist.barrier()
     with two_active_steps() as prof:
@@ -620,12 +627,7 @@ def sleepy_rank(root: Path) -> None:
     stall's module path, and how long each sleep took (timed around it)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     sleeper, layer = world - 3, 1
-    torch.manual_seed(13)
-    model = models.MegatronStack(3, H, 2 * H, dist.group.WORLD)
-    x = shard_of(torch.randn(B, S, H), rank, world)
-    step = sgd_step(model, lambda: model(x).square().mean())
-    for _ in range(2):
-        step()
+    model, step = warm_stack(13)
     slept: dict[str, list[float]] = {}
     for ms in SLEEPS_MS:
         stall = models.Stall(ms / 1e3 if rank == sleeper else 0.0)
