@@ -22,6 +22,8 @@ from sptrace.detect.allocations import detect_retained
 from sptrace.vocab import markers
 
 N = 4096  # elements of the gathered buffer: large enough to be its own allocation
+MODEL_TENSOR_BYTES = 64
+"""The smallest free the census test compares: larger than any scalar Python collects at its own time."""
 
 
 @pytest.fixture(scope="module")
@@ -87,16 +89,19 @@ def test_the_census_says_who_released_the_buffer(group, tmp_path, how, who):
 
 def test_the_census_changes_no_tensor_life(group, tmp_path):
     # the frees on this (the model's) thread: gloo's thread lets go of a call's tensors when it
-    # gets to it, inside the profiled window or after, with or without the census
+    # gets to it, inside the profiled window or after, with or without the census; and the model's
+    # tensors only (a scalar of 4 or 8 bytes, such as autograd's or the loss's, is freed when
+    # Python's collector gets to it, a run at a time)
     me = threading.get_native_id()
 
     def frees(events):
         return sorted(e["args"]["Bytes"] for e in events
-                      if e.get("name") == "[memory]" and e["args"]["Bytes"] < 0 and e["tid"] == me)  # fmt: skip
+                      if e.get("name") == "[memory]" and e["args"]["Bytes"] <= -MODEL_TENSOR_BYTES
+                      and e["tid"] == me)  # fmt: skip
 
     with_census, _, _ = _step(tmp_path, "dropped", census=True)
     without, _, _ = _step(tmp_path, "dropped", census=False)
-    assert frees(with_census) == frees(without) and len(frees(without)) >= 20
+    assert frees(with_census) == frees(without) and len(frees(without)) >= 10
     assert not any(e.get("name", "").startswith(markers.RELEASED) for e in without)
 
 
