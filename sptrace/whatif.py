@@ -10,7 +10,7 @@ A prediction's error is never hidden.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sptrace.analysis import RunAnalysis
 from sptrace.reduce.critical import CriticalPath
@@ -121,15 +121,8 @@ def what_if(analysis: RunAnalysis, changes: Changes) -> WhatIf:
         steps.append(StepWhatIf(graph.step, graph.measured_us, base.step_us, new.step_us, base.forced))
         predictions.append((new, graph))
     new, graph = max(predictions, key=lambda p: p[0].step_us)
-    layers = {}
-    frame = analysis.collectives
-    if len(frame):
-        known = frame[frame["module"].notna() & frame["layer"].notna()]
-        layers = dict(zip(known["module"].astype(str), known["layer"].astype(int)))
-    path = new.path(graph, layers)
+    path = new.path(graph)
     if path is not None and graph.step is not None:
-        from dataclasses import replace
-
         path = replace(path, step=graph.step)
     return WhatIf(changes, tuple(steps), path, _lacks(analysis, steps))
 

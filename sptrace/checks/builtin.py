@@ -26,6 +26,7 @@ from sptrace.costmodel import CommEstimate, estimate_comm
 from sptrace.costmodel.activations import activation_bytes_at_dtype
 from sptrace.costmodel.comm import undeclared_sizes
 from sptrace.detect.allocations import Retention
+from sptrace.resolve import activation_dtypes
 from sptrace.vocab.dtypes import element_size
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.shape import FIELDS, ModelShape
@@ -96,8 +97,6 @@ def dtype_contradiction(model: ModelShape, retained: tuple[Retention, ...]) -> l
     """The note when the trace's ops took the [B, S/P, H] activations in types other than the
     model's dtype: an error would stop mixed precision (autocast keeps an fp32 residual stream
     beside bf16 matmuls), so it is said, and the dtype kept for tensors that record no type."""
-    from sptrace.resolve import activation_dtypes
-
     seen = activation_dtypes(model, retained)
     if model.dtype is None or not seen or model.dtype in seen:
         return []

@@ -77,19 +77,13 @@ def run_critical_path(
     their layer as the collectives inside them do. When every rank recorded the same profiler
     steps (two or more), one path per step, each over that step's window on every rank: the
     slowest step's path, with each step's in short (``steps``)."""
-    timing = list(timing)
-    layers: dict[str, int] = {}
-    if len(collectives):
-        known = collectives[collectives["module"].notna() & collectives["layer"].notna()]
-        layers = dict(zip(known["module"].astype(str), known["layer"].astype(int)))
     walker = _Walker(
         collectives, matching.members if matching is not None else None,
-        matching.offsets_us if matching is not None else {}, work, layers,
+        matching.offsets_us if matching is not None else {}, work, module_layers(collectives),
     )  # fmt: skip
-    by_step = common_steps(timing)
-    if len(by_step) < 2:
-        return walker.walk({t.rank: (t.step_start_us, t.step_start_us + t.step_ms * 1e3) for t in timing
-                            if t.step_start_us is not None and t.step_ms is not None})  # fmt: skip
+    by_step = step_windows(timing)
+    if set(by_step) <= {None}:
+        return walker.walk(by_step.get(None, {}))
     paths = [(name, walker.walk(windows)) for name, windows in by_step.items()]
     walked = [(name, p) for name, p in paths if p is not None]
     if not walked:
@@ -97,6 +91,26 @@ def run_critical_path(
     name, slowest = max(walked, key=lambda item: item[1].step_us)
     steps = tuple(StepPath(n, p.step_us, p.by_kind(), p.culprit) for n, p in walked)
     return replace(slowest, step=name, steps=steps)
+
+
+def module_layers(collectives: pd.DataFrame) -> dict[str, int]:
+    """Module path -> layer, as the collectives inside each module name it."""
+    if not len(collectives):
+        return {}
+    known = collectives[collectives["module"].notna() & collectives["layer"].notna()]
+    return dict(zip(known["module"].astype(str), known["layer"].astype(int)))
+
+
+def step_windows(timing: Iterable[RankTiming]) -> dict[str | None, dict[int, tuple[float, float]]]:
+    """The windows a walk or a replay covers: each profiled step every rank recorded (name -> rank
+    -> (start_us, end_us)) when they recorded two or more; else, under None, each rank's measured
+    step window (RankTiming), empty when no rank has one."""
+    timing = list(timing)
+    by_step = common_steps(timing)
+    if len(by_step) >= 2:
+        return dict(by_step)
+    return {None: {t.rank: (t.step_start_us, t.step_start_us + t.step_ms * 1e3) for t in timing
+                   if t.step_start_us is not None and t.step_ms is not None}}  # fmt: skip
 
 
 def common_steps(timing: list[RankTiming]) -> dict[str, dict[int, tuple[float, float]]]:

@@ -93,7 +93,7 @@ class Replay:
     """ReplayGraph.members with the replayed arrival and end (arr_us, end_us) and the scale of its
     communication (comm_factor)."""
 
-    def path(self, graph: ReplayGraph, layers: Mapping[str, int] | None = None) -> CriticalPath | None:
+    def path(self, graph: ReplayGraph) -> CriticalPath | None:
         """The critical path of the replayed step (sptrace.reduce.critical_walk), in the same
         terms as the measured one."""
         m, measured = self.members, graph.members
@@ -113,7 +113,7 @@ class Replay:
         steps = {r: (p.start_us, self.ends_us[r]) for r, p in graph.ranks.items()}
         lanes = {r: pd.DataFrame(rows, columns=["start_us", "dur_us", "module", "phase", "lane"])
                  for r, rows in self.lanes.items()}  # fmt: skip
-        return critical_path(frame, members, {}, steps, lanes, dict(layers or {}))
+        return critical_path(frame, members, {}, steps, lanes, dict(graph.layers))
 
 
 def replay(graph: ReplayGraph, changes: Changes = Changes()) -> Replay:

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from sptrace.detect.layers import layer_of as path_layer
-from sptrace.reduce.critical_walk import EPS_US, aligned_collectives, common_steps
+from sptrace.reduce.critical_walk import EPS_US, aligned_collectives, module_layers, step_windows
 
 if TYPE_CHECKING:
     from sptrace.detect.timing import RankTiming
@@ -79,6 +79,8 @@ class ReplayGraph:
     """Collectives whose group holds members the trace lacks (their transfer is measured from the
     members it holds: a replay cannot move the missing ones)."""
     step: str | None = None
+    layers: Mapping[str, int] = field(default_factory=dict)
+    """Module path -> layer (the collectives' own), for the replayed path's words."""
 
     @property
     def measured_us(self) -> float:
@@ -91,18 +93,10 @@ def replay_graphs(
 ) -> tuple[ReplayGraph, ...]:
     """One graph per profiled step every rank recorded (when they recorded two or more), else one
     over each rank's measured step window (RankTiming), as the critical path walks them."""
-    timing = list(timing)
-    layers: dict[str, int] = {}
-    if len(collectives):
-        known = collectives[collectives["module"].notna() & collectives["layer"].notna()]
-        layers = dict(zip(known["module"].astype(str), known["layer"].astype(int)))
+    layers = module_layers(collectives)
     members = matching.members if matching is not None else None
     offsets = matching.offsets_us if matching is not None else {}
-    by_step = common_steps(timing)
-    if len(by_step) < 2:
-        windows = {t.rank: (t.step_start_us, t.step_start_us + t.step_ms * 1e3) for t in timing
-                   if t.step_start_us is not None and t.step_ms is not None}  # fmt: skip
-        by_step = {None: windows} if windows else {}
+    by_step = {step: windows for step, windows in step_windows(timing).items() if windows}
     graphs = (build_replay_graph(collectives, members, offsets, w, work, layers, step) for step, w in by_step.items())
     return tuple(g for g in graphs if g.ranks)
 
@@ -146,7 +140,7 @@ def build_replay_graph(
         rows = rows_of.get(r, none)
         ranks[r] = _pieces(r, s, e, _lane(work.get(r), offsets.get(r, 0.0)), rows, *(t[rows] for t in times), layers)
     unseen = int(table.loc[table["unseen"], "collective"].nunique()) if len(table) else 0
-    return ReplayGraph(ranks, table, int(ids.max()) + 1 if len(ids) else 0, unseen, step)
+    return ReplayGraph(ranks, table, int(ids.max()) + 1 if len(ids) else 0, unseen, step, layers)
 
 
 def _pieces(
