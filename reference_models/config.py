@@ -11,7 +11,7 @@ from typing import Any
 
 from sptrace.vocab.dtypes import ACTIVATION_DTYPES, element_size
 from sptrace.vocab.errors import ConfigError
-from sptrace.vocab.shape import RECOMPUTE, SCHEMES, ModelShape, seq_split_problem
+from sptrace.vocab.shape import CP_BALANCE, RECOMPUTE, SCHEMES, ModelShape, seq_split_problem
 
 DTYPES = ACTIVATION_DTYPES
 REFERENCE_SCHEMES = SCHEMES
@@ -41,7 +41,7 @@ class StepConfig:
 
     scheme: str = "megatron"
     """megatron (TP = SP = P), ulysses (DeepSpeed DistributedAttention), hybrid (Ulysses
-    attention + Megatron TP/SP MLP), ring (ring attention over P2P, zigzag layout) or usp
+    attention + Megatron TP/SP MLP), ring (ring attention over P2P) or usp
     (Ulysses over ``ulysses_degree`` ranks, ring attention across P/U of them)."""
     sp_size: int = 8
     """P: the sequence/tensor-parallel group size (the whole world in the reference runs)."""
@@ -69,6 +69,11 @@ class StepConfig:
     """'selective' recomputes core attention in backward (Korthikanti et al. §5)."""
     ulysses_degree: int = 1
     """usp: U, the ranks of one Ulysses group (a divisor of P); the ring spans P/U groups."""
+    causal: bool = True
+    """A causal attention mask (every scheme); False attends every token to every token."""
+    cp_balance: str = "zigzag"
+    """ring and usp: the ring's sequence layout, ``zigzag`` (rank r holds chunks r and 2R-1-r of
+    2R, Megatron CP's load balancing) or ``none`` (the r-th of R contiguous chunks; R = P/U)."""
     fault: str | None = None
     """A fault from FAULTS injected into one layer, for testing the checks."""
     fault_layer: int | None = None
@@ -98,16 +103,20 @@ class StepConfig:
         split = seq_split_problem(self.seq, P)
         if split:
             raise ConfigError(split)
+        need(self.cp_balance in CP_BALANCE, f"unknown --cp-balance {self.cp_balance!r}; choose one of "
+             f"{', '.join(CP_BALANCE)}")  # fmt: skip
         if self.scheme in ("ring", "usp"):  # heads sharded over U only; the zigzag layout: 2P/U chunks
             U = self.ulysses_degree if self.scheme == "usp" else 1
             need(U >= 1 and P % U == 0, f"--ulysses-degree {U} does not divide the sequence-parallel size {P}")
-            need(self.seq % (2 * P // U) == 0, f"seq {self.seq} is not divisible by 2P/U = {2 * P // U} (zigzag)")
+            if self.cp_balance == "zigzag":
+                need(self.seq % (2 * P // U) == 0, f"seq {self.seq} is not divisible by 2P/U = {2 * P // U} (zigzag)")
             need(self.heads % U == 0, f"heads {self.heads} is not divisible by the Ulysses degree {U}")
             need(
                 self.kv_heads % U == 0 or U % self.kv_heads == 0,
                 f"kv heads {self.kv_heads} and Ulysses degree {U}: one must divide the other",
             )
         else:
+            need(self.cp_balance == "zigzag", "--cp-balance applies to the ring's layout: --scheme ring or usp")
             need(self.heads % P == 0, f"heads {self.heads} is not divisible by the sequence-parallel size {P}")
             need(
                 self.kv_heads % P == 0 or P % self.kv_heads == 0,
@@ -146,10 +155,12 @@ class StepConfig:
         """The ModelShape this run declares: every field known."""
         values = {name: getattr(self, name) for name in (
             "scheme", "zero3", "sp_size", "layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "dtype",
-            "recompute", "grad_bucket_mib", "ulysses_degree",
+            "recompute", "grad_bucket_mib", "ulysses_degree", "causal", "cp_balance",
         )}  # fmt: skip
         if self.scheme != "usp":  # only USP has a Ulysses degree
             del values["ulysses_degree"]
+        if self.scheme not in ("ring", "usp"):  # only a ring has a layout to balance
+            del values["cp_balance"]
         return ModelShape(**values, provenance={k: source for k in values})
 
     @property

@@ -71,12 +71,13 @@ def seq_shard(x: Tensor, rank: int, sp_size: int, zigzag: bool = False) -> Tenso
 
 def shard_of_step(x: Tensor, cfg: StepConfig, rank: int, sp_size: int) -> Tensor:
     """The scheme's sequence shard of a step's [B, S, ...] input or target: contiguous, the
-    zigzag chunks (ring), or a slice of the ring rank's zigzag chunks (usp)."""
+    zigzag chunks (ring with --cp-balance zigzag), or a slice of the ring rank's chunks (usp)."""
     if cfg.scheme == "usp":
         from sptrace.reference_models.ring import usp_positions
 
-        return x.index_select(1, usp_positions(x.shape[1], rank, sp_size, cfg.ulysses_degree)).contiguous()
-    return seq_shard(x, rank, sp_size, zigzag=cfg.scheme == "ring")
+        positions = usp_positions(x.shape[1], rank, sp_size, cfg.ulysses_degree, cfg.cp_balance)
+        return x.index_select(1, positions).contiguous()
+    return seq_shard(x, rank, sp_size, zigzag=cfg.scheme == "ring" and cfg.cp_balance == "zigzag")
 
 
 def step_loss(out: Tensor, target: Tensor, cfg: StepConfig) -> Tensor:
@@ -117,24 +118,24 @@ def apply_rope(x: Tensor, first_position: int | Tensor, base: float = 10000.0) -
 
 
 class CoreAttention(nn.Module):
-    """Causal SDPA over the FULL sequence for a subset of heads: q [B, S, hq, d], k, v
+    """SDPA (causal unless told otherwise) over the FULL sequence for a subset of heads: q [B, S, hq, d], k, v
     [B, S, hk, d] with hq a multiple of hk (GQA) -> [B, S, hq, d].
 
     ``recompute`` wraps it in a non-reentrant checkpoint: Korthikanti et al.'s selective
     recomputation, which keeps q, k, v and recomputes the attention internals in backward.
     """
 
-    def __init__(self, recompute: bool = False) -> None:
+    def __init__(self, recompute: bool = False, causal: bool = True) -> None:
         super().__init__()
-        self.recompute = recompute
+        self.recompute, self.causal = recompute, causal
 
-    @staticmethod
-    def _attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         rep = q.shape[2] // k.shape[2]
         if rep > 1:
             k = k.repeat_interleave(rep, dim=2)
             v = v.repeat_interleave(rep, dim=2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return out.transpose(1, 2)  # [B, S, hq, d]
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -152,7 +153,7 @@ class DenseAttention(nn.Module):
         self.cfg = cfg
         H, a, g, d = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim
         self.qkv = nn.Linear(H, (a + 2 * g) * d, bias=False)
-        self.core = CoreAttention()
+        self.core = CoreAttention(causal=cfg.causal)
         self.proj = nn.Linear(a * d, H, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:  # [B, S, H]

@@ -103,7 +103,7 @@ class MegatronAttention(nn.Module):
         a, g, d = cfg.heads, cfg.kv_heads, cfg.head_dim
         self.cfg, self.group, self.sp_size = cfg, group, P
         self.qkv = ColumnParallelLinear(cfg.hidden, (a + 2 * g) * d // P, group)
-        self.core = CoreAttention(recompute=cfg.recompute == "selective")
+        self.core = CoreAttention(recompute=cfg.recompute == "selective", causal=cfg.causal)
         self.proj = RowParallelLinear(a * d // P, cfg.hidden, group)
         self.tag = ""
 

@@ -1,24 +1,29 @@
 """Ring attention (context parallelism over P2P), as TransformerEngine's
 ``AttnFuncWithCPAndKVP2P`` runs it for Megatron-Core's ``cp_comm_type="p2p"``.
 
-Layout (load-balanced "zigzag" for causal masks): the sequence is cut into 2P chunks of
-c = S/(2P) tokens and rank r holds chunks r and 2P-1-r, in that order, so every rank's [B, S/P, H]
-activations cover an early and a late part of the sequence. Everything outside attention is
-local to those tokens: projections and the MLP use replicated weights (no tensor parallelism),
-and their gradients are summed over the group after backward.
+Layout (``StepConfig.cp_balance``): with ``zigzag``, Megatron CP's load balancing for causal
+masks, the sequence is cut into 2P chunks of c = S/(2P) tokens and rank r holds chunks r and
+2P-1-r, in that order, so every rank's [B, S/P, H] activations cover an early and a late part of
+the sequence. With ``none`` rank r holds the r-th of P contiguous chunks. Everything outside
+attention is local to those tokens: projections and the MLP use replicated weights (no tensor
+parallelism), and their gradients are summed over the group after backward.
 
 Forward, per layer: Q, K and V are computed locally. K and V travel around the ring packed in
 one buffer [2, B, S/P, g, d]: at each of the steps 0..P-2 every rank sends the block it holds to
 rank r+1 and receives the next from rank r-1 (one ``batch_isend_irecv``), while it attends its
-queries to the block in hand. Step i holds the block of rank src = r - i (mod P):
+queries to the block in hand. Step i holds the block of rank src = r - i (mod P); which of its
+queries see which of the block's keys is ``block_plan``'s:
 
-- i = 0, its own block: causal attention over the local 2c tokens;
-- src < r: every local query sees the first chunk of the block (chunk src), unmasked;
-- src > r: only the second local chunk (chunk 2P-1-r) sees the block, all of it, unmasked.
+- i = 0, its own block: causal attention over the local tokens;
+- zigzag, src < r: every local query sees the first chunk of the block (chunk src), unmasked;
+- zigzag, src > r: only the second local chunk (chunk 2P-1-r) sees the block, all of it, unmasked;
+- none, src < r: every query sees the whole block, unmasked; src > r: nothing (the block only
+  passes through), so rank r computes r + 1 blocks and rank P-1 about 2P/(P+1) times the mean;
+- without a causal mask, every query sees every block.
 
 Each step yields a partial output and its log-sum-exp; they are merged exactly (the online
-softmax), so the result equals dense causal attention. Every step but the first does half the
-work of a full block: the balance the zigzag layout exists for.
+softmax), so the result equals dense attention. With zigzag every step but the first does half
+the work of a full block: the balance the layout exists for.
 
 Backward runs the other way (to rank r-1, from rank r+1), starting with the block of rank r+1,
 the last one forward received: K,V go around again, and with them the dK,dV accumulator of the
@@ -30,6 +35,8 @@ TransformerEngine saves them; the other K,V blocks in flight are transient.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -52,6 +59,41 @@ def zigzag_positions(seq: int, rank: int, size: int) -> Tensor:
     first = torch.arange(rank * c, (rank + 1) * c)
     second = torch.arange((2 * size - 1 - rank) * c, (2 * size - rank) * c)
     return torch.cat([first, second])
+
+
+def ring_positions(seq: int, rank: int, size: int, balance: str) -> Tensor:
+    """Global token positions a rank of the ring holds: its zigzag chunks, or (balance "none")
+    the rank-th of ``size`` contiguous chunks."""
+    if balance == "zigzag":
+        return zigzag_positions(seq, rank, size)
+    n = seq // size
+    return torch.arange(rank * n, (rank + 1) * n)
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """Which local queries (``rows``) see which keys of a K,V block in hand (``cols``), and
+    whether the block is the diagonal one, masked causally."""
+
+    rows: slice
+    cols: slice
+    causal: bool
+
+
+_ALL = slice(None)
+
+
+def block_plan(rank: int, src: int, local: int, causal: bool, balance: str) -> BlockPlan | None:
+    """What rank ``rank`` computes of rank ``src``'s K,V block, each holding ``local`` tokens in
+    the ``balance`` layout (module docstring); None when its queries see none of it."""
+    if not causal:
+        return BlockPlan(_ALL, _ALL, False)
+    if src == rank:
+        return BlockPlan(_ALL, _ALL, True)
+    if balance == "none":
+        return BlockPlan(_ALL, _ALL, False) if src < rank else None
+    c = local // 2
+    return BlockPlan(_ALL, slice(0, c), False) if src < rank else BlockPlan(slice(c, None), _ALL, False)
 
 
 def _expand(x: Tensor, heads: int) -> Tensor:
@@ -133,11 +175,12 @@ def _wait(works: list[dist.Work]) -> None:
 
 class RingAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup | None, tag: str) -> Tensor:
-        """q [B, S/P, a, d], k, v [B, S/P, g, d] in the zigzag layout -> [B, S/P, a, d]."""
+    def forward(
+        ctx, q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup | None, tag: str, causal: bool, balance: str
+    ) -> Tensor:
+        """q [B, S/P, a, d], k, v [B, S/P, g, d] in the ``balance`` layout -> [B, S/P, a, d]."""
         ring = _Ring(group)
-        P, r, a = ring.size, ring.rank, q.shape[2]
-        c = q.shape[1] // 2
+        P, r, a, local = ring.size, ring.rank, q.shape[2], q.shape[1]
         qf = q.transpose(1, 2).float()  # [B, a, s, d]
         blocks = [torch.stack([k, v]), torch.empty((2, *k.shape), dtype=k.dtype, device=k.device)]
         out = lse = None
@@ -147,28 +190,27 @@ class RingAttentionFunction(torch.autograd.Function):
             if i < P - 1:
                 with comm_ops.annotate(markers.comm_name(tag, f"ring_kv_step{i}")):
                     works = ring.exchange(held, blocks[(i + 1) % 2], ring.next, ring.prev, _KV_TAG)
-            src = (r - i) % P
-            kb, vb = _expand(held[0], a), _expand(held[1], a)
-            if i == 0:
-                out, lse = _block_forward(qf, kb, vb, causal=True)
-            elif src < r:
-                _merge(out, lse, *_block_forward(qf, kb[:, :, :c], vb[:, :, :c], causal=False))
-            else:
-                _merge(out[:, :, c:], lse[:, :, c:], *_block_forward(qf[:, :, c:], kb, vb, causal=False))
+            plan = block_plan(r, (r - i) % P, local, causal, balance)
+            if plan is not None:
+                kb, vb = _expand(held[0][:, plan.cols], a), _expand(held[1][:, plan.cols], a)
+                part = _block_forward(qf[:, :, plan.rows], kb, vb, plan.causal)
+                if i == 0:  # its own block: every query, first
+                    out, lse = part
+                else:
+                    _merge(out[:, :, plan.rows], lse[:, :, plan.rows], *part)
             _wait(works)
         assert out is not None and lse is not None
         result = out.transpose(1, 2).to(q.dtype)
         # the block in hand at the end (rank r+1's) starts the backward ring, as in TransformerEngine
         ctx.save_for_backward(q, blocks[(P - 1) % 2], result, lse)
-        ctx.group, ctx.tag = group, tag
+        ctx.group, ctx.tag, ctx.causal, ctx.balance = group, tag, causal, balance
         return result
 
     @staticmethod
     def backward(ctx, dout: Tensor):
         q, last_kv, out, lse = ctx.saved_tensors
         ring = _Ring(ctx.group)
-        P, r, a, g = ring.size, ring.rank, q.shape[2], last_kv.shape[3]
-        c = q.shape[1] // 2
+        P, r, a, g, local = ring.size, ring.rank, q.shape[2], last_kv.shape[3], q.shape[1]
         qf, dof = q.transpose(1, 2).float(), dout.transpose(1, 2).float()
         delta = (dof * out.transpose(1, 2).float()).sum(-1)  # [B, a, s]
         dq = torch.zeros_like(qf)
@@ -184,21 +226,15 @@ class RingAttentionFunction(torch.autograd.Function):
                 recv = after[:1] if i == 0 else after[1:] if i == P - 1 else after
                 with comm_ops.annotate(markers.comm_name(ctx.tag, f"ring_kv_dkv_step{i}")):
                     works = ring.exchange(send, recv, ring.prev, ring.next, _KV_TAG)
-            src = (r + 1 + i) % P  # the block in hand: forward step P-1-i's
-            kb, vb = _expand(now[0, 0], a), _expand(now[0, 1], a)
-            dk = torch.zeros_like(kb)
-            dv = torch.zeros_like(vb)
-            if src == r:
-                dq_, dk, dv = _block_backward(qf, kb, vb, dof, lse, delta, causal=True)
-                dq += dq_
-            elif src < r:
-                dq_, dk_, dv_ = _block_backward(qf, kb[:, :, :c], vb[:, :, :c], dof, lse, delta, causal=False)
-                dq += dq_
-                dk[:, :, :c], dv[:, :, :c] = dk_, dv_
-            else:
-                rows = slice(c, None)
-                dq_, dk, dv = _block_backward(
-                    qf[:, :, rows], kb, vb, dof[:, :, rows], lse[:, :, rows], delta[:, :, rows], causal=False
+            # the block in hand: forward step P-1-i's
+            plan = block_plan(r, (r + 1 + i) % P, local, ctx.causal, ctx.balance)
+            dk = qf.new_zeros(qf.shape[0], a, local, qf.shape[-1])
+            dv = torch.zeros_like(dk)
+            if plan is not None:
+                rows, cols = plan.rows, plan.cols
+                kb, vb = _expand(now[0, 0][:, cols], a), _expand(now[0, 1][:, cols], a)
+                dq_, dk[:, :, cols], dv[:, :, cols] = _block_backward(
+                    qf[:, :, rows], kb, vb, dof[:, :, rows], lse[:, :, rows], delta[:, :, rows], plan.causal
                 )
                 dq[:, :, rows] += dq_
             share = torch.stack([_fold_heads(dk, g), _fold_heads(dv, g)])  # [2, B, S/P, g, d]
@@ -208,17 +244,21 @@ class RingAttentionFunction(torch.autograd.Function):
                 share += after[1].float()
             after[1].copy_(share)  # sent to rank r-1 at the next step; the owner's at the last
         dkv = buffers[P % 2][1]
-        return dq.transpose(1, 2).to(q.dtype), dkv[0], dkv[1], None, None
+        return dq.transpose(1, 2).to(q.dtype), dkv[0], dkv[1], None, None, None, None
 
 
-def ring_attention(q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup | None, tag: str = "") -> Tensor:
-    """Causal attention of the zigzag-sharded sequence over the ring ``group`` (None: one rank)."""
-    return RingAttentionFunction.apply(q, k, v, group, tag)
+def ring_attention(
+    q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup | None, tag: str = "", causal: bool = True,
+    balance: str = "zigzag",
+) -> Tensor:  # fmt: skip
+    """Attention of the sequence sharded in the ``balance`` layout over the ring ``group`` (None:
+    one rank), causal unless told otherwise."""
+    return RingAttentionFunction.apply(q, k, v, group, tag, causal, balance)
 
 
 class RingAttention(nn.Module):
-    """Replicated projections on the local zigzag tokens, RoPE at their global positions, and
-    ring attention over the group."""
+    """Replicated projections on the local tokens (zigzag or contiguous), RoPE at their global
+    positions, and ring attention over the group."""
 
     def __init__(self, cfg: StepConfig, group: dist.ProcessGroup) -> None:
         super().__init__()
@@ -233,15 +273,17 @@ class RingAttention(nn.Module):
         """Ring attention, checkpointed with selective recomputation (Megatron's core attention
         with context parallelism): its forward ring runs again in backward."""
         if self.recompute and torch.is_grad_enabled():
-            return checkpoint(ring_attention, q, k, v, group, self.tag, use_reentrant=False, **CHECKPOINT_HOOKS)
-        return ring_attention(q, k, v, group, self.tag)
+            return checkpoint(ring_attention, q, k, v, group, self.tag, self.cfg.causal, self.cfg.cp_balance,
+                              use_reentrant=False, **CHECKPOINT_HOOKS)  # fmt: skip
+        return ring_attention(q, k, v, group, self.tag, self.cfg.causal, self.cfg.cp_balance)
 
     def _core(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return self._ring(q, k, v, self.group)
 
     def positions(self, device: torch.device) -> Tensor:
         """Global positions of this rank's tokens (for RoPE)."""
-        return zigzag_positions(self.cfg.seq, dist.get_rank(self.group), dist.get_world_size(self.group)).to(device)
+        rank, size = dist.get_rank(self.group), dist.get_world_size(self.group)
+        return ring_positions(self.cfg.seq, rank, size, self.cfg.cp_balance).to(device)
 
     def forward(self, x: Tensor) -> Tensor:  # [B, S/P, H]
         cfg = self.cfg
@@ -297,12 +339,12 @@ def usp_groups(
     return ulysses, ring
 
 
-def usp_positions(seq: int, rank: int, size: int, ulysses_degree: int) -> Tensor:
-    """Global token positions of group rank ``rank``: its ring rank's zigzag chunks (of 2P/U),
-    cut into U consecutive slices, the u-th one."""
+def usp_positions(seq: int, rank: int, size: int, ulysses_degree: int, balance: str = "zigzag") -> Tensor:
+    """Global token positions of group rank ``rank``: its ring rank's tokens (zigzag chunks of
+    2P/U, or the contiguous chunk of P/U), cut into U consecutive slices, the u-th one."""
     U = ulysses_degree
     j, u = divmod(rank, U)
-    ring_tokens = zigzag_positions(seq, j, size // U)
+    ring_tokens = ring_positions(seq, j, size // U, balance)
     n = seq // size
     return ring_tokens[u * n : (u + 1) * n]
 
@@ -330,7 +372,7 @@ class USPAttention(RingAttention):
 
     def positions(self, device: torch.device) -> Tensor:
         P, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        return usp_positions(self.cfg.seq, rank, P, self.cfg.ulysses_degree).to(device)
+        return usp_positions(self.cfg.seq, rank, P, self.cfg.ulysses_degree, self.cfg.cp_balance).to(device)
 
 
 class USPBlock(UlyssesBlock):

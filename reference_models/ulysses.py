@@ -27,7 +27,7 @@ class UlyssesAttention(nn.Module):
         a, g, d = cfg.heads, cfg.kv_heads, cfg.head_dim
         self.cfg, self.group = cfg, group
         self.qkv = nn.Linear(cfg.hidden, (a + 2 * g) * d, bias=False)
-        self.core = CoreAttention(recompute=cfg.recompute == "selective")
+        self.core = CoreAttention(recompute=cfg.recompute == "selective", causal=cfg.causal)
         self.proj = nn.Linear(a * d, cfg.hidden, bias=False)
         self.tag = ""
 

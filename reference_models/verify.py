@@ -3,7 +3,7 @@
     python -m torch.distributed.run --standalone --nproc-per-node 8 -m sptrace.reference_models.verify --out DIR
 
 1. Equivalence: for every case (scheme x P in 1, 2, 4, 8 x MHA/GQA, ZeRO-3, selective
-   recompute, faults; ring attention in its zigzag layout), the world is split into groups of
+   recompute, faults; ring attention zigzag and contiguous; causal and not), the world is split into groups of
    P ranks; each group runs the sharded step and every rank compares the loss and each
    parameter gradient with the dense model.
 2. Collectives: at P = world size, CommDebugMode (torch.distributed.tensor.debug) counts the
@@ -60,6 +60,12 @@ def cases(world: int) -> Iterator[tuple[str, StepConfig]]:
             if fault == "missing-reduce-scatter" and scheme in ("ulysses", "ring", "usp"):
                 continue
             yield f"{scheme}-P{world}-{fault}", base.replace(sp_size=world, fault=fault, fault_layer=0)
+        if scheme in ("ring", "usp"):  # the contiguous layout, causal and not
+            for P in (2, world):
+                cfg = base.replace(sp_size=P, kv_heads=2, cp_balance="none")
+                yield f"{scheme}-P{P}-contiguous", cfg
+                yield f"{scheme}-P{P}-contiguous-noncausal", cfg.replace(causal=False)
+        yield f"{scheme}-P{world}-noncausal", base.replace(sp_size=world, kv_heads=2, causal=False)
 
 
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -30,8 +30,9 @@ from sptrace.detect.allocations import Retention
 from sptrace.detect.timing import MODULE_TIME_COLUMNS, RankTiming, step_sources
 from sptrace.load.files import RunFiles
 from sptrace.load.trace import RunTrace
+from sptrace.reduce.balance import Balance, compute_balance
 from sptrace.reduce.critical import CriticalPath
-from sptrace.reduce.critical_walk import run_critical_path
+from sptrace.reduce.critical_walk import module_layers, run_critical_path
 from sptrace.reduce.matching import Matching, match_collectives
 from sptrace.reduce.p2p import P2PReport, analyse_point_to_point
 from sptrace.reduce.peers import merge_collectives
@@ -102,6 +103,9 @@ class RunAnalysis:
     """Each rank's own time per module, forward and backward (MODULE_TIME_COLUMNS, ms)."""
     critical_path: CriticalPath | None = None
     """The chain of work, transfers and waiting across ranks that set the step time."""
+    balance: Balance | None = None
+    """The ranks' compute per layer and phase against the work the model gives each, and the causes
+    of an imbalance (sptrace.reduce.balance; with the critical path)."""
     replay_graphs: tuple[ReplayGraph, ...] = field(repr=False, default=())
     """Each profiled step's cross-rank dependency graph (with the ``whatif`` part): what
     sptrace.whatif replays with changed costs."""
@@ -240,12 +244,14 @@ def analyse_run(
     fail_fast: bool = False,
     attention_only: bool = False,
     grad_sync: bool = True,
+    judge: bool = True,
 ) -> RunAnalysis:
     """Analyse one run (a folder, a trace file, or a loaded RunTrace). ``flags``: ModelShape
     fields the user passed; ``parts``: which of collectives / sharding to compute;
     ``load_options``: sptrace.run.LoadOptions (or the mapping LoadOptions.of takes);
     ``fail_fast``: raise before any trace is parsed when the sharding
-    check's B, S or H is declared nowhere (``sptrace check``; views show the reason instead).
+    check's B, S or H is declared nowhere (``sptrace check``; views show the reason instead);
+    ``judge=False``: the facts alone, no check run (``sptrace whatif``, which reports none).
 
     A map over ranks (sptrace.run.map: each rank summarized where it is parsed, on the
     executor's workers) and a reduce over the summaries, here: matching, timing, the cost-model
@@ -269,7 +275,7 @@ def analyse_run(
         spec = MapSpec(parts, declared.dtype_bytes, options.cache, options.cache_dir, hidden=declared.hidden)
         run, results = map_run(found, spec, skip_bad=options.skip_bad, executor=options.executor)
     checks = CheckOptions(allow, strict, k, grad_dtype, attention_only, grad_sync)
-    return reduce_run(run, path, results, declared=declared, parts=parts, options=checks)
+    return reduce_run(run, path, results, declared=declared, parts=parts, options=checks, judge=judge)
 
 
 def _require_sharding_shape(declared: ModelShape, path: Path | None, notes: Iterable[str] = ()) -> None:
@@ -309,6 +315,7 @@ def reduce_run(
     declared: ModelShape | None = None,
     parts: tuple[str, ...] = PARTS,
     options: CheckOptions | None = None,
+    judge: bool = True,
 ) -> RunAnalysis:
     """The reduce over the ranks' summaries (sptrace.run.map.RankResult): the cross-rank facts,
     the model resolved once from them and ``declared`` (sptrace.resolve; run.json's alone by
@@ -321,6 +328,8 @@ def reduce_run(
     timing = tuple(r.timing for r in ranked if r.timing is not None)
     compute = _concat([r.compute for r in ranked if r.compute is not None], COMPUTE_COLUMNS)
     matching, p2p, critical, graphs = _cross_rank(collectives, compute, ranked, run.world_size, timing, parts)
+    lanes = ([r.step_work for r in ranked], [r.flops for r in ranked])
+    balance = compute_balance(*lanes, module_layers(collectives), model) if "path" in parts else None
     facts = CheckFacts(
         ranks=tuple(sorted(run.ranks)), world_size=run.world_size, missing_ranks=tuple(sorted(run.missing_ranks)),
         collectives=collectives, matching=matching, timing=timing, retained=retained, critical_path=critical,
@@ -333,7 +342,7 @@ def reduce_run(
         memory=_concat([r.memory for r in ranked if r.memory is not None], MEMORY_COLUMNS),
         module_times=_concat([r.module_times for r in ranked if r.module_times is not None], MODULE_TIME_COLUMNS),
         peak_allocated={r.trace.rank: r.peak_allocated for r in ranked if r.peak_allocated is not None},
-        replay_graphs=graphs, reports=run_checks(facts, model, parts),
+        balance=balance, replay_graphs=graphs, reports=run_checks(facts, model, parts) if judge else {},
     )  # fmt: skip
 
 
@@ -379,6 +388,7 @@ class AnalyseOptions(TypedDict, total=False):
     fail_fast: bool
     attention_only: bool
     grad_sync: bool
+    judge: bool
 
 
 def try_analyse(source: Path | str, **options: Unpack[AnalyseOptions]) -> RunAnalysis | SptraceError:

@@ -33,6 +33,8 @@ RUNS: dict[str, dict] = {
     "ring": {"scheme": "ring"},
     "usp": {"scheme": "usp", "ulysses_degree": 2},
     "ring-stray-full-save": {"scheme": "ring", "fault": "stray-full-save"},
+    # causal ring attention without load balancing (contiguous chunks): rank P-1 does the most work
+    "ring-contiguous": {"scheme": "ring", "cp_balance": "none", "seq": 512, "layers": 1, "lean": True},
     # single-use variants: four ranks say what eight would
     "megatron-gqa-recompute": {"scheme": "megatron", "kv_heads": 2, "recompute": "selective", "nproc": 4},
     "ulysses-zero3-gqa": {"scheme": "ulysses", "zero3": True, "kv_heads": 2, "recompute": "selective", "nproc": 4},

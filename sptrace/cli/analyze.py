@@ -29,6 +29,7 @@ from sptrace.vocab.units import count, human_bytes, rank_ranges, significant
 
 if TYPE_CHECKING:  # the analysis (pandas) is imported when a command runs, not to parse flags
     from sptrace.analysis import RunAnalysis
+    from sptrace.reduce.balance import Balance
     from sptrace.reduce.critical import CriticalPath
 
 
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             if analysis.p2p is not None:
                 out["point_to_point"] = analysis.p2p.to_dict()
             out["critical_path"] = analysis.critical_path.to_dict() if analysis.critical_path else None
+            out["balance"] = analysis.balance.to_dict() if analysis.balance else None
             print(json.dumps(out | registered_json(analysis), indent=1, default=str))
         else:
             print(render_cross_rank(analysis, args.max_findings) + registered_text(analysis))
@@ -89,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         if analysis.p2p is not None:
             out["point_to_point"] = analysis.p2p.to_dict()
         out["critical_path"] = analysis.critical_path.to_dict() if analysis.critical_path else None
+        out["balance"] = analysis.balance.to_dict() if analysis.balance else None
         print(json.dumps(out | registered_json(analysis), indent=1, default=str))
         return worst([report.verdict, *registered_verdicts(analysis)])
     print(render_text(analysis, args.max_findings) + registered_text(analysis))
@@ -115,6 +118,7 @@ def render_text(analysis: RunAnalysis, max_findings: int = 30) -> str:
                 lines.append(f"  rank {r.rank}, layer {r.layer}, {r.phase}: {r.observed} / {r.expected}")
     lines += render_point_to_point(analysis)
     lines += render_critical_path(analysis.critical_path)
+    lines += render_balance(analysis.balance)
     lines += _findings_and_notes(analysis, report.findings, report.notes, max_findings)
     lines.append("\n" + report.verdict.line())
     return "\n".join(lines)
@@ -168,6 +172,29 @@ def render_critical_path(path: CriticalPath | None, max_rows: int = 8, title: st
     return lines
 
 
+def render_balance(balance: Balance | None, max_rows: int = 12) -> list[str]:
+    """The ranks' compute per layer and phase against the model's work, and the causes found."""
+    if balance is None or balance.rows.empty:
+        return []
+    by = "FLOPs from the recorded shapes" if balance.work_recorded else "time (no shapes recorded)"
+    lines = [f"\ncompute balance per layer and phase (attention work: {by}):"]
+    rows = []
+    for r in balance.rows.head(max_rows).itertuples():
+        rows.append([str(r.layer), str(r.phase), f"{r.attention_ratio:.2f}x", str(r.attention_rank),
+                     _ratio(r.predicted_ratio), _ratio(r.attention_time_ratio), f"{r.time_ratio:.2f}x",
+                     str(r.slowest_rank)])  # fmt: skip
+    header = ["layer", "phase", "attention work max/mean", "rank", "model", "its time", "time max/median", "rank"]
+    lines += ["  " + line for line in fixed_width(header, rows, left={1})]
+    if len(balance.rows) > max_rows:
+        lines.append(f"  ... and {len(balance.rows) - max_rows} more (--format json lists all)")
+    lines.append("  " + balance.line())
+    return lines
+
+
+def _ratio(value: float | None) -> str:
+    return "" if value is None or value != value else f"{value:.2f}x"
+
+
 def _rank_table(analysis: RunAnalysis, header: list[str], cells: dict[int, tuple[str, ...]]) -> list[str]:
     """The per-rank table: ranks whose counts and bytes are equal share one row (their rank set),
     with the range of their step, transfer and exposed times."""
@@ -217,6 +244,7 @@ def render_cross_rank(analysis: RunAnalysis, max_findings: int = 30) -> str:
     lines.append("  (disagree: collectives whose kind or size differs from the rest of their group's)")
     lines += render_point_to_point(analysis)
     lines += render_critical_path(analysis.critical_path)
+    lines += render_balance(analysis.balance)
     lines += _findings_and_notes(analysis, cross.findings, cross.notes, max_findings)
     lines.append("\n" + cross.verdict.line())
     return "\n".join(lines)

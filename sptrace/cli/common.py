@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from sptrace.run.executors import EXECUTORS
 from sptrace.vocab.dtypes import ACTIVATION_DTYPES
 from sptrace.vocab.errors import UsageError
-from sptrace.vocab.shape import RECOMPUTE, SCHEME_CHOICES, Declarations, ShapeValues
+from sptrace.vocab.shape import CP_BALANCE, RECOMPUTE, SCHEME_CHOICES, Declarations, ShapeValues
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -65,6 +65,9 @@ def add_shape_flags(p: argparse.ArgumentParser, *, scheme: bool = True, names: t
     if scheme:
         g.add_argument("--recompute", choices=RECOMPUTE)
         g.add_argument("--grad-bucket-mib", type=float, help="gradient all-reduce bucket cap (DDP's bucket_cap_mb)")
+        g.add_argument("--causal", action=argparse.BooleanOptionalAction, help="whether attention has a causal mask")
+        g.add_argument("--cp-balance", choices=CP_BALANCE, help="ring and usp: the sequence layout, zigzag "
+                       "(load-balanced) or none (contiguous chunks)")  # fmt: skip
 
 
 def declarations(args: argparse.Namespace) -> Declarations:
@@ -105,6 +108,8 @@ def shape_flags(args: argparse.Namespace) -> ShapeValues:
     values["scheme"] = getattr(args, "scheme", None)
     values["recompute"] = getattr(args, "recompute", None)
     values["grad_bucket_mib"] = getattr(args, "grad_bucket_mib", None)
+    values["causal"] = getattr(args, "causal", None)
+    values["cp_balance"] = getattr(args, "cp_balance", None)
     return values
 
 

@@ -8,7 +8,7 @@ import argparse
 
 from sptrace.reference_models.config import FAULTS, StepConfig
 from sptrace.vocab.dtypes import ACTIVATION_DTYPES
-from sptrace.vocab.shape import RECOMPUTE, ShapeValues
+from sptrace.vocab.shape import CP_BALANCE, RECOMPUTE, ShapeValues
 
 
 def add_model_flags(p: argparse.ArgumentParser, *, with_seq: bool = True) -> None:
@@ -32,6 +32,15 @@ def add_model_flags(p: argparse.ArgumentParser, *, with_seq: bool = True) -> Non
     )  # fmt: skip
     g.add_argument("--recompute", choices=RECOMPUTE, default=d.recompute, help="selective: recompute core attention")
     g.add_argument(
+        "--causal", action=argparse.BooleanOptionalAction, default=d.causal,
+        help="a causal attention mask (default; --no-causal attends every token to every token)",
+    )  # fmt: skip
+    g.add_argument(
+        "--cp-balance", choices=CP_BALANCE, default=d.cp_balance,
+        help="ring and usp: the sequence layout, zigzag (chunks r and 2P-1-r of 2P, Megatron CP's load balancing; "
+        "default) or none (contiguous chunks: a causal mask then leaves rank P-1 the most work)",
+    )  # fmt: skip
+    g.add_argument(
         "--fault", choices=tuple(FAULTS),
         help="inject a fault into one layer: " + "; ".join(f"{k}: {v}" for k, v in FAULTS.items()),
     )  # fmt: skip
@@ -53,6 +62,7 @@ def config_values(args: argparse.Namespace, scheme: str, nproc: int) -> StepValu
         hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads, ffn=args.ffn,
         dtype=args.dtype, zero3=args.zero3, recompute=args.recompute, fault=args.fault,
         fault_layer=args.fault_layer, seed=args.seed, ulysses_degree=ulysses_degree_of(args, scheme, nproc),
+        causal=args.causal, cp_balance=args.cp_balance,
     )  # fmt: skip
 
 

@@ -201,7 +201,8 @@ def validate(cfg: ModelShape) -> None:
             (cfg.scheme != "ulysses" and cfg.ffn % P, f"ffn {cfg.ffn} is not divisible by P={P}"),
         ]
     elif cfg.scheme == "ring":  # zigzag: 2P chunks of the sequence; heads stay whole
-        problems.append((S % (2 * P), f"seq {S} is not divisible by 2P={2 * P} (ring attention's zigzag chunks)"))
+        zigzag = cfg.cp_balance != "none"
+        problems.append((zigzag and S % (2 * P), f"seq {S} is not divisible by 2P={2 * P} (the ring's zigzag chunks)"))
     elif cfg.scheme == "usp":  # heads split over U ranks, the sequence zigzagged over R = P/U
         U = cfg.ulysses_degree
         problems.append((U < 1 or P % U, f"the Ulysses degree {U} does not divide the sequence-parallel size {P}"))
@@ -210,7 +211,10 @@ def validate(cfg: ModelShape) -> None:
             problems += [
                 (a % U, f"heads {a} is not divisible by the Ulysses degree {U}"),
                 (g % U and U % g, f"kv heads {g} and the Ulysses degree {U}: one must divide the other"),
-                (S % (2 * R), f"seq {S} is not divisible by 2R={2 * R} (the ring's zigzag chunks, R = P/U)"),
+                (
+                    cfg.cp_balance != "none" and S % (2 * R),
+                    f"seq {S} is not divisible by 2R={2 * R} (the ring's zigzag chunks, R = P/U)",
+                ),
             ]
     for bad, message in problems:
         if bad:

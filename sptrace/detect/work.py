@@ -5,7 +5,10 @@ The lane is the rank's GPU compute (every compute kernel of every stream, merged
 the GPU idled, its busiest CPU threads' work (the GPU then waited for the host: its launches,
 data loading); on a CPU trace, its busiest threads' work. A thread's work is its CPU ops and
 annotations, module ranges and autograd's backward nodes, less the time it spent inside
-communication ops (issuing or waiting on a collective is not work).
+communication ops (issuing or waiting on a collective is not work). A communication annotation
+(``gloo:send``, ``nccl:all_reduce``) can span an async call from its issue to its wait: the ops
+that ran inside it meanwhile (ring attention's blocks while K,V travel) are work; only the time
+between them is waiting.
 
 Each stretch of work is labelled with the innermost module running on the CPU where the work
 came from: a kernel at the time and thread of its launch, a CPU stretch where it ran, as the
@@ -32,18 +35,19 @@ or cpu)."""
 
 def detect_work(
     trace: RankTrace, index: RankIndex | None = None, collectives: pd.DataFrame | None = None,
-    max_segments: int = 4000, threads: int = 4,
+    max_segments: int = 4000, threads: int = 4, clock: ModuleClock | None = None,
 ) -> pd.DataFrame:  # fmt: skip
     """The rank's work lane (module docstring), as labelled stretches (gaps shorter than the
     step's 1/``max_segments`` are closed within one label): the GPU's compute first, then the
     work of its ``threads`` busiest CPU threads where nothing before them covers the time.
     ``collectives``: the rank's (sptrace.detect.collectives): from a collective's issue to the end
-    of its transfer, a thread that runs no op is waiting on it, even inside a module's range."""
+    of its transfer, a thread that runs no op is waiting on it, even inside a module's range.
+    ``clock``: the rank's module clock, when the caller built it already (work_clock)."""
     idx = index or RankIndex(trace)
     waits = _in_flight(collectives)
     rank = int(trace.rank) if trace.rank is not None else 0
-    cpu = take_columns(idx.events, idx.is_cpu, ["tid", "name", "ts_ns", "dur_ns"])
-    clock = module_clock(idx, cpu)
+    cpu = take_columns(idx.events, idx.is_cpu, ["tid", "name", "ts_ns", "dur_ns", "cat"])
+    clock = clock or module_clock(idx, cpu)
     empty = np.empty(0, np.int64)
     cover = (empty, empty, empty, np.empty(0, dtype=bool))
     blocked: tuple[np.ndarray, np.ndarray] = (empty, empty)
@@ -64,7 +68,7 @@ def detect_work(
         return pd.DataFrame(columns=WORK_COLUMNS)
     s, e, lab, lane = _close_gaps(starts, ends, labels, lanes, (ends.max() - starts.min()) / max_segments)
     names = [clock.labels[x] if x >= 0 else (None, "") for x in lab]
-    phases = _phases(idx, s, [p for _, p in names])
+    phases = phases_at(idx, s, [p for _, p in names])
     # names as categories: a rank's few hundred stretches repeat a few dozen names, and a run's
     # thousand ranks' lanes are all held until the reduce
     return pd.DataFrame({
@@ -167,19 +171,25 @@ def _thread_work(
     e = s + cpu["dur_ns"].to_numpy(dtype=np.int64, na_value=0)
     comm = has_prefix(cpu["name"], NOT_WORK)
     work = ~comm & ~has_prefix(cpu["name"], NOT_THREAD_WORK)
+    # a comm annotation (gloo:send, nccl:all_reduce) may span from an async call's issue to its
+    # wait: the ops that ran inside it meanwhile (ring attention's blocks) are work
+    marks = comm & (cpu["cat"].astype(str).to_numpy() == "user_annotation") if "cat" in cpu else np.zeros(len(s), bool)
     issued = np.sort(s[comm])
     first = np.searchsorted(issued, s, side="left")  # the first collective issued at or after the op
     holds = (first < len(issued)) & (issued[np.minimum(first, len(issued) - 1)] < e) if len(issued) else False
     piece_s, piece_e, _ = clock.pieces.get(tid, (np.empty(0, np.int64),) * 3)
     outer = work & holds
     work = work & ~holds
+    ops_s, ops_e = s[work], e[work]
     # in a module's Python between ops, or in an op around a collective: work while none is in flight
     running = subtract(merge_intervals(np.concatenate([piece_s, s[outer]]), np.concatenate([piece_e, e[outer]])),
                        waits)  # fmt: skip
     rs = np.array([a for a, _ in running], dtype=np.int64)
     re_ = np.array([b for _, b in running], dtype=np.int64)
-    busy = subtract(merge_intervals(np.concatenate([s[work], rs]), np.concatenate([e[work], re_])),
-                    merge_intervals(s[comm], e[comm]))  # fmt: skip
+    waiting = merge_intervals(s[comm & ~marks], e[comm & ~marks])
+    waiting += subtract(merge_intervals(s[marks], e[marks]), merge_intervals(ops_s, ops_e))
+    waiting = merge_intervals(np.array([a for a, _ in waiting]), np.array([b for _, b in waiting]))
+    busy = subtract(merge_intervals(np.concatenate([ops_s, rs]), np.concatenate([ops_e, re_])), waiting)
     if not busy:
         return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
     bs = np.array([a for a, _ in busy], dtype=np.int64)
@@ -203,7 +213,12 @@ def _close_gaps(
     return starts[first], np.maximum.reduceat(ends, first), labels[first], lanes[first]
 
 
-def _phases(idx: RankIndex, starts: np.ndarray, phases: list[str]) -> list[str]:
+def work_clock(idx: RankIndex) -> ModuleClock:
+    """The rank's module clock as the work lane labels with it (over its CPU events)."""
+    return module_clock(idx, take_columns(idx.events, idx.is_cpu, ["tid", "name", "ts_ns", "dur_ns"]))
+
+
+def phases_at(idx: RankIndex, starts: np.ndarray, phases: list[str]) -> list[str]:
     """Each stretch's phase: the sptrace.phase marker around its start, else its range's
     (backward node, optimizer), else forward before the step's first backward node and backward
     after."""

@@ -68,6 +68,10 @@ class RankResult:
     compute: pd.DataFrame | None = None
     work: pd.DataFrame | None = None
     """The rank's work lane, labelled by module (sptrace.detect.work): the critical path's input."""
+    step_work: pd.DataFrame | None = None
+    """The work lane's time per profiled step, module and phase (sptrace.detect.step_work)."""
+    flops: pd.DataFrame | None = None
+    """The FLOPs of its matrix products per module and phase (sptrace.detect.flops), with the work lane."""
     module_times: pd.DataFrame | None = None
     """Each module's own forward and backward time (sptrace.detect.timing.detect_module_times)."""
     phases: pd.DataFrame | None = None
@@ -92,14 +96,20 @@ def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
     result.memory, result.peak_allocated = rank_memory(trace)
     index = RankIndex(trace)
     if "collectives" in spec.parts:
+        from sptrace.detect.flops import detect_flops
+        from sptrace.detect.step_work import work_by_step
         from sptrace.detect.timing import detect_compute, detect_timing
-        from sptrace.detect.work import detect_work
+        from sptrace.detect.work import detect_work, work_clock
 
         result.collectives = detect_collectives(trace, index, for_reduce=True)
         result.timing = detect_timing(trace, result.collectives, index)
         result.compute = detect_compute(trace, index)
         if "path" in spec.parts or "whatif" in spec.parts:  # (what the critical path and replays walk: not check)
-            result.work = detect_work(trace, index, result.collectives)
+            clock = work_clock(index)
+            result.work = detect_work(trace, index, result.collectives, clock=clock)
+        if "path" in spec.parts:  # analyze's compute balance: the lane per step, and the work handed
+            result.step_work = work_by_step(result.work, result.timing)
+            result.flops = detect_flops(index, clock, int(trace.rank) if trace.rank is not None else 0)
     if "modules" in spec.parts:  # (what sptrace diff compares: a few ms a rank that analyze need not pay)
         from sptrace.detect.timing import detect_module_times
 

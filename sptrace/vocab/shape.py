@@ -29,6 +29,9 @@ SCHEME_CHOICES = (
     "megatron", "ulysses", "ulysses-zero3", "hybrid", "hybrid-zero3", "ring", "ring-zero3", "usp", "usp-zero3",
 )  # fmt: skip
 RECOMPUTE = ("none", "selective")
+CP_BALANCE = ("none", "zigzag")
+"""Context parallelism's sequence layout: ``none``, rank r holds the r-th of P contiguous chunks;
+``zigzag``, chunks r and 2P-1-r of 2P (Megatron CP's load balancing for causal masks)."""
 
 # field -> (flag, what it is)
 FIELDS: dict[str, tuple[str, str]] = {
@@ -46,6 +49,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "recompute": ("--recompute", "none or selective"),
     "grad_bucket_mib": ("--grad-bucket-mib", "gradient all-reduce bucket cap (DDP's bucket_cap_mb)"),
     "ulysses_degree": ("--ulysses-degree", "U, the ranks of one Ulysses group (usp; the ring spans P/U)"),
+    "causal": ("--causal / --no-causal", "whether attention has a causal mask"),
+    "cp_balance": ("--cp-balance", "ring and usp: the sequence layout, zigzag (load-balanced) or none (contiguous)"),
 }
 INT_FIELDS = ("sp_size", "layers", "batch", "seq", "hidden", "heads", "kv_heads", "ffn", "ulysses_degree")
 # other spellings a config file may use for a field (run.json's keys are the field names)
@@ -78,6 +83,8 @@ class ShapeValues(TypedDict, total=False):
     recompute: str | None
     grad_bucket_mib: float | None
     ulysses_degree: int | None
+    causal: bool | None
+    cp_balance: str | None
 
 
 def config_values(data: object, source: str) -> ShapeValues:
@@ -135,6 +142,8 @@ class ModelShape:
     recompute: str | None = None
     grad_bucket_mib: float | None = None
     ulysses_degree: int | None = None
+    causal: bool | None = None
+    cp_balance: str | None = None
     provenance: Mapping[str, str] = field(default_factory=dict)
     """field -> where its value came from ('run.json', '--seq', 'the run's only process group')."""
 
@@ -151,6 +160,10 @@ class ModelShape:
                 raise UsageError(f"{FIELDS[name][0]} must be a positive integer, got {value!r}")
         if self.grad_bucket_mib is not None and not self.grad_bucket_mib > 0:
             raise UsageError("--grad-bucket-mib must be positive")
+        if self.causal is not None and not isinstance(self.causal, bool):
+            raise UsageError(f"causal must be true or false, got {self.causal!r}")
+        if self.cp_balance is not None and self.cp_balance not in CP_BALANCE:
+            raise UsageError(f"unknown --cp-balance {self.cp_balance!r}; choose one of {', '.join(CP_BALANCE)}")
 
     # ---- building ---------------------------------------------------------------------------
     @classmethod

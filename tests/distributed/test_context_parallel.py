@@ -1,9 +1,11 @@
-"""GIVEN ring attention (zigzag layout) and USP (Ulysses over pairs of ranks, a ring across
-the pairs) profiled on 8 gloo ranks
+"""GIVEN ring attention (zigzag layout, and causal over contiguous chunks) and USP (Ulysses over
+pairs of ranks, a ring across the pairs) profiled on 8 gloo ranks
 WHEN sptrace analyzes and checks the runs
 THEN every send pairs with its receive, hop by hop as TransformerEngine's schedule has them,
 with the bytes of the K,V blocks the models hold; the cost model matches to the byte; the
-activations stay sequence-sharded, and a stray full-size save fails the check."""
+activations stay sequence-sharded, and a stray full-size save fails the check; analyze names the
+contiguous ring's imbalance (rank P-1, 2P/(P+1) of the mean attention work) and says the zigzag
+ring is balanced."""
 
 from __future__ import annotations
 
@@ -32,6 +34,31 @@ def ring(profiled, private_cache):
 @pytest.fixture(scope="module")
 def usp(profiled, private_cache):
     return analyse_run(profiled("usp"), load_options={"cache_dir": private_cache})
+
+
+@pytest.fixture(scope="module")
+def contiguous(profiled, private_cache):
+    return analyse_run(profiled("ring-contiguous"), load_options={"cache_dir": private_cache})
+
+
+def test_analyze_names_the_unbalanced_causal_ring_and_says_zigzag_is_balanced(contiguous, ring, capsys):
+    predicted = 2 * P / (P + 1)  # docs/balance.md: rank P-1 computes P of the mean (P+1)/2 blocks
+    balance = contiguous.balance
+    assert balance is not None and balance.work_recorded and len(balance.rows) == 2  # one layer, fwd and bwd
+    assert [c.code for c in balance.causes] == ["causal-mask"], balance.line()
+    cause = balance.causes[0]
+    assert cause.ranks == (P - 1,) and abs(cause.ratio / predicted - 1) <= 0.15, cause.text
+    assert set(balance.rows["attention_rank"]) == {P - 1}
+    assert (balance.rows["attention_ratio"] / predicted - 1).abs().max() <= 0.15
+    assert ring.balance is not None and ring.balance.balanced, ring.balance.line()
+    assert ring.balance.rows["attention_ratio"].max() <= 1.05
+    # the command says it, with the rank and the ratio
+    assert main(["analyze", str(contiguous.path), "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert f"imbalanced: rank {P - 1} computes {cause.ratio:.2f}x the mean attention work" in out
+    assert "--cp-balance zigzag" in out
+    assert main(["analyze", str(ring.path), "--no-cache"]) == 0
+    assert "  balanced: equal work on every rank" in capsys.readouterr().out
 
 
 def test_ring_hops_follow_transformer_engines_schedule(ring):

@@ -96,3 +96,17 @@ def test_balance_predicts_the_run_without_a_stall(runs):
     # most of the sleep is saved (what is left waits on the next-latest rank, which the noise sets;
     # the other ranks' compute, balanced too, may save more)
     assert saved_us(result) >= 0.6 * slept_us(truth)
+
+
+def test_analyze_names_the_stall_a_code_path_of_one_rank(runs):
+    """Imbalance by cause: the rank that sleeps in one layer, in every profiled step, is a code path
+    of that rank in that module (not a slow device); the run without the sleep names no such cause."""
+    analyses, truth = runs
+    balance = analyses[80].balance
+    assert balance is not None and balance.steps == 4
+    paths = [c for c in balance.causes if c.code == "code-path"]
+    assert [c.ranks for c in paths] == [(truth["rank"],)], balance.line()
+    assert f"{truth['module']} forward only" in paths[0].text and paths[0].ratio >= 1.5
+    assert not [c for c in balance.causes if c.code == "slow-device"]
+    quiet = analyses[0].balance
+    assert quiet is not None and not [c for c in quiet.causes if truth["module"] in c.text], quiet.line()
