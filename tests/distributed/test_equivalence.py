@@ -31,7 +31,11 @@ def test_every_case_ran_on_every_rank(verify_reports):
     for name in ("usp-P8-recompute", "usp-P8-stray-full-save", "usp-P8-debug-hook"):
         assert name in names[0]
     assert "megatron-P8-missing-reduce-scatter" in names[0]
-    assert len(names[0]) == 75
+    for scheme in ("ring", "usp"):  # the contiguous layout, causal and not; every scheme without the mask
+        for P in (2, 8):
+            assert {f"{scheme}-P{P}-contiguous", f"{scheme}-P{P}-contiguous-noncausal"} <= names[0]
+    assert {f"{scheme}-P8-noncausal" for scheme in ("megatron", "ulysses", "hybrid", "ring", "usp")} <= names[0]
+    assert len(names[0]) == 88
 
 
 def test_loss_and_gradients_match_dense(verify_reports):

@@ -8,6 +8,7 @@ it as without it)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 
@@ -60,12 +61,19 @@ def _step(tmp_path, how: str, census: bool = True):
     model = Gathering(how)
     handle = sptrace.instrument(model, census=census)
     x = torch.randn(N)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) as prof:
-        loss = model(x).square().mean()
-        for holder, ready in model.handed:  # the model has let go; the other thread drops it now
-            ready.set()
-            holder.join()
-        loss.backward()
+    # Python's cyclic collector frees whatever a cycle held (a previous test's tensors) when it
+    # happens to run: off during the step, so that the same step frees the same tensors every time
+    gc.collect()
+    gc.disable()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) as prof:
+            loss = model(x).square().mean()
+            for holder, ready in model.handed:  # the model has let go; the other thread drops it now
+                ready.set()
+                holder.join()
+            loss.backward()
+    finally:
+        gc.enable()
     handle.remove()
     path = tmp_path / f"rank0-{how}-{census}.json"
     prof.export_chrome_trace(str(path))
