@@ -18,6 +18,7 @@ from sptrace.cli.common import (
     analyse,
     by_rank_set,
     fixed_width,
+    missing,
     registered_json,
     registered_text,
     registered_verdicts,
@@ -192,7 +193,7 @@ def render_balance(balance: Balance | None, max_rows: int = 12) -> list[str]:
 
 
 def _ratio(value: float | None) -> str:
-    return "" if value is None or value != value else f"{value:.2f}x"
+    return "" if missing(value) else f"{value:.2f}x"
 
 
 def _rank_table(analysis: RunAnalysis, header: list[str], cells: dict[int, tuple[str, ...]]) -> list[str]:

@@ -41,8 +41,14 @@ def attention_shares(model: ModelShape) -> list[float] | None:
     U = (model.ulysses_degree or None) if scheme == "usp" else 1
     if U is None or P % U or model.causal is None or model.cp_balance is None:
         return None
-    ring = ring_shares(P // U, model.causal, model.cp_balance)
-    return [ring[g // U] for g in range(P)]
+    return group_shares(P, U, model.causal, model.cp_balance)
+
+
+def group_shares(sp_size: int, ulysses_degree: int, causal: bool, balance: str) -> list[float]:
+    """Each group rank's attention work over the mean when the ring spans P/U of them: group rank
+    g is ring rank g // U (USP's placement; U = 1 for a plain ring)."""
+    ring = ring_shares(max(sp_size // ulysses_degree, 1), causal, balance)
+    return [ring[g // ulysses_degree] for g in range(sp_size)]
 
 
 def contiguous_causal_formula(ring_size: int) -> str:

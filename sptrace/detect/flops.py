@@ -21,7 +21,7 @@ from math import prod
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.columns import take_columns
+from sptrace.detect.columns import is_one_of, take_columns
 from sptrace.detect.index import RankIndex
 from sptrace.detect.module_clock import ModuleClock
 from sptrace.detect.work import phases_at
@@ -82,8 +82,7 @@ def detect_flops(idx: RankIndex, clock: ModuleClock, rank: int) -> pd.DataFrame:
     events = idx.events
     if "input_dims" not in events:
         return pd.DataFrame(columns=FLOPS_COLUMNS)
-    names = events["name"]
-    counted = idx.is_cpu & names.isin([*_MATMUL_OPERANDS, *_ATTENTION]).to_numpy()
+    counted = idx.is_cpu & is_one_of(events["name"], [*_MATMUL_OPERANDS, *_ATTENTION])
     ops = take_columns(events, counted, ["name", "tid", "ts_ns", "input_dims"])
     if not len(ops):
         return pd.DataFrame(columns=FLOPS_COLUMNS)

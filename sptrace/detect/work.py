@@ -42,7 +42,7 @@ def detect_work(
     work of its ``threads`` busiest CPU threads where nothing before them covers the time.
     ``collectives``: the rank's (sptrace.detect.collectives): from a collective's issue to the end
     of its transfer, a thread that runs no op is waiting on it, even inside a module's range.
-    ``clock``: the rank's module clock, when the caller built it already (work_clock)."""
+    ``clock``: the rank's module clock (sptrace.detect.module_clock), when the caller built it already."""
     idx = index or RankIndex(trace)
     waits = _in_flight(collectives)
     rank = int(trace.rank) if trace.rank is not None else 0
@@ -173,7 +173,7 @@ def _thread_work(
     work = ~comm & ~has_prefix(cpu["name"], NOT_THREAD_WORK)
     # a comm annotation (gloo:send, nccl:all_reduce) may span from an async call's issue to its
     # wait: the ops that ran inside it meanwhile (ring attention's blocks) are work
-    marks = comm & (cpu["cat"].astype(str).to_numpy() == "user_annotation") if "cat" in cpu else np.zeros(len(s), bool)
+    marks = comm & (cpu["cat"].astype(str).to_numpy() == "user_annotation")
     issued = np.sort(s[comm])
     first = np.searchsorted(issued, s, side="left")  # the first collective issued at or after the op
     holds = (first < len(issued)) & (issued[np.minimum(first, len(issued) - 1)] < e) if len(issued) else False
@@ -211,11 +211,6 @@ def _close_gaps(
     join = np.concatenate(([False], same & (starts[1:] - ends[:-1] <= gap)))
     first = np.flatnonzero(~join)
     return starts[first], np.maximum.reduceat(ends, first), labels[first], lanes[first]
-
-
-def work_clock(idx: RankIndex) -> ModuleClock:
-    """The rank's module clock as the work lane labels with it (over its CPU events)."""
-    return module_clock(idx, take_columns(idx.events, idx.is_cpu, ["tid", "name", "ts_ns", "dur_ns"]))
 
 
 def phases_at(idx: RankIndex, starts: np.ndarray, phases: list[str]) -> list[str]:

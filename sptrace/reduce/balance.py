@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sptrace.costmodel.attention_work import attention_shares, contiguous_causal_formula, ring_shares
+from sptrace.costmodel.attention_work import attention_shares, contiguous_causal_formula, group_shares
 from sptrace.detect.flops import FLOPS_COLUMNS
 from sptrace.detect.layers import layer_of
 from sptrace.detect.step_work import STEP_WORK_COLUMNS
@@ -141,8 +141,17 @@ def _joined(frames: Iterable[pd.DataFrame | None], columns: list[str]) -> pd.Dat
     return pd.concat(kept, ignore_index=True) if kept else pd.DataFrame(columns=columns)
 
 
-def _layer(module: str, layers: Mapping[str, int]) -> int | None:
-    return layers[module] if module in layers else layer_of(module)
+def _labelled(frame: pd.DataFrame, layers: Mapping[str, int]) -> pd.DataFrame:
+    """The forward and backward rows of a frame with a ``module`` column that lie in a layer, with
+    their ``layer`` (the collectives' map, else the path's) and whether they are ``attention``
+    (each distinct path read once)."""
+    frame = frame[frame["phase"].isin(["forward", "backward"])]
+    modules = frame["module"].astype(str)
+    names = modules.unique()
+    layer = modules.map({m: layers[m] if m in layers else layer_of(m) for m in names})
+    frame = frame.assign(module=modules, layer=layer)[layer.notna().to_numpy()]
+    return frame.assign(layer=frame["layer"].astype(int),
+                        attention=frame["module"].map({m: is_attention(m) for m in names}).astype(bool))  # fmt: skip
 
 
 def _times(step_work: pd.DataFrame, layers: Mapping[str, int]) -> pd.DataFrame:
@@ -152,17 +161,10 @@ def _times(step_work: pd.DataFrame, layers: Mapping[str, int]) -> pd.DataFrame:
         return pd.DataFrame(columns=BALANCE_COLUMNS)
     ranks = step_work.groupby("step")["rank"].nunique()
     common = ranks[ranks == step_work["rank"].nunique()].index
-    frame = step_work[step_work["step"].isin(common) & step_work["phase"].isin(["forward", "backward"])]
-    modules = frame["module"].astype(str)
-    names = modules.unique()
-    layer = modules.map({m: _layer(m, layers) for m in names})
-    keep = layer.notna().to_numpy()
-    frame = frame.assign(layer=layer, module=modules)[keep]
+    frame = _labelled(step_work[step_work["step"].isin(common)], layers)
     if frame.empty:
         return pd.DataFrame(columns=BALANCE_COLUMNS)
-    frame["layer"] = frame["layer"].astype(int)
-    attention = frame["module"].map({m: is_attention(m) for m in names}).to_numpy(dtype=bool)
-    frame["attention_us"] = np.where(attention, frame["time_us"], 0.0)
+    frame["attention_us"] = np.where(frame["attention"], frame["time_us"], 0.0)
     return frame[BALANCE_COLUMNS].reset_index(drop=True)
 
 
@@ -170,12 +172,8 @@ def _work(flops: pd.DataFrame, layers: Mapping[str, int]) -> pd.DataFrame:
     """Per (layer, phase, rank): the FLOPs counted, and those of attention."""
     if flops is None or flops.empty:
         return pd.DataFrame(columns=WORK_COLUMNS)
-    done = flops.copy()
-    modules = done["module"].astype(str)
-    done["layer"] = modules.map(lambda m: _layer(m, layers))
-    done = done[done["layer"].notna() & done["phase"].isin(["forward", "backward"])].copy()
-    done["layer"] = done["layer"].astype(int)
-    done["attention_flops"] = np.where(done["module"].astype(str).map(is_attention), done["flops"], 0.0)
+    done = _labelled(flops, layers)
+    done["attention_flops"] = np.where(done["attention"], done["flops"], 0.0)
     return done.groupby(["layer", "phase", "rank"], as_index=False)[["flops", "attention_flops"]].sum()
 
 
@@ -232,20 +230,18 @@ def _work_causes(done: pd.DataFrame, model: ModelShape) -> list[Cause]:
     if ratio <= 1 + EQUAL_WORK:
         return causes
     P = model.sp_size or len(measured)
-    declared = attention_shares(model)
-    ranks = sorted(int(r) for r in measured.index)
-    if declared is not None:
-        predicted = np.array([declared[r % P] for r in ranks])
-        said = f"the model ({model.label}, causal={model.causal}, --cp-balance {model.cp_balance}) predicts"
-    else:  # the layout not declared: does the trace show a causal ring in the contiguous layout?
-        U = model.ulysses_degree if model.scheme == "usp" and model.ulysses_degree else 1
-        ring = ring_shares(max(P // U, 1), True, "none")
-        predicted = np.array([ring[(r % P) // U] for r in ranks])
+    U = model.ulysses_degree if model.scheme == "usp" and model.ulysses_degree else 1
+    shares = attention_shares(model)
+    said = f"the model ({model.label}, causal={model.causal}, --cp-balance {model.cp_balance}) predicts"
+    if shares is None:  # the layout not declared: does the trace show a causal ring in the contiguous layout?
+        shares = group_shares(P, U, True, "none")
         said = "a causal ring without load balancing predicts"
+    ranks = sorted(int(r) for r in measured.index)
+    predicted = np.array([shares[r % P] for r in ranks])
     got = measured.reindex(ranks).to_numpy()
     fits = bool(np.all(np.abs(got - predicted) <= MASK_TOLERANCE * predicted))
     want = float(predicted[ranks.index(top)])
-    R = max(P // (model.ulysses_degree if model.scheme == "usp" and model.ulysses_degree else 1), 1)
+    R = max(P // U, 1)
     if fits and want > 1 + EQUAL_WORK:
         text = (f"rank {top} computes {ratio:.2f}x the mean attention work (FLOPs), and {said} {want:.2f}x "
                 f"({contiguous_causal_formula(R)}): a causal mask over a contiguous ring layout; balance it with "

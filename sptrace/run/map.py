@@ -97,15 +97,16 @@ def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
     index = RankIndex(trace)
     if "collectives" in spec.parts:
         from sptrace.detect.flops import detect_flops
+        from sptrace.detect.module_clock import module_clock
         from sptrace.detect.step_work import work_by_step
         from sptrace.detect.timing import detect_compute, detect_timing
-        from sptrace.detect.work import detect_work, work_clock
+        from sptrace.detect.work import detect_work
 
         result.collectives = detect_collectives(trace, index, for_reduce=True)
         result.timing = detect_timing(trace, result.collectives, index)
         result.compute = detect_compute(trace, index)
         if "path" in spec.parts or "whatif" in spec.parts:  # (what the critical path and replays walk: not check)
-            clock = work_clock(index)
+            clock = module_clock(index)  # (the lane's labels, and the FLOPs')
             result.work = detect_work(trace, index, result.collectives, clock=clock)
         if "path" in spec.parts:  # analyze's compute balance: the lane per step, and the work handed
             result.step_work = work_by_step(result.work, result.timing)

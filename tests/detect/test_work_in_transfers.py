@@ -15,8 +15,9 @@ import numpy as np
 from sptrace.detect.collectives import detect_collectives
 from sptrace.detect.flops import detect_flops
 from sptrace.detect.index import RankIndex
+from sptrace.detect.module_clock import module_clock
 from sptrace.detect.timing import merge_intervals, subtract_length
-from sptrace.detect.work import detect_work, work_clock
+from sptrace.detect.work import detect_work
 from sptrace.load.trace import load_trace
 
 RING = Path(__file__).resolve().parents[1] / "golden" / "runs" / "ring"
@@ -35,7 +36,7 @@ def test_ops_inside_an_async_transfer_are_work_and_the_wait_is_not(private_cache
     for rank in (0, 1):
         trace = load_trace(RING / f"rank{rank}.pt.trace.json.gz", cache_dir=private_cache)
         idx = RankIndex(trace)
-        clock = work_clock(idx)
+        clock = module_clock(idx)
         lane = detect_work(trace, idx, detect_collectives(trace, idx, for_reduce=True), clock=clock)
         ev = idx.events
         names = ev["name"].astype(str)
