@@ -2,8 +2,8 @@
 
     python benchmarks/bench_whatif.py [--ranks 1024] [--source RUN] [--keep DIR]
 
-The N-rank run is replicated from a real one (``sptrace.load.replicate.replicate_run``: DLRM on 8
-GPUs from the corpus when it is there, else the committed 2-rank megatron run). Each command runs
+The N-rank run is synthesized from a real one (``benchmarks/synth_run.py``: DLRM on 8 GPUs from
+the corpus when it is there, else the committed 2-rank megatron run). Each command runs
 in a fresh process (imports included), first with an empty cache (cold: the per-rank map parses
 every trace) and then again (warm: the map's summaries are read back), with its default worker
 processes. Printed: wall and CPU seconds of each cold, the wall seconds again (both replay their
@@ -47,16 +47,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--source", type=Path, default=DLRM if DLRM.is_dir() else GOLDEN)
-    parser.add_argument("--keep", type=Path, help="build the replicated run here and keep it")
+    parser.add_argument("--keep", type=Path, help="build the synthetic run here and keep it")
     args = parser.parse_args()
 
-    from sptrace.load.replicate import replicate_run
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from synth_run import synthesize  # the scale benchmarks' one generator
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-whatif-"))
     run = args.keep or scratch / f"run{args.ranks}"
     if not run.exists():
-        replicate_run(args.source, args.ranks, run)
-    print(f"{args.ranks} ranks replicated from {args.source}")
+        synthesize(args.source, args.ranks, run)
+    print(f"{args.ranks} ranks synthesized from {args.source} (benchmarks/synth_run.py)")
     print(f"{'':<28}{'cold wall s':>12}{'cold CPU s':>12}{'again wall s':>14}")
     times = {}
     for name, argv in (("analyze", ["analyze", str(run)]), ("whatif --scale comm=0.5",

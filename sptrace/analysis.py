@@ -9,7 +9,7 @@ naming the flag to pass, instead of running on a guess.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -27,7 +27,7 @@ from sptrace.costmodel import CommEstimate
 from sptrace.costmodel.activations import activation_bytes_at_dtype
 from sptrace.costmodel.sweep import ModelSweep, sweep_model
 from sptrace.detect.allocations import Retention
-from sptrace.detect.timing import MODULE_TIME_COLUMNS, RankTiming, step_sources
+from sptrace.detect.timing import RankTiming, step_sources
 from sptrace.load.files import RunFiles
 from sptrace.load.trace import RunTrace
 from sptrace.reduce.balance import Balance, compute_balance
@@ -37,13 +37,13 @@ from sptrace.reduce.matching import Matching, match_collectives
 from sptrace.reduce.p2p import P2PReport, analyse_point_to_point
 from sptrace.reduce.peers import merge_collectives
 from sptrace.reduce.replay_graph import ReplayGraph, replay_graphs
-from sptrace.resolve import declared_model, resolve_model
+from sptrace.resolve import declared_model, require_memory_events, require_sharding_shape, resolve_model
 from sptrace.run import LoadOptions
-from sptrace.run.map import COMPUTE_COLUMNS, MEMORY_COLUMNS, PHASE_COLUMNS, MapSpec, RankResult, map_run, summarize
+from sptrace.run.gather import COMPUTE_COLUMNS, GatheredRanks, gather_results, joined
+from sptrace.run.map import MapSpec, RankResult, gather_run, summarize
 from sptrace.run.options import LoadOptionValues
-from sptrace.vocab.errors import SptraceError, UsageError
-from sptrace.vocab.markers import SAVED
-from sptrace.vocab.shape import FIELDS, Declarations, ModelShape, ShapeValues
+from sptrace.vocab.errors import SptraceError
+from sptrace.vocab.shape import Declarations, ModelShape, ShapeValues
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -90,11 +90,12 @@ class RunAnalysis:
     collectives: pd.DataFrame
     matching: Matching | None
     timing: tuple[RankTiming, ...]
-    retained: tuple[Retention, ...] = ()
+    retained: Sequence[Retention] = ()
     phases: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
     memory: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
-    compute: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
-    """When each rank computed (GPU compute kernels, else its busiest thread's CPU ops), merged."""
+    compute_lanes: Mapping[int, pd.DataFrame] = field(repr=False, default_factory=dict)
+    """rank -> when it computed (COMPUTE_COLUMNS: GPU compute kernels, else its busiest thread's
+    CPU ops); held on disk past a few dozen ranks (sptrace.run.spool), read when asked."""
     peak_allocated: dict[int, int] = field(default_factory=dict)
     """Per rank, the largest allocated memory a [memory] event recorded (bytes)."""
     p2p: P2PReport | None = None
@@ -112,6 +113,11 @@ class RunAnalysis:
     reports: Mapping[str, CheckReport] = field(default_factory=dict)
     """Every check's report by name, the run's own (COLLECTIVES, SHARDING, where computed) first,
     then the registered checks' (sptrace.checks.registry): what the views render generically."""
+
+    @cached_property
+    def compute(self) -> pd.DataFrame:
+        """Every rank's compute intervals (``compute_lanes``), merged in rank order."""
+        return joined(self.compute_lanes, COMPUTE_COLUMNS)
 
     # ---- the run's own checks' typed reports ------------------------------------------------
     @property
@@ -261,74 +267,45 @@ def analyse_run(
         run, path = source, source.root
         declared = declared_model(run.run_info, flags)
         if fail_fast:
-            _require_sharding_shape(declared, path)
+            require_sharding_shape(declared, path)
         spec = MapSpec(parts, declared.dtype_bytes, hidden=declared.hidden)
-        results = {t.rank: summarize(t, spec) for t in run}
+        results: Mapping[int, RankResult] | GatheredRanks = {t.rank: summarize(t, spec) for t in run}
     else:
         path = Path(source)
         found = RunFiles.scan(path)
         declared = declared_model(found.run_info, flags)
         if fail_fast:
-            _require_sharding_shape(declared, path, found.notes)
+            require_sharding_shape(declared, path, found.notes)
             if "sharding" in parts:
-                _require_memory_events(found.files[0], options)
+                require_memory_events(found.files[0], options.cache, options.cache_root)
         spec = MapSpec(parts, declared.dtype_bytes, options.cache, options.cache_dir, hidden=declared.hidden)
-        run, results = map_run(found, spec, skip_bad=options.skip_bad, executor=options.executor)
+        run, results = gather_run(found, spec, skip_bad=options.skip_bad, executor=options.executor)
     checks = CheckOptions(allow, strict, k, grad_dtype, attention_only, grad_sync)
     return reduce_run(run, path, results, declared=declared, parts=parts, options=checks, judge=judge)
-
-
-def _require_sharding_shape(declared: ModelShape, path: Path | None, notes: Iterable[str] = ()) -> None:
-    """B, S and H come only from the user (run.json, --config, flags): every one missing, named
-    in one line. P may come from the trace's only process group, so it is named with that
-    condition."""
-    missing = declared.missing(("batch", "seq", "hidden"))
-    if missing:
-        flags = ", ".join(FIELDS[n][0] for n in missing)
-        also = " (and --sp, unless the trace holds a single process group)" if declared.sp_size is None else ""
-        said = "".join(f"; {n}" for n in notes)  # run.json's keys that are no field, say (a misspelt size)
-        raise UsageError(f"{path}: the sharding check needs {flags}{also}, which neither run.json, --config "
-                         f"nor a flag declares{said}")  # fmt: skip
-
-
-def _require_memory_events(first: Path, options: LoadOptions) -> None:
-    """Before any parse: a first trace that holds neither [memory] events nor sptrace.saved
-    records leaves its rank unjudged, so the sharding check could only say CANNOT DECIDE; said
-    at once (a trace already in the cache is parsed in no time: not probed)."""
-    from sptrace.load.cache import cached_entry
-    from sptrace.load.files import holds_any
-
-    if options.cache and cached_entry(options.cache_root, first) is not None:
-        return
-    if not holds_any(first, (b'"[memory]"', SAVED.encode())):
-        raise UsageError(
-            f"{first}: the trace has neither [memory] events nor sptrace.saved records, so no retained tensor can be "
-            "judged: profile with profile_memory=True (sptrace.instrument adds exact shapes)"
-        )
 
 
 def reduce_run(
     run: RunTrace,
     path: Path | None,
-    results: Mapping[int, RankResult],
+    results: Mapping[int, RankResult] | GatheredRanks,
     *,
     declared: ModelShape | None = None,
     parts: tuple[str, ...] = PARTS,
     options: CheckOptions | None = None,
     judge: bool = True,
 ) -> RunAnalysis:
-    """The reduce over the ranks' summaries (sptrace.run.map.RankResult): the cross-rank facts,
-    the model resolved once from them and ``declared`` (sptrace.resolve; run.json's alone by
-    default), then every check (sptrace.checks.registry)."""
-    ranked = [results[r] for r in sorted(results)]
-    collectives = merge_collectives(r.collectives for r in ranked)
+    """The reduce over the ranks' summaries (gathered as the map made them: sptrace.run.gather;
+    or sptrace.run.map.RankResult by rank): the cross-rank facts, the model resolved once from
+    them and ``declared`` (sptrace.resolve; run.json's alone by default), then every check
+    (sptrace.checks.registry)."""
+    ranks = results if isinstance(results, GatheredRanks) else gather_results(results[r] for r in sorted(results))
+    collectives = merge_collectives([ranks.frame("collectives")])
     # (kept whether or not the model is declared: sptrace diff compares retained bytes without it)
-    retained = tuple(r.retained for r in ranked if r.retained is not None) if "sharding" in parts else ()
+    retained = ranks.ranked_retained() if "sharding" in parts else ()
     model = resolve_model(declared or declared_model(run.run_info), run, collectives, retained)
-    timing = tuple(r.timing for r in ranked if r.timing is not None)
-    compute = _concat([r.compute for r in ranked if r.compute is not None], COMPUTE_COLUMNS)
-    matching, p2p, critical, graphs = _cross_rank(collectives, compute, ranked, run.world_size, timing, parts)
-    lanes = ([r.step_work for r in ranked], [r.flops for r in ranked])
+    timing = ranks.ranked_timing()
+    matching, p2p, critical, graphs = _cross_rank(collectives, ranks, run.world_size, timing, parts)
+    lanes = ([ranks.frame("step_work")], [ranks.frame("flops")])
     balance = compute_balance(*lanes, module_layers(collectives), model) if "path" in parts else None
     facts = CheckFacts(
         ranks=tuple(sorted(run.ranks)), world_size=run.world_size, missing_ranks=tuple(sorted(run.missing_ranks)),
@@ -337,19 +314,16 @@ def reduce_run(
     )  # fmt: skip
     return RunAnalysis(
         path=path, run=run, model=model, warnings=tuple(run.warnings), collectives=collectives, matching=matching,
-        timing=timing, retained=retained, compute=compute, p2p=p2p, critical_path=critical,
-        phases=_concat([r.phases for r in ranked if r.phases is not None], PHASE_COLUMNS),
-        memory=_concat([r.memory for r in ranked if r.memory is not None], MEMORY_COLUMNS),
-        module_times=_concat([r.module_times for r in ranked if r.module_times is not None], MODULE_TIME_COLUMNS),
-        peak_allocated={r.trace.rank: r.peak_allocated for r in ranked if r.peak_allocated is not None},
-        balance=balance, replay_graphs=graphs, reports=run_checks(facts, model, parts) if judge else {},
+        timing=timing, retained=retained, compute_lanes=ranks.compute, p2p=p2p, critical_path=critical,
+        phases=ranks.frame("phases"), memory=ranks.frame("memory"), module_times=ranks.frame("module_times"),
+        peak_allocated=dict(sorted(ranks.peak_allocated.items())), balance=balance, replay_graphs=graphs,
+        reports=run_checks(facts, model, parts) if judge else {},
     )  # fmt: skip
 
 
 def _cross_rank(
     collectives: pd.DataFrame,
-    compute: pd.DataFrame,
-    ranked: list[RankResult],
+    ranks: GatheredRanks,
     world_size: int,
     timing: tuple[RankTiming, ...],
     parts: tuple[str, ...],
@@ -362,16 +336,12 @@ def _cross_rank(
     matching = match_collectives(collectives, world_size)
     p2p = None
     if len(collectives) and collectives["kind"].isin(["send", "recv"]).any():
+        compute = joined(ranks.compute, COMPUTE_COLUMNS)
         p2p = analyse_point_to_point(collectives, compute, matching.pairing)
-    work = {r.trace.rank: r.work for r in ranked if r.work is not None}  # (walked rank by rank: never joined)
+    work = ranks.work  # (walked rank by rank, each lane read when the path reaches its rank: never joined)
     critical = run_critical_path(collectives, matching, list(timing), work) if "path" in parts else None
     graphs = replay_graphs(collectives, matching, list(timing), work) if "whatif" in parts else ()
     return matching, p2p, critical, graphs
-
-
-def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
-    frames = [f for f in frames if len(f)]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
 class AnalyseOptions(TypedDict, total=False):

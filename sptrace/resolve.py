@@ -8,12 +8,15 @@ affects (sptrace.checks.builtin)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import pandas as pd
 
 from sptrace.detect.allocations import Retention
 from sptrace.detect.infer import layers_dtype
 from sptrace.load.trace import RunTrace
+from sptrace.vocab.errors import UsageError
+from sptrace.vocab.markers import SAVED
 from sptrace.vocab.shape import FIELDS, Declarations, ModelShape, ShapeValues
 from sptrace.vocab.units import count
 
@@ -81,3 +84,32 @@ def _only_group_size(run: RunTrace) -> int | None:
         return None
     ((_, size),) = groups
     return size if isinstance(size, int) and size > 0 else None
+
+
+def require_sharding_shape(declared: ModelShape, path: Path | None, notes: Iterable[str] = ()) -> None:
+    """B, S and H come only from the user (run.json, --config, flags): every one missing, named
+    in one line. P may come from the trace's only process group, so it is named with that
+    condition."""
+    missing = declared.missing(("batch", "seq", "hidden"))
+    if missing:
+        flags = ", ".join(FIELDS[n][0] for n in missing)
+        also = " (and --sp, unless the trace holds a single process group)" if declared.sp_size is None else ""
+        said = "".join(f"; {n}" for n in notes)  # run.json's keys that are no field, say (a misspelt size)
+        raise UsageError(f"{path}: the sharding check needs {flags}{also}, which neither run.json, --config "
+                         f"nor a flag declares{said}")  # fmt: skip
+
+
+def require_memory_events(first: Path, cache: bool, cache_root: Path) -> None:
+    """Before any parse: a first trace that holds neither [memory] events nor sptrace.saved
+    records leaves its rank unjudged, so the sharding check could only say CANNOT DECIDE; said
+    at once (a trace already in the cache is parsed in no time: not probed)."""
+    from sptrace.load.cache import cached_entry
+    from sptrace.load.files import holds_any
+
+    if cache and cached_entry(cache_root, first) is not None:
+        return
+    if not holds_any(first, (b'"[memory]"', SAVED.encode())):
+        raise UsageError(
+            f"{first}: the trace has neither [memory] events nor sptrace.saved records, so no retained tensor can be "
+            "judged: profile with profile_memory=True (sptrace.instrument adds exact shapes)"
+        )

@@ -12,7 +12,7 @@ SHARDING; their typed reports ride along in CheckReport.detail.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -56,7 +56,7 @@ class CheckFacts:
     collectives: pd.DataFrame = field(repr=False)
     matching: Matching | None
     timing: tuple[RankTiming, ...]
-    retained: tuple[Retention, ...]
+    retained: Sequence[Retention]
     critical_path: CriticalPath | None
     p2p: P2PReport | None = None
     """Sends paired with receives (None without point-to-point)."""

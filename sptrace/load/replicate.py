@@ -30,32 +30,36 @@ class TraceDocument(TypedDict, total=False):
     distributedInfo: DistributedInfo
 
 
-def _read(path: Path) -> TraceDocument:
+def read_document(path: Path) -> TraceDocument:
     import msgspec
 
     raw = gzip.open(path).read() if path.name.endswith(".gz") else path.read_bytes()
     return cast(TraceDocument, msgspec.json.decode(raw))  # the JSON edge: checked by the caller
 
 
-def _move_groups(value: object, offset: int, copy: int) -> object:
+RANK_KEYS = ("Process Group Ranks", "ranks")
+NAME_KEYS = ("Process Group Name", "pg_name")
+
+
+def move_groups(value: object, offset: int, copy: int) -> object:
     """Every process group of the trace (in any JSON value: groups are named at any depth), moved
     to copy ``copy``'s ranks under its own name."""
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
-            if k in ("Process Group Ranks", "ranks") and isinstance(v, (str, list)):
+            if k in RANK_KEYS and isinstance(v, (str, list)):
                 ranks = json.loads(v) if isinstance(v, str) else v
                 if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks):
                     moved = [r + offset for r in ranks]
                     out[k] = json.dumps(moved) if isinstance(v, str) else moved
                     continue
-            if k in ("Process Group Name", "pg_name") and isinstance(v, str):
+            if k in NAME_KEYS and isinstance(v, str):
                 out[k] = f"{v}:{copy}" if copy else v
                 continue
-            out[k] = _move_groups(v, offset, copy)
+            out[k] = move_groups(v, offset, copy)
         return out
     if isinstance(value, list):
-        return [_move_groups(v, offset, copy) for v in value]
+        return [move_groups(v, offset, copy) for v in value]
     return value
 
 
@@ -64,7 +68,7 @@ def replicate_run(source: Path, n: int, out: Path) -> Path:
     files, _ = find_traces(Path(source))
     traces = {}
     for f in files:
-        t = _read(f)
+        t = read_document(f)
         info = t.get("distributedInfo") if isinstance(t, dict) else None
         if not isinstance(info, dict) or not isinstance(info.get("rank"), int):
             raise TraceError(f, "no distributedInfo rank: cannot tell which rank to replicate")
@@ -80,10 +84,10 @@ def replicate_run(source: Path, n: int, out: Path) -> Path:
         for rank, trace in traces.items():
             t = dict(trace)
             info = {**trace["distributedInfo"], "rank": rank + offset, "world_size": n}
-            t["distributedInfo"] = _move_groups(info, offset, copy)
+            t["distributedInfo"] = move_groups(info, offset, copy)
             if copy:
                 t["traceEvents"] = [
-                    {**e, "args": _move_groups(e["args"], offset, copy)} if "args" in e else e
+                    {**e, "args": move_groups(e["args"], offset, copy)} if "args" in e else e
                     for e in trace["traceEvents"]
                 ]
             (out / f"rank{rank + offset}.json").write_text(json.dumps(t))

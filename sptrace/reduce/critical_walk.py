@@ -152,11 +152,14 @@ class _Walker:
     ) -> None:  # fmt: skip
         self.offsets, self.layers = offsets, layers
         self.colls = aligned_collectives(collectives, members, offsets)
-        self.by_rank = dict(tuple(self.colls.groupby("rank"))) if len(self.colls) else {}
+        # each rank's rows, taken when a walk reaches the rank (a frame per rank of ten thousand
+        # would cost more than the collectives themselves)
+        self.rows_of = self.colls.groupby("rank").indices if len(self.colls) else {}
+        self.lanes: Mapping[int, pd.DataFrame]
         if isinstance(work, pd.DataFrame):
             self.lanes = dict(tuple(work.groupby("rank"))) if len(work) else {}
         else:
-            self.lanes = dict(work)
+            self.lanes = work  # (a SpooledRanks reads a lane from disk when asked: only the path's ranks are)
         self.aligned: dict[int, pd.DataFrame] = {}
 
     def rank(self, r: int, start: float) -> _Rank:
@@ -166,7 +169,8 @@ class _Walker:
             self.aligned[r] = _EMPTY_WORK if w is None else w.assign(
                 start_us=w["start_us"].astype(float) - self.offsets.get(r, 0.0)
             )  # fmt: skip
-        return _Rank(self.aligned[r], self.by_rank.get(r, self.colls.iloc[:0]), start)
+        rows = self.rows_of.get(r)
+        return _Rank(self.aligned[r], self.colls.iloc[rows] if rows is not None else self.colls.iloc[:0], start)
 
     def walk(self, steps: dict[int, tuple[float, float]]) -> CriticalPath | None:
         """The path over the ranks' step windows ``steps`` (us, each rank's own clock)."""

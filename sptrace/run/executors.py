@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol, TextIO, TypeVar
 
 from sptrace.vocab.errors import TraceError, UsageError
 
@@ -23,6 +23,9 @@ Result = TypeVar("Result")
 EXECUTORS = ("local", "dask")
 PARALLEL_MIN_BYTES = 32 * 2**20
 """Below this much trace data, local worker processes cost more than they save."""
+PROGRESS_LINES_PAST = 64
+"""A map over more ranks than this says how far it is (a line per 10%) even off a terminal: a CI
+log or a batch job's shows a long run moving."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,9 @@ class Executor:
     workers: int | None = None
     scheduler: str | None = None
     progress: bool | None = None
-    """One bar over ranks on stderr (default: when stderr is a terminal)."""
+    """The map's progress on stderr: None (default) a bar on a terminal and, past
+    PROGRESS_LINES_PAST ranks, a line per 10% otherwise; True the bar or the lines always;
+    False nothing."""
 
     def __post_init__(self) -> None:
         if self.kind not in EXECUTORS:
@@ -56,8 +61,7 @@ def map_ranks(
 ) -> Iterator[tuple[Item, Result | TraceError]]:
     """``(item, fn(item, *args) or the TraceError it raised)`` for every item, as they finish."""
     executor = executor or Executor()
-    show = sys.stderr.isatty() if executor.progress is None else executor.progress
-    bar = _progress(len(items), show, desc)
+    bar = _progress(len(items), executor.progress, desc)
     try:
         if executor.kind == "dask":
             yield from _dask(fn, items, args, executor, bar)
@@ -93,7 +97,8 @@ def _processes(
     with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx) as pool:
         futures = {pool.submit(_call, item, fn, args): item for item in items}
         for fut in as_completed(futures):
-            yield futures[fut], fut.result()
+            item = futures.pop(fut)  # (a finished future holds its result: let it go with the yield)
+            yield item, fut.result()
             bar.update(1)
 
 
@@ -148,9 +153,37 @@ class _NoBar:
         pass
 
 
-def _progress(total: int, show: bool, desc: str) -> Progress:
-    if not show or total < 2:
+class TenthLines:
+    """A line at each tenth of the ranks done (what a log shows for a bar), on the process's own
+    stderr: progress is not output, so a kept result (sptrace.cli.result_cache) never replays it."""
+
+    def __init__(self, total: int, desc: str, stream: TextIO | None = None) -> None:
+        import time
+
+        self.total, self.desc, self.done, self.said, self.t0 = total, desc, 0, 0, time.perf_counter()
+        self.stream = stream or sys.__stderr__ or sys.stderr
+
+    def update(self, n: int) -> None:
+        import time
+
+        self.done += n
+        tenth = self.done * 10 // self.total
+        if tenth > self.said:
+            self.said = tenth
+            elapsed = time.perf_counter() - self.t0
+            self.stream.write(f"{self.desc}: {tenth * 10}% ({self.done} of {self.total} ranks, {elapsed:.0f} s)\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, show: bool | None, desc: str) -> Progress:
+    terminal = sys.stderr.isatty()
+    if show is False or total < 2 or (show is None and not terminal and total <= PROGRESS_LINES_PAST):
         return _NoBar()
+    if not terminal:
+        return TenthLines(total, desc)
     from tqdm import tqdm
 
     return tqdm(total=total, unit="rank", desc=desc, file=sys.stderr, leave=False)

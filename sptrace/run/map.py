@@ -23,6 +23,7 @@ from sptrace.cachedir import default_cache_dir
 from sptrace.load.files import RunFiles, RunSource
 from sptrace.load.trace import RankTrace, RunTrace, load_trace
 from sptrace.run.executors import Executor
+from sptrace.run.gather import MEMORY_COLUMNS, PHASE_COLUMNS, GatheredRanks
 from sptrace.run.ranks import map_files
 from sptrace.run.summaries import Slot, read_summary, slot_of, write_summary
 
@@ -32,10 +33,6 @@ if TYPE_CHECKING:
     from sptrace.detect.allocations import Retention
     from sptrace.detect.timing import RankTiming
     from sptrace.load.describe import RankDescription
-
-PHASE_COLUMNS = ["rank", "phase", "start_us", "dur_us"]
-MEMORY_COLUMNS = ["rank", "ts_us", "allocated_bytes"]
-COMPUTE_COLUMNS = ["rank", "start_us", "dur_us"]
 
 
 @dataclass(frozen=True)
@@ -185,6 +182,36 @@ def map_run(
         executor = Executor(workers=1, progress=executor.progress if executor else None)
     run, results = map_files(found, fn, args, executor=executor, skip_bad=skip_bad, trace_of=lambda r: r.trace)
     return run, {r.trace.rank: r for r in results}
+
+
+def gather_run(
+    source: RunFiles | RunSource,
+    spec: MapSpec | None = None,
+    *,
+    skip_bad: bool = False,
+    executor: Executor | None = None,
+    keep_descriptions: bool = False,
+) -> tuple[RunTrace, GatheredRanks]:
+    """map_run whose results are gathered as they arrive (sptrace.run.gather), none held whole:
+    what the reduce and every command over a whole run read, in memory that hardly grows with
+    the ranks. ``keep_descriptions``: keep each rank's description (``sptrace info``)."""
+    found = source if isinstance(source, RunFiles) else RunFiles.scan(source)
+    spec = dataclasses.replace(spec or MapSpec(), single_file=found.single_file)
+    if all_kept(list(found.files), spec):  # every rank summarized already: no worker to start
+        executor = Executor(workers=1, progress=executor.progress if executor else None)
+    gathered = GatheredRanks(keep_descriptions=keep_descriptions)
+    run, _ = map_files(found, map_one, (spec,), executor=executor, skip_bad=skip_bad, trace_of=gathered.take,
+                       keep_results=False)  # fmt: skip
+    return run, gathered
+
+
+def all_kept(files: list[Path], spec: MapSpec) -> bool:
+    """Whether every file's summary is kept (each read and checked, then let go)."""
+    for path in files:
+        slot = summary_slot(path, spec)
+        if slot is None or read_result(slot) is None:
+            return False
+    return True
 
 
 def kept_results(files: list[Path], spec: MapSpec) -> dict[Path, RankResult] | None:

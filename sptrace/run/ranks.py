@@ -23,13 +23,17 @@ def map_files(
     skip_bad: bool,
     trace_of: Callable[[Result], RankTrace],
     desc: str = "analysing ranks",
+    keep_results: bool = True,
 ) -> tuple[RunTrace, list[Result]]:
     """``fn(file, *args)`` for every trace file of a run on ``executor``, and the run their
-    traces (``trace_of(result)``) make: what load_run and sptrace.run.map.map_run share. A bad
-    file raises, or with ``skip_bad`` is left out with a note; no usable file raises."""
+    traces (``trace_of(result)``, called on each result as it arrives) make: what load_run and
+    sptrace.run.map share. A bad file raises, or with ``skip_bad`` is left out with a note; no
+    usable file raises. ``keep_results=False``: the results are not kept (the list is empty),
+    ``trace_of`` having taken what it needs of each (sptrace.run.gather)."""
     root, files, skipped = found.root, found.files, list(found.skipped)
     total = sum(p.stat().st_size for p in files)
     results: list[Result] = []
+    traces: list[RankTrace] = []
     bad: list[tuple[Path, str]] = []
     for p, got in map_ranks(fn, files, args, executor=executor, total_bytes=total, desc=desc):
         if isinstance(got, TraceError):
@@ -37,11 +41,13 @@ def map_files(
                 raise got
             bad.append((p, got.problem))
             continue
-        results.append(got)
+        traces.append(trace_of(got))
+        if keep_results:
+            results.append(got)
     notes = [*found.notes, *(f"skipped {p}: {why}" for p, why in skipped + bad)]
-    if not results:
+    if not traces:
         raise TraceError(root or files[0], "no usable trace among " + ", ".join(str(p) for p, _ in bad))
-    run = assemble_run(root, [trace_of(r) for r in results], notes, found.run_info)
+    run = assemble_run(root, traces, notes, found.run_info)
     run.skipped = skipped + bad
     return run, results
 
