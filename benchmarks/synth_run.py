@@ -17,7 +17,9 @@ Copy c of source rank r becomes rank c*W + r (its process groups moved to the co
   collective lasts until the last member arrives, and its members run on from there in step.
   The members are the rank's copy when the source names its process groups (each copy a job of
   its own), else every rank of the run (the source's collectives are on the default group, which
-  the copies now share: one job of N ranks);
+  the copies now share: one job of N ranks). Separate jobs share no collective, so no analyzer
+  can align their clocks to each other's: a run of them has a critical path per job, and the
+  planted stragglers are named one job at a time;
 - one **planted straggler** per 1000 ranks (at least one): its compute kernel before that
   collective runs ``straggler_us`` longer (the i-th straggler's 10 % more than the one before, so
   the last planted is the slowest of the run and the one its critical path must name).

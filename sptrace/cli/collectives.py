@@ -28,9 +28,9 @@ def run(args: argparse.Namespace) -> int:
     from sptrace.jsonable import records
     from sptrace.reduce.peers import merge_collectives
 
-    _, results = map_quietly(args, ("collectives",))
-    timing = [results[r].timing for r in sorted(results)]
-    frame = merge_collectives(results[r].collectives for r in sorted(results))
+    _, ranks = map_quietly(args, ("collectives",))
+    timing = list(ranks.ranked_timing())
+    frame = merge_collectives([ranks.frame("collectives")])
     if args.format in ("csv", "json"):
         out = export_frame(frame[COLUMNS], timing)
         if args.format == "csv":

@@ -142,13 +142,15 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
 
 
 def map_quietly(args: argparse.Namespace, parts: tuple[str, ...], *, show_warnings: bool = True):
-    """sptrace.run.map.map_run with the CLI's flags: (run, per-rank results); its warnings go to
-    stderr, one line each, unless the command shows them itself."""
-    from sptrace.run.map import MapSpec, map_run
+    """sptrace.run.map.gather_run with the CLI's flags: (run, the ranks' results gathered:
+    sptrace.run.gather); its warnings go to stderr, one line each, unless the command shows them
+    itself (``sptrace info``, which also keeps the ranks' descriptions)."""
+    from sptrace.run.map import MapSpec, gather_run
 
     options = load_options(args)
     spec = MapSpec(parts, cache=options.cache, cache_dir=options.cache_dir)
-    run, results = map_run(args.path, spec, skip_bad=options.skip_bad, executor=options.executor)
+    run, results = gather_run(args.path, spec, skip_bad=options.skip_bad, executor=options.executor,
+                              keep_descriptions=not parts)  # fmt: skip
     for w in run.warnings if show_warnings else ():
         log(f"warning: {w}")
     return run, results

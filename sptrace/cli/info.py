@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from sptrace.load import describe
 
-    run_, results = map_quietly(args, (), show_warnings=False)  # info lists them in its report
-    info = describe.describe_run(run_, {rank: r.description for rank, r in results.items()})
+    run_, ranks = map_quietly(args, (), show_warnings=False)  # info lists them in its report
+    info = describe.describe_run(run_, ranks.descriptions)
     print(json.dumps(info, indent=2) if args.format == "json" else describe.render_text(info))
     return 0

@@ -34,12 +34,12 @@ def run(args: argparse.Namespace) -> int:
     from sptrace.detect.infer import infer_model
     from sptrace.reduce.peers import merge_collectives
 
-    _, results = map_quietly(args, ("collectives",))
-    first = results[min(results)]
+    run_, ranks = map_quietly(args, ("collectives",))
+    first = run_.ranks[min(run_.ranks)]
     # one rank's ops, for the norm and attention shapes (read again, from the cache)
-    table = first.trace.table.select(["name", "cat", "input_dims"]).to_pandas()
-    collectives = merge_collectives(results[r].collectives for r in sorted(results))
-    inferred = infer_model(collectives, first.trace.process_groups, table)
+    table = first.table.select(["name", "cat", "input_dims"]).to_pandas()
+    collectives = merge_collectives([ranks.frame("collectives")])
+    inferred = infer_model(collectives, first.process_groups, table)
     text = render(str(args.path), inferred)
     known = [n for n in ORDER if n in inferred.values]
     emit(args, text, f"{len(known)} of {len(ORDER)} values read from the trace ({', '.join(known) or 'none'}); "

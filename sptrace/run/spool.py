@@ -31,6 +31,8 @@ T = TypeVar("T")
 SPILL_PAST_RANKS = 64
 """Values held in memory before the store moves to its file (a run of up to this many ranks
 never touches the disk)."""
+CHUNK_FRAMES = 256
+"""Frames joined into one chunk (FrameChunks)."""
 
 
 class SpooledRanks(Mapping[int, T], Generic[T]):
@@ -90,11 +92,11 @@ class SpooledRanks(Mapping[int, T], Generic[T]):
 
 class FrameChunks:
     """The ranks' frames of one kind, appended as they arrive and kept as a few chunks: a chunk is
-    made of ``chunk_frames`` frames, its string columns categorical (each distinct string held
+    made of ``chunk_frames`` frames (CHUNK_FRAMES), its string columns categorical (each distinct string held
     once); ``frame()`` joins them with their columns' first dtypes back."""
 
-    def __init__(self, columns: list[str], chunk_frames: int = 256) -> None:
-        self.columns, self.chunk_frames = columns, chunk_frames
+    def __init__(self, columns: list[str], chunk_frames: int | None = None) -> None:
+        self.columns, self.chunk_frames = columns, CHUNK_FRAMES if chunk_frames is None else chunk_frames
         self._pending: list[pd.DataFrame] = []
         self._chunks: list[pd.DataFrame] = []
         self._strings: set[str] = set()
@@ -112,7 +114,7 @@ class FrameChunks:
             return
         import pandas as pd
 
-        chunk = pd.concat(self._pending, ignore_index=True) if len(self._pending) > 1 else self._pending[0]
+        chunk = _concat(self._pending)
         self._pending = []
         for name in chunk.columns:
             column = chunk[name]
@@ -128,8 +130,19 @@ class FrameChunks:
         if not self._chunks and len(self._pending) <= 1:
             return self._pending[0] if self._pending else pd.DataFrame(columns=self.columns)
         self._flush()
-        chunks = [_as_objects(c, self._strings) for c in self._chunks]
-        return pd.concat(chunks, ignore_index=True) if len(chunks) > 1 else chunks[0]
+        return _concat([_as_objects(c, self._strings) for c in self._chunks])
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    import warnings
+
+    import pandas as pd
+
+    if len(frames) == 1:
+        return frames[0]
+    with warnings.catch_warnings():  # (a column all NA on one rank takes its type from the others: peers.py)
+        warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation with empty or all-NA", FutureWarning)
+        return pd.concat(frames, ignore_index=True)
 
 
 def _as_objects(chunk: pd.DataFrame, strings: set[str]) -> pd.DataFrame:

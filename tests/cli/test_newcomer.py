@@ -83,7 +83,7 @@ def test_check_names_what_it_lacks_before_parsing(tmp_path, capsys, monkeypatch)
     def no_parse(*args, **kwargs):
         raise AssertionError("the traces were parsed")
 
-    monkeypatch.setattr(sptrace.analysis, "map_run", no_parse)
+    monkeypatch.setattr(sptrace.analysis, "gather_run", no_parse)
     assert main(["check", str(run), "--sp", "2", "--no-cache"]) == 2
     err = capsys.readouterr().err
     assert "needs --batch, --seq, --hidden, which neither" in err and err.count("\n") == 1

@@ -43,7 +43,7 @@ def analysis(collectives: pd.DataFrame, *, offsets=None, phases=None, compute=No
         timing=tuple(timing), retained=tuple(retained), reports={COLLECTIVES: own},
         phases=phases if phases is not None else pd.DataFrame(columns=["rank", "phase", "start_us", "dur_us"]),
         memory=memory if memory is not None else pd.DataFrame(columns=["rank", "ts_us", "allocated_bytes"]),
-        compute=compute if compute is not None else pd.DataFrame(columns=["rank", "start_us", "dur_us"]),
+        compute_lanes=dict(tuple(compute.groupby("rank"))) if compute is not None else {},
     )  # fmt: skip
 
 
