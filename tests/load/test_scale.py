@@ -26,7 +26,7 @@ from sptrace.run.spool import FrameChunks, SpooledRanks
 from tests.trace_helpers import write_gpu_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from synth_run import Plan, names_groups, read_planted, synthesize  # noqa: E402
+from synth_run import Plan, names_groups, read_planted, synthesize
 
 
 @pytest.fixture(scope="module")
