@@ -11,6 +11,10 @@ The dependencies, on clocks aligned across ranks (sptrace.reduce.timebase):
 * a collective completes only once its last member has arrived, and a receive once its send
   has: before that moment the path is on the member that arrived last.
 
+A rank's step ends when the work it launched in it has: a GPU runs behind the CPU that launched
+its work, so a collective called in the step (and the wait in it for a late member) can end after
+the step's CPU range; the step's end is the later of the two.
+
 So from the end of the step of the rank that finished last, the walk goes back along the lane
 while it is busy (``compute``), through what held it where it was idle (``transfer``: from the
 last member's arrival to the end), and on the last-arriving member from its arrival, until it
@@ -172,12 +176,26 @@ class _Walker:
         rows = self.rows_of.get(r)
         return _Rank(self.aligned[r], self.colls.iloc[rows] if rows is not None else self.colls.iloc[:0], start)
 
+    def through_launched(self, steps: dict[int, tuple[float, float]]) -> dict[int, tuple[float, float]]:
+        """Each window (aligned) ending no earlier than the collectives the rank called in it do."""
+        c = self.colls
+        if c.empty:
+            return steps
+        ranks = c["rank"].to_numpy()
+        first = pd.Series({r: s for r, (s, _) in steps.items()}, dtype=float).reindex(ranks).to_numpy()
+        last = pd.Series({r: e for r, (_, e) in steps.items()}, dtype=float).reindex(ranks).to_numpy()
+        called = c["op_s"].to_numpy(dtype=float)
+        inside = (called >= first - EPS_US) & (called <= last + EPS_US)
+        ends = c.loc[inside].groupby("rank")["end"].max()
+        return {r: (s, max(e, float(ends.get(r, e)))) for r, (s, e) in steps.items()}
+
     def walk(self, steps: dict[int, tuple[float, float]]) -> CriticalPath | None:
         """The path over the ranks' step windows ``steps`` (us, each rank's own clock)."""
         offsets = self.offsets
         steps = {r: (s - offsets.get(r, 0.0), e - offsets.get(r, 0.0)) for r, (s, e) in steps.items() if e > s}
         if not steps:
             return None
+        steps = self.through_launched(steps)
         ranks: dict[int, _Rank] = {}
 
         def lane(r: int) -> _Rank:

@@ -79,14 +79,19 @@ def test_the_generator_plants_what_it_records(source: Path, tmp_path: Path) -> N
     assert max(max(v) for v in jobs.values()) >= planted.stragglers[planted.slowest]
 
 
-def test_the_critical_path_names_the_planted_straggler(corpus: Path, tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("late_us", [4_000.0, 8_000.0])
+def test_the_critical_path_names_the_planted_straggler(corpus: Path, tmp_path: Path, capsys, late_us) -> None:
     """On the corpus DLRM run (8 real NCCL ranks) made 64: the straggler's late arrival holds every
-    rank at its all-reduce, and the path walks back to it through the clock offsets."""
+    rank at its all-reduce, and the path walks back to it through the clock offsets. 8 ms late,
+    the all-reduce ends after every rank's CPU step has (the GPUs wait, the CPUs ran on): the
+    step lasts until the collectives it called end, so the path still runs through the wait."""
     run = tmp_path / "run"
-    planted = synthesize(corpus / "param_dlrm_kineto", 64, run, Plan(seed=1))
+    planted = synthesize(corpus / "param_dlrm_kineto", 64, run, Plan(straggler_us=late_us, seed=1))
     assert main(["analyze", str(run), "--no-cache", "--format", "json"]) in (0, 1)
     out = json.loads(capsys.readouterr().out)
-    assert out["critical_path"]["culprit"]["rank"] == planted.slowest == next(iter(planted.stragglers))
+    culprit = out["critical_path"]["culprit"]
+    assert culprit["rank"] == planted.slowest == next(iter(planted.stragglers))
+    assert late_us <= culprit["dur_us"] < late_us + 200 and culprit["waiting"] == 63
     offsets = {int(r): v for r, v in out["clock_offsets_us"].items()}
     # the offsets matching estimates are the planted ones, up to one rank's (its reference)
     rel = {r: offsets[r] - offsets[0] for r in offsets}
