@@ -17,6 +17,7 @@ record, which is why such a tensor's free can be missing from a trace.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -342,13 +343,34 @@ def _shapes_seen(
     pairs = {(d, t): None for d, t in zip(dims.tolist(), types.tolist()) if d is not None and not pd.isna(d)}
     seen: set[tuple[int, ...]] = set()
     for text, kinds_text in pairs:
-        args, kinds = load_list(text), load_list(kinds_text)
-        for k, arg in enumerate(args):
-            shapes = [arg] if is_shape(arg) else [s for s in arg if is_shape(s)] if isinstance(arg, list) else []
-            seen.update(tuple(s) for s in shapes)
-            if dtypes_of is not None and is_shape(arg) and k < len(kinds) and dtypes.canonical(kinds[k]):
-                dtypes_of.setdefault(tuple(arg), set()).add(dtypes.canonical(kinds[k]))
+        if not isinstance(text, str):
+            continue  # (no JSON text: no shapes)
+        shapes, typed = _arg_shapes(text, kinds_text if isinstance(kinds_text, str) else None)
+        seen.update(shapes)
+        if dtypes_of is not None:
+            for shape, dtype in typed:
+                dtypes_of.setdefault(shape, set()).add(dtype)
     return seen
+
+
+Shape = tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _arg_shapes(text: str, kinds_text: str | None) -> tuple[tuple[Shape, ...], tuple[tuple[Shape, str], ...]]:
+    """The shapes an op's Input Dims hold (an argument's, or a tensor list's), and the element type
+    of each argument that is one shape: a pure function of the two texts, parsed once per worker
+    (the ranks of a job repeat them)."""
+    args, kinds = load_list(text), load_list(kinds_text)
+    shapes: list[Shape] = []
+    typed: list[tuple[Shape, str]] = []
+    for k, arg in enumerate(args):
+        found = [arg] if is_shape(arg) else [s for s in arg if is_shape(s)] if isinstance(arg, list) else []
+        shapes.extend(tuple(s) for s in found)
+        dtype = dtypes.canonical(kinds[k]) if is_shape(arg) and k < len(kinds) else None
+        if dtype:
+            typed.append((tuple(arg), dtype))
+    return tuple(shapes), tuple(typed)
 
 
 def _layers_seen(idx: RankIndex) -> set[int]:

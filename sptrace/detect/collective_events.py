@@ -79,7 +79,7 @@ def attach_kernels(idx: RankIndex, rows: list[CollectiveEvents]) -> list[Collect
             continue
         start = int(k.ts_ns)
         end = start + (int(k.dur_ns) if present(k.dur_ns) else 0)
-        kind = next(kd for p, kd in collective_kinds.kernel_patterns() if p.search(str(k.name)))
+        kind = collective_kinds.kernel_kind(str(k.name))
         named = collective_kinds.by_record_name().get(str(k.coll_name)) if present(k.coll_name) else None
         if named:
             kind = named  # RCCL's ncclDevKernel_Generic: the args tell

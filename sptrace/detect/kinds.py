@@ -10,7 +10,7 @@ from sptrace.vocab import collective_kinds
 
 def is_comm_kernel(name: str) -> bool:
     """Whether a GPU kernel's name is a collective's (a kernel pattern of the table of kinds)."""
-    return any(p.search(name) for p, _ in collective_kinds.kernel_patterns())
+    return collective_kinds.kernel_kind(name) is not None
 
 
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")

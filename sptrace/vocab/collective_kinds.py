@@ -187,6 +187,16 @@ def kernel_patterns() -> tuple[tuple[re.Pattern[str], str], ...]:
     return _cached("kernels", lambda: tuple((p, k.name) for k in _KINDS.values() for p in k.compiled))  # type: ignore[return-value]
 
 
+def kernel_kind(name: str) -> str | None:
+    """The kind of a GPU kernel by its name (the first kernel pattern that matches), None when no
+    collective's: each distinct name is matched once (a rank launches a few hundred kernels of a
+    few dozen names; the patterns are tried in order)."""
+    seen: dict[str, str | None] = _cached("kernel kind", dict)  # type: ignore[assignment]
+    if name not in seen:
+        seen[name] = next((k for p, k in kernel_patterns() if p.search(name)), None)
+    return seen[name]
+
+
 def symm_mem_patterns() -> tuple[tuple[re.Pattern[str], str], ...]:
     return _cached("symm", lambda: tuple((re.compile(p), k.name) for k in _KINDS.values() for p in k.symm_mem))  # type: ignore[return-value]
 
