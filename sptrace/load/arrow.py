@@ -52,6 +52,11 @@ def to_numpy(arr: pa.Array | pa.ChunkedArray, fill: int | float = 0) -> np.ndarr
     return out
 
 
+def present(arr: pa.Array) -> np.ndarray:
+    """True where ``arr`` (one chunk) holds a value, False where it is null."""
+    return _bits(arr.buffers()[0], arr.offset, len(arr)) if arr.null_count else np.ones(len(arr), dtype=bool)
+
+
 def _bits(buffer: pa.Buffer | None, offset: int, n: int) -> np.ndarray:
     if buffer is None:
         return np.ones(n, dtype=bool)

@@ -98,9 +98,9 @@ class RankTrace:
     @cached_property
     def events(self) -> pd.DataFrame:  # pandas is imported here only: importing sptrace stays light
         """The event table as a pandas DataFrame (string columns categorical, ints nullable)."""
-        import pandas as pd
+        from sptrace.load.frame import events_frame
 
-        return self.table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+        return events_frame(self.table)
 
     def release(self) -> RankTrace:
         """Let the table go, keeping its counts: what a rank's summary carries back to the driver."""

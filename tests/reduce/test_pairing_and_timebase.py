@@ -92,3 +92,27 @@ def test_clock_offsets_and_aligned_times():
         150.0, 50.0, 150.0
     ]  # fmt: skip
     assert timebase.aligned(150.0, 1, offsets) == 50.0
+
+
+def test_clock_offsets_of_many_ranks_at_once():
+    """GIVEN rank r's clock r x 10 us ahead, a rank matching nothing of rank 0's and one with an
+    unknown end THEN each offset is its own (medians over its matches), 0 without a match, NaN
+    with an unknown end; ranks in order."""
+    rows = [(r, "g", k, 10.0 * k + 10.0 * r + (0.5 if k == 2 else 0.0)) for r in (3, 0, 1, 2) for k in range(3)]
+    rows += [(4, "other", 0, 99.0), (5, "g", 0, 50.0), (5, "g", 1, float("nan"))]
+    ends = pd.DataFrame(rows, columns=["rank", "group", "key", "end_us"])
+    offsets = timebase.clock_offsets(ends)
+    assert list(offsets) == [0, 1, 2, 3, 4, 5]
+    assert [offsets[r] for r in range(4)] == [0.0, 10.0, 20.0, 30.0] and offsets[4] == 0.0
+    assert math.isnan(offsets[5])
+
+
+def test_a_partial_rank_is_realigned_by_its_missing_collectives():
+    """GIVEN rank 1's trace starting one collective late and rank 2's the same as rank 0's
+    THEN rank 1 is shifted by +1, rank 2 by 0."""
+    from sptrace.reduce.matching import _shifts
+
+    kinds = ["all_reduce", "all_gather", "reduce_scatter", "all_reduce"]
+    rows = [(0, k) for k in kinds] + [(1, k) for k in kinds[1:]] + [(2, k) for k in kinds]
+    g = pd.DataFrame(rows, columns=["rank", "kind"]).assign(in_bytes=8)
+    assert _shifts(g, 0) == {0: 0, 1: 1, 2: 0}
