@@ -10,12 +10,14 @@ from sptrace.load.frame import events_frame
 
 def _table() -> pa.Table:
     names = pa.array(["aten::mm", None, "aten::mm", "nccl:all_gather"]).dictionary_encode()
-    return pa.table({
-        "name": names,
-        "ts_ns": pa.array([5, None, 7, 2**40], pa.int64()),
-        "dur_ns": pa.array([1, 2, 3, 4], pa.int64()),
-        "input_dims": pa.array(["[[2, 3]]", None, "", "[]"]),
-    })
+    return pa.table(
+        {
+            "name": names,
+            "ts_ns": pa.array([5, None, 7, 2**40], pa.int64()),
+            "dur_ns": pa.array([1, 2, 3, 4], pa.int64()),
+            "input_dims": pa.array(["[[2, 3]]", None, "", "[]"]),
+        }
+    )
 
 
 def _by_pyarrow(table: pa.Table) -> pd.DataFrame:
