@@ -44,6 +44,8 @@ class SpooledRanks(Mapping[int, T], Generic[T]):
         self._file: io.BufferedRandom | None = None
         self._where: dict[int, tuple[int, int]] = {}
         """rank -> (offset, length) in the file, once spilled."""
+        self._at_end: int | None = 0
+        """The file's length while its position is there (None after a read)."""
 
     @property
     def spilled(self) -> bool:
@@ -66,14 +68,17 @@ class SpooledRanks(Mapping[int, T], Generic[T]):
     def _write(self, rank: int, value: T) -> None:
         assert self._file is not None
         blob = pickle.dumps(value, 5)
-        offset = self._file.seek(0, io.SEEK_END)
-        self._file.write(blob)
-        self._where[rank] = (offset, len(blob))
+        if self._at_end is None:  # (a read moved the file's position: back to its end)
+            self._at_end = self._file.seek(0, io.SEEK_END)
+        self._file.write(blob)  # (no seek before each write: a seek flushes the write buffer)
+        self._where[rank] = (self._at_end, len(blob))
+        self._at_end += len(blob)
 
     def __getitem__(self, rank: int) -> T:
         if self._file is None:
             return self._held[rank]
         offset, length = self._where[rank]
+        self._at_end = None
         self._file.seek(offset)
         return pickle.loads(self._file.read(length))
 
@@ -87,7 +92,7 @@ class SpooledRanks(Mapping[int, T], Generic[T]):
         return rank in (self._where if self._file is not None else self._held)
 
     def __getstate__(self) -> dict[str, object]:  # pickled (a cached analysis): held, file and all
-        return {"spill_past": self.spill_past, "_held": dict(self.items()), "_file": None, "_where": {}}
+        return {"spill_past": self.spill_past, "_held": dict(self.items()), "_file": None, "_where": {}, "_at_end": 0}
 
 
 class FrameChunks:

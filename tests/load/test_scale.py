@@ -131,6 +131,10 @@ def test_a_spooled_store_moves_to_an_unlinked_file_past_its_limit() -> None:
     again = pickle.loads(pickle.dumps(store))
     assert not again.spilled and sorted(again) == [0, 1, 2, 3, 4]
     pd.testing.assert_frame_equal(again[2], frames[2])
+    store.put(5, frames[0].assign(rank=5))  # a write after reads goes to the file's end, not over a value
+    store.put(6, frames[1].assign(rank=6))
+    for r in range(7):
+        assert store[r]["rank"].tolist() == [r] * 3
 
 
 def test_frame_chunks_join_in_order_with_their_strings_back() -> None:
