@@ -12,6 +12,15 @@ ends, one ``sptrace.released::`` event says, for each watched buffer, who releas
 ``backend`` (another thread), the ``model``'s thread, or nobody yet (``alive``: the model still
 holds it). sptrace.detect.holders reads it (markers.ReleasedCensus).
 
+A finished call's last reference can still be the backend's for a moment after the call returns:
+gloo's worker drops its work item only once it is scheduled again, which on a loaded machine can
+be after a short backward has ended. So while a watched buffer is still held when the census is
+taken, the census waits for releases, at most ``SETTLE_S`` (sleeping, so that the backend's thread
+gets the interpreter): a buffer the backend let go in that time is the backend's, one still held
+after it is the model's. A step with nothing left alive waits not at all; one whose model keeps a
+watched buffer (a cache, a persistent buffer, a stray) pays ``SETTLE_S`` at each boundary, in the
+profiled steps only.
+
 The collectives are watched by wrapping torch.distributed's functions and the functional
 collectives' while an instrumentation is installed (a call through a name bound before
 ``sptrace.instrument`` ran, ``from torch.distributed import all_gather_into_tensor``, is not seen:
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from types import ModuleType
@@ -41,6 +51,11 @@ _RETURNING = ("all_gather_tensor", "all_gather_tensor_autograd", "reduce_scatter
               "reduce_scatter_tensor_autograd", "all_to_all_single", "all_to_all_single_autograd",
               "all_gather_single", "reduce_scatter_single")  # fmt: skip
 """torch.distributed._functional_collectives functions whose result is the buffer the call made."""
+
+SETTLE_S = 0.05
+"""The longest the census waits for a backend's thread to drop a finished call's reference (a
+thread that is runnable gets the CPU within a few scheduler periods, even on a loaded machine)."""
+SETTLE_POLL_S = 0.0005
 
 Watched = Callable[[tuple[object, ...], Mapping[str, object], object], list[object]]
 """What a wrapped function's call filled or made, from its (args, kwargs, result)."""
@@ -77,7 +92,16 @@ class Watch:
         self._refs.add(entry[0])
         self.entries.append(entry)
 
-    def census(self) -> ReleasedCensus:
+    def held(self) -> int:
+        """How many watched buffers nobody has released yet."""
+        return sum(1 for ref, _, _, who in self.entries if who is None and ref() is not None)
+
+    def census(self, settle_s: float = SETTLE_S) -> ReleasedCensus:
+        """Who released each watched buffer, once the backend's threads have had ``settle_s`` to
+        drop what they still hold."""
+        deadline = time.monotonic() + settle_s
+        while self.held() and time.monotonic() < deadline:
+            time.sleep(SETTLE_POLL_S)
         return ReleasedCensus([(ptr, nbytes, who or ("alive" if ref() is not None else "backend"))
                                for ref, ptr, nbytes, who in self.entries])  # fmt: skip
 

@@ -94,7 +94,8 @@ def _per_rank(collectives: pd.DataFrame, ranks: list[int]) -> pd.DataFrame:
         parts = pd.DataFrame({"n": 1, "wire": wire, "unknown": unknown.astype(int)})
         totals = parts.groupby(collectives["rank"].to_numpy()).sum()
     else:
-        totals = pd.DataFrame(columns=["n", "wire", "unknown"])
+        totals = pd.DataFrame({"n": pd.Series(dtype=float), "wire": pd.Series(dtype=float),
+                               "unknown": pd.Series(dtype=float)})  # fmt: skip
     totals = totals.reindex(ranks)
     return pd.DataFrame({
         "rank": list(ranks), "collectives": totals["n"].fillna(0).astype(int).to_numpy(),

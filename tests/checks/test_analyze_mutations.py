@@ -73,9 +73,14 @@ def mutate(trace: dict, draw: dict) -> dict:
         events.remove(op)
         if note is not None:
             events.remove(note)
-    elif m == "extra":
+    elif m == "extra":  # a second call, made after the first returns and before the thread's next event
+        end = op["ts"] + op["dur"]
+        after = min(e["ts"] for e in events if e.get("tid") == op["tid"] and e.get("ph") == "X" and e["ts"] > end)
         twin = copy.deepcopy(op)
-        twin["ts"] = op["ts"] + op["dur"] + 0.5
+        # (never overlapping that next event: one thread's events nest or follow each other, and
+        # a call as long as a slow first one could swallow the next collective)
+        twin["ts"] = end + 0.5
+        twin["dur"] = min(op["dur"], (after - end) / 2)
         twin["args"]["External id"] = -1
         events.append(twin)
         marker["dur"] = max(marker["dur"], twin["ts"] + twin["dur"] - marker["ts"] + 0.1)
