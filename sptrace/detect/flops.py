@@ -21,7 +21,7 @@ from math import prod
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.columns import is_one_of, take_columns
+from sptrace.detect.columns import is_one_of, sums_by, take_columns
 from sptrace.detect.index import RankIndex
 from sptrace.detect.module_clock import ModuleClock
 from sptrace.detect.work import phases_at
@@ -92,9 +92,6 @@ def detect_flops(idx: RankIndex, clock: ModuleClock, rank: int) -> pd.DataFrame:
     tid = ops["tid"].to_numpy(dtype=np.int64, na_value=-1)[keep]
     labels = clock.at(ts, tid)
     names_phases = [clock.labels[x] if x >= 0 else (None, "") for x in labels.tolist()]
-    frame = pd.DataFrame({
-        "rank": rank, "module": [m for m, _ in names_phases],
-        "phase": phases_at(idx, ts, [p for _, p in names_phases]), "flops": flops[keep],
-    })  # fmt: skip
-    frame = frame[frame["module"].notna()]
-    return frame.groupby(["rank", "module", "phase"], as_index=False, sort=False)["flops"].sum()[FLOPS_COLUMNS]
+    keys = {"rank": [rank] * len(ts), "module": [m for m, _ in names_phases],
+            "phase": phases_at(idx, ts, [p for _, p in names_phases])}  # fmt: skip
+    return sums_by(keys, flops[keep].tolist(), "flops")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from sptrace.detect.columns import sums_by, values_of
 from sptrace.detect.timing import RankTiming
 
 STEP_WORK_COLUMNS = ["rank", "step", "module", "phase", "time_us"]
@@ -27,9 +28,6 @@ def work_by_step(work: pd.DataFrame | None, timing: RankTiming | None) -> pd.Dat
     step = np.full(len(work), None, dtype=object)
     for name, lo, hi in windows:
         step[(start >= lo) & (start < hi)] = name
-    frame = pd.DataFrame({
-        "rank": timing.rank, "step": step, "module": work["module"].astype(object).to_numpy(),
-        "phase": work["phase"].astype(object).to_numpy(), "time_us": work["dur_us"].to_numpy(dtype=float),
-    })  # fmt: skip
-    frame = frame[frame["step"].notna() & frame["module"].notna()]
-    return frame.groupby(["rank", "step", "module", "phase"], as_index=False, sort=False)["time_us"].sum()
+    keys = {"rank": [timing.rank] * len(work), "step": step.tolist(), "module": values_of(work["module"]),
+            "phase": values_of(work["phase"])}  # fmt: skip
+    return sums_by(keys, work["dur_us"].to_numpy(dtype=float).tolist(), "time_us")

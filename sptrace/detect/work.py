@@ -17,10 +17,12 @@ rank's module clock (sptrace.detect.module_clock) tells it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.columns import has_prefix, take_columns
+from sptrace.detect.columns import Distinct, take_columns
 from sptrace.detect.index import RankIndex
 from sptrace.detect.kinds import NOT_THREAD_WORK, NOT_WORK
 from sptrace.detect.module_clock import ModuleClock, module_clock
@@ -60,8 +62,9 @@ def detect_work(
         blocked = (idx.table.start[comm], idx.table.end[comm])
     # a CPU trace's work is its busiest thread's (another thread's ops there are gloo's workers
     # and the like, which run while the rank waits)
-    for tid in cpu["tid"].value_counts().index[: threads if gpu else 1].tolist() if len(cpu) else []:
-        ts, te, tl = _thread_work(cpu[cpu["tid"] == tid], int(tid), clock, waits)
+    ops = _CpuOps.of(cpu)
+    for tid in ops.busiest(threads if gpu else 1):
+        ts, te, tl = _thread_work(ops.of_thread(tid), tid, clock, waits)
         cover = _fill(cover, ts, te, tl, blocked)
     starts, ends, labels, lanes = cover
     if not len(starts):
@@ -158,8 +161,46 @@ def _in_flight(collectives: pd.DataFrame | None) -> list[tuple[float, float]]:
     return merge_intervals(start * 1e3, end * 1e3)
 
 
+@dataclass(frozen=True)
+class _CpuOps:
+    """A rank's CPU ops and annotations as arrays, each name tested once for the whole rank."""
+
+    tid: np.ndarray
+    has_tid: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    comm: np.ndarray
+    """Communication: issuing or waiting on a collective (kinds.NOT_WORK)."""
+    work: np.ndarray
+    """Neither communication nor the step's own ranges (kinds.NOT_THREAD_WORK)."""
+    mark: np.ndarray
+    """Communication annotations (gloo:send, nccl:all_reduce), which may span an async call."""
+
+    @classmethod
+    def of(cls, cpu: pd.DataFrame) -> _CpuOps:
+        start = cpu["ts_ns"].to_numpy(dtype=np.int64, na_value=0)
+        names = Distinct(cpu["name"])
+        comm = names.prefix(NOT_WORK)
+        annotation = Distinct(cpu["cat"]).one_of(["user_annotation"])
+        tid = cpu["tid"]
+        return cls(tid.to_numpy(dtype=np.int64, na_value=-1), tid.notna().to_numpy(), start,
+                   start + cpu["dur_ns"].to_numpy(dtype=np.int64, na_value=0), comm,
+                   ~comm & ~names.prefix(NOT_THREAD_WORK), comm & annotation)  # fmt: skip
+
+    def busiest(self, n: int) -> list[int]:
+        """The ``n`` threads with the most events (ties: the one seen first, as pandas'
+        value_counts orders them)."""
+        ids, first, counts = np.unique(self.tid[self.has_tid], return_index=True, return_counts=True)
+        order = np.lexsort((first, -counts))
+        return ids[order][:n].tolist()
+
+    def of_thread(self, tid: int) -> _CpuOps:
+        at = np.flatnonzero((self.tid == tid) & self.has_tid)
+        return _CpuOps(*(getattr(self, f.name)[at] for f in fields(self)))
+
+
 def _thread_work(
-    cpu: pd.DataFrame, tid: int, clock: ModuleClock, waits: list[tuple[float, float]]
+    ops: _CpuOps, tid: int, clock: ModuleClock, waits: list[tuple[float, float]]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One thread's work: its CPU ops and annotations (not the step's own ranges), less its
     communication ops; cut where the innermost module changes and labelled. A module range, and
@@ -167,13 +208,10 @@ def _thread_work(
     only where no collective was in flight (``waits``): the thread may be blocked in it."""
     from sptrace.detect.timing import merge_intervals, subtract
 
-    s = cpu["ts_ns"].to_numpy(dtype=np.int64, na_value=0)
-    e = s + cpu["dur_ns"].to_numpy(dtype=np.int64, na_value=0)
-    comm = has_prefix(cpu["name"], NOT_WORK)
-    work = ~comm & ~has_prefix(cpu["name"], NOT_THREAD_WORK)
+    s, e, comm, work = ops.start, ops.end, ops.comm, ops.work
     # a comm annotation (gloo:send, nccl:all_reduce) may span from an async call's issue to its
     # wait: the ops that ran inside it meanwhile (ring attention's blocks) are work
-    marks = comm & (cpu["cat"].astype(str).to_numpy() == "user_annotation")
+    marks = ops.mark
     issued = np.sort(s[comm])
     first = np.searchsorted(issued, s, side="left")  # the first collective issued at or after the op
     holds = (first < len(issued)) & (issued[np.minimum(first, len(issued) - 1)] < e) if len(issued) else False
