@@ -26,7 +26,9 @@ def events_frame(table: pa.Table) -> pd.DataFrame:
             return _by_pyarrow(table)
         arr = column.chunk(0)
         kind = arr.type
-        if pa.types.is_dictionary(kind) and pa.types.is_string(kind.value_type):
+        if arr.null_count == len(arr) and (empty := _all_missing(kind, len(arr))) is not None:
+            columns[name] = empty  # (half a rank's columns are fields its events never have)
+        elif pa.types.is_dictionary(kind) and pa.types.is_string(kind.value_type):
             categories = pd.Index(arr.dictionary.to_pylist(), dtype=object)
             codes = to_numpy(arr.indices, fill=-1).astype(np.int32, copy=False)
             columns[name] = pd.Categorical.from_codes(codes, dtype=pd.CategoricalDtype(categories), validate=False)
@@ -38,6 +40,21 @@ def events_frame(table: pa.Table) -> pd.DataFrame:
         else:
             return _by_pyarrow(table)
     return pd.DataFrame(columns, copy=False)
+
+
+_NO_CATEGORIES = pd.CategoricalDtype(pd.Index([], dtype=object))
+
+
+def _all_missing(kind: pa.DataType, n: int) -> object | None:
+    """A column of ``n`` missing values of ``kind``, made without reading its buffers (None: a
+    type this frame does not build)."""
+    if pa.types.is_dictionary(kind) and pa.types.is_string(kind.value_type):
+        return pd.Categorical.from_codes(np.full(n, -1, dtype=np.int32), dtype=_NO_CATEGORIES, validate=False)
+    if kind == pa.int64():
+        return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+    if pa.types.is_string(kind):
+        return np.full(n, None, dtype=object)
+    return None
 
 
 def _by_pyarrow(table: pa.Table) -> pd.DataFrame:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TypedDict, cast
 
 from sptrace.load.files import RUN_FILE, find_traces
-from sptrace.load.trace import DistributedInfo
+from sptrace.load.trace import DistributedInfo, is_json_count
 from sptrace.vocab.errors import TraceError, UsageError
 
 
@@ -70,7 +70,7 @@ def replicate_run(source: Path, n: int, out: Path) -> Path:
     for f in files:
         t = read_document(f)
         info = t.get("distributedInfo") if isinstance(t, dict) else None
-        if not isinstance(info, dict) or not isinstance(info.get("rank"), int):
+        if not isinstance(info, dict) or not is_json_count(info.get("rank")):
             raise TraceError(f, "no distributedInfo rank: cannot tell which rank to replicate")
         traces[info["rank"]] = t
     world = len(traces)

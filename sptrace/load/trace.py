@@ -209,13 +209,18 @@ def load_trace(
 
 def _identify(path: Path, metadata: TraceMetadata) -> tuple[int | None, int | None, str]:
     info = metadata.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+    if isinstance(info, dict) and is_json_count(info.get("rank")):
         world = info.get("world_size")
-        return info["rank"], world if isinstance(world, int) else None, "distributedInfo"
+        return info["rank"], world if is_json_count(world) else None, "distributedInfo"
     match = RANK_IN_NAME.search(path.name)
     if match:
         return int(match.group(1)), None, "file name"
     return None, None, "none"
+
+
+def is_json_count(value: object) -> bool:
+    """A JSON integer: ``true`` and ``false`` are Python ints too, but no rank or world size."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def assemble_run(root: Path | None, traces: list[RankTrace], notes: list[str], run_info: RunInfo | None) -> RunTrace:

@@ -80,6 +80,8 @@ def clock_offsets(matched: pd.DataFrame) -> dict[int, float]:
     join of every rank's rows with the reference's and a grouped median (a join per rank cost
     47 s of a 10,000-rank reduce); a rank with an unknown end among its matches has NaN, as
     numpy's median gives."""
+    if matched.empty:
+        return {}
     ref_rank = int(matched["rank"].min())
     keys = ["group", "key"]
     ref = matched.loc[matched["rank"] == ref_rank, [*keys, "end_us"]].rename(columns={"end_us": "ref"})

@@ -117,6 +117,17 @@ def test_rank_from_file_name_and_unknown_rank(tmp_path):
     assert alone.world_size == 1 and alone.ranks[0].rank_source == "single file"
 
 
+def test_a_boolean_rank_or_world_size_is_not_a_number(tmp_path):
+    """JSON's true and false are no rank: the file name, or the file alone, decides instead."""
+    write(tmp_path, "rank3.json", trace_json(rank=False, world=True))
+    with pytest.warns(sptrace.load.TraceWarning, match=r"3 of 4 ranks have no trace"):
+        run = sptrace.load_run(tmp_path, cache=False)
+    assert list(run.ranks) == [3] and run.ranks[3].rank_source == "file name" and run.world_size == 4
+    write(tmp_path / "alone", "trace.json", trace_json(rank=True, world=False))
+    alone = sptrace.load_run(tmp_path / "alone" / "trace.json", cache=False)
+    assert list(alone.ranks) == [0] and alone.world_size == 1 and alone.ranks[0].rank_source == "single file"
+
+
 def test_hta_outputs_are_skipped_and_bad_ranks_can_be_skipped(tmp_path, capsys):
     write(tmp_path, "rank0.json", trace_json(rank=0, world=2))
     write(tmp_path, "rank0_with_counters.json", trace_json(rank=0, world=2))
