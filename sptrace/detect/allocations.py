@@ -26,7 +26,7 @@ import pandas as pd
 
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.boundaries import Boundary, find_boundaries
-from sptrace.detect.columns import has_prefix, is_one_of, take_columns
+from sptrace.detect.columns import empty_frame, has_prefix, is_one_of, take_columns
 from sptrace.detect.handed import Handed, HandedTensors
 from sptrace.detect.holders import BACKEND_THREADS, SAVED_RECORD, Holder, HolderRules
 from sptrace.detect.index import RankIndex
@@ -175,7 +175,7 @@ def detect_retained(
     out.layers_seen = _layers_seen(idx)
     if not bounds:
         out.shapes_seen = _shapes_seen(cpu, forward_start_ns(trace), None)
-        out.tensors = pd.DataFrame(columns=RETAINED_COLUMNS)
+        out.tensors = empty_frame(RETAINED_COLUMNS)
         return out
     for b in bounds:
         out.shapes_seen |= _shapes_seen(cpu, b.forward_ns, b.backward_ns, out.shape_dtypes)

@@ -21,7 +21,7 @@ from math import prod
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.columns import is_one_of, sums_by, take_columns
+from sptrace.detect.columns import empty_frame, is_one_of, sums_by, take_columns
 from sptrace.detect.index import RankIndex
 from sptrace.detect.module_clock import ModuleClock
 from sptrace.detect.work import phases_at
@@ -81,11 +81,11 @@ def detect_flops(idx: RankIndex, clock: ModuleClock, rank: int) -> pd.DataFrame:
     no shapes of a counted op."""
     events = idx.events
     if "input_dims" not in events:
-        return pd.DataFrame(columns=FLOPS_COLUMNS)
+        return empty_frame(FLOPS_COLUMNS)
     counted = idx.is_cpu & is_one_of(events["name"], [*_MATMUL_OPERANDS, *_ATTENTION])
     ops = take_columns(events, counted, ["name", "tid", "ts_ns", "input_dims"])
     if not len(ops):
-        return pd.DataFrame(columns=FLOPS_COLUMNS)
+        return empty_frame(FLOPS_COLUMNS)
     flops = np.array([op_flops(n, d) for n, d in zip(ops["name"].tolist(), ops["input_dims"].tolist())])
     keep = flops > 0
     ts = ops["ts_ns"].to_numpy(dtype=np.int64, na_value=0)[keep]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.columns import sums_by, values_of
+from sptrace.detect.columns import empty_frame, sums_by, values_of
 from sptrace.detect.timing import RankTiming
 
 STEP_WORK_COLUMNS = ["rank", "step", "module", "phase", "time_us"]
@@ -20,7 +20,7 @@ def work_by_step(work: pd.DataFrame | None, timing: RankTiming | None) -> pd.Dat
     (every step the rank recorded; else its measured step window, named ONE_STEP); stretches with
     no module or outside every step are left out."""
     if work is None or work.empty or timing is None:
-        return pd.DataFrame(columns=STEP_WORK_COLUMNS)
+        return empty_frame(STEP_WORK_COLUMNS)
     windows = list(timing.steps)
     if not windows and timing.step_start_us is not None and timing.step_ms is not None:
         windows = [(ONE_STEP, timing.step_start_us, timing.step_start_us + timing.step_ms * 1e3)]

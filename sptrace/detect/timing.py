@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.columns import has_prefix, take_columns
+from sptrace.detect.columns import empty_frame, has_prefix, take_columns
 from sptrace.detect.index import RankIndex
 from sptrace.detect.kinds import COMM_CALLS
 from sptrace.load.trace import RankTrace
@@ -185,7 +185,7 @@ def detect_compute(trace: RankTrace, index: RankIndex | None = None, max_segment
         ev = idx.events
         cpu = take_columns(ev, idx.is_cpu & idx.by_cat.one_of(["cpu_op"]), ["tid", "name", "ts_ns", "dur_ns"])
         if cpu.empty:
-            return pd.DataFrame(columns=["rank", "start_us", "dur_us"])
+            return empty_frame(["rank", "start_us", "dur_us"])
         busiest = cpu["tid"].value_counts().index[0]
         cpu = cpu[cpu["tid"] == busiest]
         comm = has_prefix(cpu["name"], _NOT_COMPUTE)

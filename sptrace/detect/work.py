@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.columns import Distinct, take_columns
+from sptrace.detect.columns import Distinct, empty_frame, take_columns
 from sptrace.detect.index import RankIndex
 from sptrace.detect.kinds import NOT_THREAD_WORK, NOT_WORK
 from sptrace.detect.module_clock import ModuleClock, module_clock
@@ -68,7 +68,7 @@ def detect_work(
         cover = _fill(cover, ts, te, tl, blocked)
     starts, ends, labels, lanes = cover
     if not len(starts):
-        return pd.DataFrame(columns=WORK_COLUMNS)
+        return empty_frame(WORK_COLUMNS)
     s, e, lab, lane = _close_gaps(starts, ends, labels, lanes, (ends.max() - starts.min()) / max_segments)
     names = [clock.labels[x] if x >= 0 else (None, "") for x in lab]
     phases = phases_at(idx, s, [p for _, p in names])

@@ -23,6 +23,11 @@ Result = TypeVar("Result")
 EXECUTORS = ("local", "dask")
 PARALLEL_MIN_BYTES = 32 * 2**20
 """Below this much trace data, local worker processes cost more than they save."""
+BATCH_ITEMS = 8
+"""Ranks handed to a local worker process in one task: a task's round trip (the driver's thread
+waking, the call and its arguments pickled) costs as much as a small rank's map, and a batch pays
+it once (a fifth of the driver's time at 1024 ranks: docs/performance.md)."""
+BATCHES_PER_WORKER = 4
 PROGRESS_LINES_PAST = 64
 """A map over more ranks than this says how far it is (a line per 10%) even off a terminal: a CI
 log or a batch job's shows a long run moving."""
@@ -94,12 +99,24 @@ def _processes(
 
     # spawn: forking a process whose Arrow thread pool is running can deadlock
     ctx = multiprocessing.get_context("spawn")
+    size = batch_size(len(items), workers)
+    batches = [items[i : i + size] for i in range(0, len(items), size)]
     with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx) as pool:
-        futures = {pool.submit(_call, item, fn, args): item for item in items}
+        futures = {pool.submit(_call_each, batch, fn, args): batch for batch in batches}
         for fut in as_completed(futures):
-            item = futures.pop(fut)  # (a finished future holds its result: let it go with the yield)
-            yield item, fut.result()
-            bar.update(1)
+            batch = futures.pop(fut)  # (a finished future holds its results: let them go with the yields)
+            yield from zip(batch, fut.result())
+            bar.update(len(batch))
+
+
+def batch_size(items: int, workers: int) -> int:
+    """Items a worker process is handed at once: up to BATCH_ITEMS, and at least BATCHES_PER_WORKER
+    batches a worker, so that the last ones still spread over every worker."""
+    return max(1, min(BATCH_ITEMS, items // (workers * BATCHES_PER_WORKER)))
+
+
+def _call_each(batch: Sequence[Item], fn: Callable[..., Result], args: tuple[object, ...]) -> list[Result | TraceError]:
+    return [_call(item, fn, args) for item in batch]
 
 
 def _dask(

@@ -70,7 +70,7 @@ class GatheredRanks:
         trace.metadata = share_equal(trace.metadata, self._shared)  # type: ignore[assignment]
         if trace.stats is not None:
             trace.stats = share_equal(trace.stats, self._shared)  # type: ignore[assignment]
-        if self.keep_descriptions:
+        if self.keep_descriptions and result.description is not None:
             self.descriptions[rank] = result.description
         for name in ("collectives", "phases", "memory", "module_times", "step_work", "flops"):
             frame = getattr(result, name)

@@ -58,8 +58,10 @@ class RankResult:
 
     trace: RankTrace
     """Released: metadata and counts, no table (``trace.table`` reads it again on demand)."""
-    description: RankDescription
-    """sptrace.load.describe.describe_rank's counts (what ``sptrace info`` shows)."""
+    description: RankDescription | None = None
+    """sptrace.load.describe.describe_rank's counts (what ``sptrace info`` shows): made only for
+    a spec with no parts (``info``'s; the other commands never read it, and it costs a rank's
+    map 3%)."""
     collectives: pd.DataFrame | None = None
     timing: RankTiming | None = None
     compute: pd.DataFrame | None = None
@@ -81,11 +83,11 @@ class RankResult:
 
 def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
     """One loaded rank's summary (its table is left as it is: the caller owns the trace)."""
-    from sptrace.load.describe import describe_rank
-
-    result = RankResult(trace=trace, description=describe_rank(trace))
     if not spec.parts:  # sptrace info: the Arrow counts alone, no pandas table
-        return result
+        from sptrace.load.describe import describe_rank
+
+        return RankResult(trace=trace, description=describe_rank(trace))
+    result = RankResult(trace=trace)
     from sptrace.detect.collectives import detect_collectives
     from sptrace.detect.index import RankIndex
 
@@ -251,13 +253,13 @@ def rank_memory(trace: RankTrace, max_points: int = 1500) -> tuple[pd.DataFrame,
     ``max_points``: the page needs the shape, not every event), and the peak."""
     import pandas as pd
 
-    from sptrace.detect.columns import is_one_of, take_columns
+    from sptrace.detect.columns import empty_frame, is_one_of, take_columns
 
     ev = trace.events
     is_memory = is_one_of(ev["name"], ["[memory]"]) & ev["mem_total_allocated"].notna().to_numpy()
     mem = take_columns(ev, is_memory, ["ts_ns", "mem_total_allocated"])
     if mem.empty:
-        return pd.DataFrame(columns=MEMORY_COLUMNS), None
+        return empty_frame(MEMORY_COLUMNS), None
     mem = mem.sort_values("ts_ns", kind="stable")
     part = mem.iloc[:: max(len(mem) // max_points, 1)]
     series = pd.DataFrame({
