@@ -340,11 +340,10 @@ def _shapes_seen(
     if bwd is not None:
         inside &= ts < bwd
     dims, types = cpu["input_dims"].to_numpy()[inside], cpu["input_types"].to_numpy()[inside]
-    pairs = {(d, t): None for d, t in zip(dims.tolist(), types.tolist()) if d is not None and not pd.isna(d)}
+    # (no JSON text, no shapes: a missing value, NA or NaN, is no str)
+    pairs = {(d, t): None for d, t in zip(dims.tolist(), types.tolist()) if isinstance(d, str)}
     seen: set[tuple[int, ...]] = set()
     for text, kinds_text in pairs:
-        if not isinstance(text, str):
-            continue  # (no JSON text: no shapes)
         shapes, typed = _arg_shapes(text, kinds_text if isinstance(kinds_text, str) else None)
         seen.update(shapes)
         if dtypes_of is not None:

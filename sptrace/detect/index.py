@@ -152,8 +152,10 @@ class RankIndex:
 
     @cached_property
     def forward_by_seq(self) -> pd.DataFrame:
-        """The forward op that created each autograd node, by sequence number."""
-        return self.frame(self._forward_rows)
+        """The forward op that created each autograd node, by sequence number: its time,
+        duration and number (what the boundaries and the step window read; not the table's 40
+        columns)."""
+        return take_columns(self.events, self._forward_rows, ["ts_ns", "dur_ns", "seq_num"]).reset_index(drop=True)
 
     def step_of(self, ts: int) -> int | None:
         if not len(self.steps):

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.columns import is_one_of, take_columns
+from sptrace.detect.columns import empty_frame, is_one_of, take_columns
 from sptrace.load.trace import RankTrace
 
 LEDGER_COLUMNS = ["device_type", "device_id", "addr", "bytes", "alloc_ns", "free_ns", "lost_free", "tid", "free_tid"]
@@ -56,7 +56,8 @@ def _memory_events(trace: RankTrace) -> pd.DataFrame:
         return kept[1]
     is_memory = is_one_of(ev["name"], ["[memory]"]) & ev["mem_bytes"].notna().to_numpy()
     mem = take_columns(ev, is_memory, _MEMORY_COLUMNS)
-    mem = mem.sort_values(["ts_ns", "ev_idx"], kind="stable", na_position="first")
+    if len(mem):  # (a trace without memory events has nothing to order: a sort's set-up saved)
+        mem = mem.sort_values(["ts_ns", "ev_idx"], kind="stable", na_position="first")
     key = id(ev)
     _MEMORY[key] = (weakref.ref(ev, lambda _, key=key: _MEMORY.pop(key, None)), mem)
     return mem
@@ -64,6 +65,8 @@ def _memory_events(trace: RankTrace) -> pd.DataFrame:
 
 def detect_ledger(trace: RankTrace) -> pd.DataFrame:
     mem = _memory_events(trace)
+    if mem.empty:  # (no memory profile: most traces of a job; the frames' set-up is most of the cost)
+        return empty_frame(LEDGER_COLUMNS)
     mem = mem[mem["mem_addr"].notna()]
     live: dict[tuple, Allocation] = {}
     rows: list[Allocation] = []

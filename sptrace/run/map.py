@@ -233,7 +233,7 @@ def rank_phases(trace: RankTrace) -> pd.DataFrame:
     """The rank's phase ranges (sptrace.phase markers, else its ProfilerStep), in us."""
     import pandas as pd
 
-    from sptrace.detect.columns import has_prefix, is_one_of, take_columns
+    from sptrace.detect.columns import empty_frame, has_prefix, is_one_of, take_columns
     from sptrace.vocab import markers
 
     ev = trace.events
@@ -241,11 +241,15 @@ def rank_phases(trace: RankTrace) -> pd.DataFrame:
     marked = take_columns(ev, has_prefix(ev["name"], markers.PHASE) & is_one_of(ev["ph"], ["X"]), columns)
     if marked.empty:
         marked = take_columns(ev, has_prefix(ev["name"], "ProfilerStep#"), columns)
-    rows = []
-    for name, ts, dur in zip(map(str, marked["name"]), marked["ts_ns"], marked["dur_ns"].fillna(0)):
-        phase = name[len(markers.PHASE) :] if name.startswith(markers.PHASE) else "step"
-        rows.append({"rank": trace.rank, "phase": phase, "start_us": ts / 1e3, "dur_us": dur / 1e3})
-    return pd.DataFrame(rows, columns=PHASE_COLUMNS)
+    if marked.empty:
+        return empty_frame(PHASE_COLUMNS)
+    names = [str(n) for n in marked["name"].tolist()]
+    return pd.DataFrame({
+        "rank": [trace.rank] * len(names),
+        "phase": [n[len(markers.PHASE) :] if n.startswith(markers.PHASE) else "step" for n in names],
+        "start_us": [ts / 1e3 for ts in marked["ts_ns"]],
+        "dur_us": [dur / 1e3 for dur in marked["dur_ns"].fillna(0)],
+    }, columns=PHASE_COLUMNS)  # fmt: skip
 
 
 def rank_memory(trace: RankTrace, max_points: int = 1500) -> tuple[pd.DataFrame, int | None]:
