@@ -119,7 +119,9 @@ def add_load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-bad", action="store_true", help="warn about unusable rank files and analyse the rest")
     g = p.add_argument_group("where ranks are parsed (each rank summarized where it is parsed)")
     g.add_argument(
-        "--workers", type=int, help="worker processes (default: one per core for runs over 32 MB, else this process)"
+        "--workers",
+        type=int,
+        help="processes mapping ranks, this one among them (default: one per core for runs over 32 MB, else this one)",
     )
     g.add_argument(
         "--executor", choices=EXECUTORS, default="local",

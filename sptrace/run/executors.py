@@ -94,19 +94,38 @@ def _call(item: Item, fn: Callable[..., Result], args: tuple[object, ...]) -> Re
 def _processes(
     fn: Callable[..., Result], items: Sequence[Item], args: tuple[object, ...], workers: int, bar: Progress
 ) -> Iterator[tuple[Item, Result | TraceError]]:
+    """The map on ``workers`` processes, this one among them: ``workers - 1`` spawned ones take
+    batches from the standard library's pool, and this process maps a batch of its own whenever
+    the pool has as many in flight as keep it busy. One interpreter fewer holding pandas and Arrow
+    (160 MB of the machine's memory), and the results made here are never pickled."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from collections import deque
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
     # spawn: forking a process whose Arrow thread pool is running can deadlock
     ctx = multiprocessing.get_context("spawn")
     size = batch_size(len(items), workers)
-    batches = [items[i : i + size] for i in range(0, len(items), size)]
-    with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=ctx) as pool:
-        futures = {pool.submit(_call_each, batch, fn, args): batch for batch in batches}
-        for fut in as_completed(futures):
-            batch = futures.pop(fut)  # (a finished future holds its results: let them go with the yields)
-            yield from zip(batch, fut.result())
-            bar.update(len(batch))
+    waiting = deque(items[i : i + size] for i in range(0, len(items), size))
+    helpers = min(workers, len(waiting)) - 1
+    in_flight: dict[Future, Sequence[Item]] = {}
+    here: deque[Item] = deque()  # (this process's batch, mapped a rank at a time: the pool is fed between ranks)
+    with ProcessPoolExecutor(max_workers=max(helpers, 1), mp_context=ctx) as pool:
+        while waiting or in_flight or here:
+            while helpers and waiting and len(in_flight) < 2 * helpers:  # (one running, one queued, each)
+                batch = waiting.popleft()
+                in_flight[pool.submit(_call_each, batch, fn, args)] = batch
+            for fut in [f for f in in_flight if f.done()]:
+                batch = in_flight.pop(fut)  # (a finished future holds its results: let them go with the yields)
+                yield from zip(batch, fut.result())
+                bar.update(len(batch))
+            if not here and waiting:
+                here.extend(waiting.popleft())
+            if here:
+                item = here.popleft()
+                yield item, _call(item, fn, args)
+                bar.update(1)
+            elif in_flight:
+                wait(in_flight, return_when=FIRST_COMPLETED)
 
 
 def batch_size(items: int, workers: int) -> int:

@@ -1,11 +1,13 @@
 """Map per rank: each rank's trace becomes a small ``RankResult`` where it is parsed.
 
-A rank's event table (tens of MB to GB) lives only inside the map: in the worker process or
-Dask worker that parsed it. What comes back to the driver is what the cross-rank reduce needs
-(sptrace.analysis): the rank's collectives, step and transfer times, compute intervals,
-phases, a thinned memory series, its retained tensors, and its trace's metadata and counts.
-The driver never holds two tables at once (none with workers), so its memory does not grow
-with the event count of the run, only with these summaries.
+A rank's event table (tens of MB to GB) lives only inside the map: in the process (the driver or
+a worker) or Dask worker that parsed it, until its summary is made. What comes back to the
+driver is what the cross-rank reduce needs (sptrace.analysis): the rank's collectives, step and
+transfer times, compute intervals, phases, a thinned memory series, its retained tensors, and its
+trace's metadata and counts.
+The driver never holds two tables at once (it maps ranks of its own beside its local workers;
+none on Dask), so its memory does not grow with the event count of the run, only with these
+summaries.
 
 With the cache on, each summary is kept beside the rank's parsed table (sptrace.run.summaries):
 a rank whose trace, MapSpec and code are unchanged is read back instead of parsed and
