@@ -1,7 +1,7 @@
 """Scale: how sptrace's time and memory grow with the ranks of a run, next to HTA's.
 
     python benchmarks/bench_scale.py [--ranks 64,1024,10000] [--source RUN] [--hta] [--no-dask]
-                                     [--runs DIR] [--timeout 900]
+                                     [--runs DIR] [--timeout 900] [--repeats 1] [--repeats-upto 1024]
 
 1. Synthesizes N-rank runs from a real W-rank run with ``benchmarks/synth_run.py``: copies of
    the source's ranks, each with its own process groups, a clock offset and arrival jitter, and
@@ -20,6 +20,9 @@
    slowest planted straggler.
 4. With ``--hta``: HolisticTraceAnalysis's ``TraceAnalysis(trace_dir=RUN)`` and its temporal
    breakdown on the same run, in the same way, up to ``--hta-upto`` ranks (1024).
+5. With ``--repeats R``: at sizes up to ``--repeats-upto`` (1024), every tool runs R times, the
+   tools taking turns (a slow minute of a shared machine falls on all of them), and each row is the
+   median wall and CPU time and the largest peak.
 
 Source: DLRM on 8 GPUs (NCCL, about 0.8 MB a rank) from a corpus of real traces when one is there
 (SPTRACE_CORPUS, or ../shared/corpus beside the checkout); otherwise an 8-rank gloo run that
@@ -109,6 +112,21 @@ def measure(cmd: list[str], timeout: float) -> dict:
             "err": err.strip()[-300:]}  # fmt: skip
 
 
+def summary(runs: list[dict]) -> dict:
+    """A tool's runs at one size as one row: the median wall and CPU time (None if any timed out),
+    the largest peak, the first failing exit status."""
+    import statistics
+
+    done = [r for r in runs if r["wall"] is not None]
+    whole = len(done) == len(runs)
+    return {
+        "wall": statistics.median(r["wall"] for r in done) if whole else None,
+        "cpu": statistics.median(r["cpu"] for r in done) if whole else None,
+        "rss": max(r["rss"] for r in runs), "rc": next((r["rc"] for r in runs if r["rc"] != 0), 0),
+        "walls": [r["wall"] for r in done],
+    }  # fmt: skip
+
+
 def culprit_rank(printed: bytes) -> int | None:
     try:
         path = json.loads(printed).get("critical_path") or {}
@@ -127,6 +145,8 @@ def main() -> int:
     ap.add_argument("--dask-upto", type=int, default=1024)
     ap.add_argument("--timeout", type=float, default=900, help="seconds before a run is given up")
     ap.add_argument("--runs", type=Path, help="keep the synthetic runs here (and reuse those already there)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each tool, taking turns (medians reported)")
+    ap.add_argument("--repeats-upto", type=int, default=1024, help="repeat only at sizes up to this")
     args = ap.parse_args()
     sizes = [int(v) for v in args.ranks.split(",")]
     scratch = Path(tempfile.mkdtemp(prefix="sptrace-bench-scale-"))
@@ -148,17 +168,23 @@ def main() -> int:
                 tools["sptrace analyze (dask)"] = [*analyze, "--executor", "dask"]
             if args.hta and n <= args.hta_upto:
                 tools["HTA TraceAnalysis"] = [py, "-c", hta, str(run)]
-            printed = {}
-            for tool, cmd in tools.items():
-                r = measure(cmd, args.timeout)
-                printed[tool] = r.pop("out")
+            printed: dict[str, bytes] = {}
+            taken: dict[str, list[dict]] = {tool: [] for tool in tools}
+            for _ in range(args.repeats if n <= args.repeats_upto else 1):
+                for tool, cmd in tools.items():
+                    r = measure(cmd, args.timeout)
+                    printed.setdefault(tool, r.pop("out"))
+                    taken[tool].append(r)
+                    if r["rc"] not in (0, 1, "timeout"):
+                        print(f"    {tool} failed: {r['err']}")
+            for tool, runs in taken.items():
+                r = summary(runs)
                 rows.append({"ranks": n, "MB": mb, "tool": tool, **r})
                 wall = "timeout" if r["wall"] is None else f"{r['wall']:.1f} s"
                 cpu = "" if r["cpu"] is None else f"{r['cpu']:.1f} s"
+                each = f"  (walls {', '.join(f'{x:.1f}' for x in r['walls'])})" if len(runs) > 1 and r["wall"] else ""
                 print(f"  {n:>5} ranks {mb:>7.0f} MB  {tool:<22} wall {wall:>9}  cpu {cpu:>9}  "
-                      f"peak {r['rss'] / 2**20:>6.0f} MB  exit {r['rc']}", flush=True)  # fmt: skip
-                if r["rc"] not in (0, 1, "timeout"):
-                    print(f"    {tool} failed: {r['err']}")
+                      f"peak {r['rss'] / 2**20:>6.0f} MB  exit {r['rc']}{each}", flush=True)  # fmt: skip
             named = culprit_rank(printed.get("sptrace analyze", b""))
             checks.append(f"{n:>6} ranks: critical path culprit rank {named}; planted stragglers "
                           f"{planted.stragglers} (slowest {planted.slowest}): "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from sptrace.cli.common import add_load_flags, by_rank_set, fixed_width, map_quietly, missing, size_text, spread
@@ -25,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sptrace.detect import COLUMNS
-    from sptrace.jsonable import records
+    from sptrace.jsonable import write_records
     from sptrace.reduce.peers import merge_collectives
 
     _, ranks = map_quietly(args, ("collectives",))
@@ -34,9 +33,9 @@ def run(args: argparse.Namespace) -> int:
     if args.format in ("csv", "json"):
         out = export_frame(frame[COLUMNS], timing)
         if args.format == "csv":
-            sys.stdout.write(out.to_csv(index=False))
+            out.to_csv(sys.stdout, index=False)
             return 0
-        print(json.dumps(records(out), indent=1, default=str))
+        write_records(out, sys.stdout)  # (a chunk of rows at a time: a large run's are hundreds of MB as dicts)
         return 0
     if frame.empty:
         print("no collectives in this run")
