@@ -55,7 +55,7 @@ def sums_by(keys: dict[str, list[object]], values: list[float], name: str) -> pd
         acc[0] = t
     columns: dict[str, object] = {k: [key[i] for key in totals] for i, k in enumerate(keys)}
     columns[name] = np.array([s for s, _ in totals.values()], dtype=float)
-    return pd.DataFrame(columns, columns=[*keys, name])
+    return pd.DataFrame(columns)  # (keys, then name, in order: a columns= would cost pandas a reindex)
 
 
 def is_one_of(column: pd.Series, values: Iterable[str]) -> np.ndarray:

@@ -208,10 +208,7 @@ def detect_compute(trace: RankTrace, index: RankIndex | None = None, max_segment
             else:
                 closed.append([s, e])
         merged = [(a, b) for a, b in closed]
-    return pd.DataFrame(
-        {"rank": trace.rank, "start_us": [s for s, _ in merged], "dur_us": [e - s for s, e in merged]},
-        columns=["rank", "start_us", "dur_us"],
-    )
+    return pd.DataFrame({"rank": trace.rank, "start_us": [s for s, _ in merged], "dur_us": [e - s for s, e in merged]})
 
 
 _NOT_COMPUTE = (*COMM_CALLS, "ProfilerStep", "sptrace.", "Optimizer.")

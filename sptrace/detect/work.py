@@ -74,10 +74,15 @@ def detect_work(
     phases = phases_at(idx, s, [p for _, p in names])
     # names as categories: a rank's few hundred stretches repeat a few dozen names, and a run's
     # thousand ranks' lanes are all held until the reduce
+    # (WORK_COLUMNS in order: a columns= would cost pandas a reindex)
     return pd.DataFrame({
-        "rank": rank, "start_us": s / 1e3, "dur_us": (e - s) / 1e3, "module": _categories([m for m, _ in names]),
-        "phase": _categories(phases), "lane": pd.Categorical.from_codes(lane.astype(np.int8), ["cpu", "gpu"]),
-    }, columns=WORK_COLUMNS)  # fmt: skip
+        "rank": rank,
+        "start_us": s / 1e3,
+        "dur_us": (e - s) / 1e3,
+        "module": _categories([m for m, _ in names]),
+        "phase": _categories(phases),
+        "lane": pd.Categorical.from_codes(lane.astype(np.int8), ["cpu", "gpu"]),
+    })  # fmt: skip
 
 
 def _categories(values: list[str | None]) -> pd.Categorical:
