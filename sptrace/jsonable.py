@@ -41,6 +41,5 @@ def write_records(frame: pd.DataFrame, stream: TextIO, chunk_rows: int = 4096) -
     stream.write("[\n")
     for at in range(0, len(frame), chunk_rows):
         rows = [json.dumps(row, indent=1, default=str) for row in records(frame.iloc[at : at + chunk_rows])]
-        text = ",\n".join(rows).replace("\n", "\n ")
-        stream.write(("," if at else "") + (" " if not at else "\n ") + text)
+        stream.write((",\n " if at else " ") + ",\n".join(rows).replace("\n", "\n "))
     stream.write("\n]\n")

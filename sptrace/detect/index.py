@@ -95,11 +95,6 @@ class RankIndex:
         self.first_backward = first_bwd
         self._python_parents: dict[int, int] | None = None
 
-    def frame(self, rows: np.ndarray) -> pd.DataFrame:
-        """The events at ``rows`` (a boolean mask or positions), 0..n-1."""
-        rows = np.flatnonzero(rows) if rows.dtype == bool else rows
-        return self.events.iloc[rows].reset_index(drop=True)
-
     def rows(self, positions: np.ndarray) -> list[EventRow]:
         """The events at ``positions``, each read as it is asked (no table is taken)."""
         return [EventRow(self.events, int(i), self.table.columns) for i in positions]

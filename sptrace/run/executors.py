@@ -95,9 +95,10 @@ def _processes(
     fn: Callable[..., Result], items: Sequence[Item], args: tuple[object, ...], workers: int, bar: Progress
 ) -> Iterator[tuple[Item, Result | TraceError]]:
     """The map on ``workers`` processes, this one among them: ``workers - 1`` spawned ones take
-    batches from the standard library's pool, and this process maps a batch of its own whenever
-    the pool has as many in flight as keep it busy. One interpreter fewer holding pandas and Arrow
-    (160 MB of the machine's memory), and the results made here are never pickled."""
+    batches from the standard library's pool, and this process maps the other batches a rank at a
+    time, handing the pool more between ranks (each spawned one has one running, one queued).
+    One interpreter fewer holding pandas and Arrow (160 MB of the machine's memory), and the
+    results made here are never pickled."""
     import multiprocessing
     from collections import deque
     from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
