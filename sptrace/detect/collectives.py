@@ -106,7 +106,9 @@ def detect_collectives(trace: RankTrace, index: RankIndex | None = None, *, for_
     rows.sort(key=lambda r: r.start)
     groups = GroupTable(trace)
     records = [read_record(idx, trace.rank, groups, row) for row in rows]
-    frame = pd.DataFrame(records, columns=RANK_COLUMNS)
+    # column by column: pandas reads a list of records through a 2-d object array, 1.6x the time
+    frame = pd.DataFrame({c: [r[c] for r in records] for c in RANK_COLUMNS}) if records else (
+        pd.DataFrame(records, columns=RANK_COLUMNS))  # fmt: skip
     return frame if for_reduce else frame.drop(columns=["peer_candidates"])
 
 

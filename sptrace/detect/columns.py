@@ -96,7 +96,7 @@ class Distinct:
             for c in seen[seen >= 0].tolist():
                 v = values[c]
                 ok[c] = isinstance(v, str) and test(v)
-        hit = np.where(codes >= 0, ok[np.maximum(codes, 0)], False) if len(ok) else np.zeros(len(codes), bool)
+        hit = np.append(ok, False)[codes]  # (code -1, missing: the appended False)
         return hit if within is None else hit & within
 
     def one_of(self, values: Iterable[str]) -> np.ndarray:
@@ -115,11 +115,11 @@ class Distinct:
         return self._rows_of(found)
 
     def _rows_of(self, codes: list[int]) -> np.ndarray:
-        ok = np.zeros(len(self.values), dtype=bool)
-        ok[codes] = True
-        if not len(ok):
+        if not codes:
             return np.zeros(len(self.codes), dtype=bool)
-        return np.where(self.codes >= 0, ok[np.maximum(self.codes, 0)], False)
+        ok = np.zeros(len(self.values) + 1, dtype=bool)  # (code -1, missing: the last entry, False)
+        ok[codes] = True
+        return ok[self.codes]
 
     @cached_property
     def _position(self) -> dict[str, int]:

@@ -111,6 +111,12 @@ class RankIndex:
         return np.flatnonzero(self._is_comm_kernel)
 
     @cached_property
+    def cpu_ops(self) -> pd.DataFrame:
+        """The CPU ops and annotations (tid, name, ts_ns, dur_ns, cat), in table order: what the
+        module clock and the work lane read (taken once for both)."""
+        return take_columns(self.events, self.is_cpu, ["tid", "name", "ts_ns", "dur_ns", "cat"])
+
+    @cached_property
     def compute_kernels(self) -> pd.DataFrame:
         """Kernels that are no communication: when they ran."""
         return take_columns(self.events, self.is_compute_kernel, ["ts_ns", "dur_ns"]).reset_index(drop=True)

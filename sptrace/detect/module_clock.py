@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.columns import has_prefix, take_columns
 from sptrace.detect.index import RankIndex
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.kinds import AUTOGRAD_NODE, NOT_THREAD_WORK, NOT_WORK
@@ -92,9 +91,9 @@ def _flatten(start: np.ndarray, end: np.ndarray, label: np.ndarray) -> tuple[lis
     return ps, pe, pl
 
 
-def module_clock(idx: RankIndex, cpu: pd.DataFrame | None = None) -> ModuleClock:
+def module_clock(idx: RankIndex) -> ModuleClock:
     """The rank's module ranges (forward), backward nodes and optimizer ranges as one clock; its
-    threads' outermost CPU ranges where none covers a time (``cpu``: its CPU events)."""
+    threads' outermost CPU ranges where none covers a time."""
     labels: list[tuple[str | None, str]] = []
     starts: list[np.ndarray] = []
     ends: list[np.ndarray] = []
@@ -121,21 +120,19 @@ def module_clock(idx: RankIndex, cpu: pd.DataFrame | None = None) -> ModuleClock
         add(nodes, _backward_modules(idx, nodes, forward), "backward")
     if len(idx.optimizer):
         add(idx.optimizer, [OPTIMIZER] * len(idx.optimizer), OPTIMIZER)
-    if cpu is None:
-        cpu = take_columns(idx.events, idx.is_cpu, ["tid", "name", "ts_ns", "dur_ns"])
-    outer = _outer_clock(cpu)
+    outer = _outer_clock(idx.cpu_ops, ~idx.by_name.prefix((*NOT_WORK, *NOT_THREAD_WORK))[idx.is_cpu])
     if not labels:
         empty = np.empty(0, np.int64)
         return ModuleClock(empty, empty, empty, [], fallback=outer)
     return ModuleClock(*_joined(starts, ends, tids), labels, fallback=outer)
 
 
-def _outer_clock(cpu: pd.DataFrame) -> ModuleClock:
+def _outer_clock(cpu: pd.DataFrame, keep: np.ndarray) -> ModuleClock:
     """Each thread's outermost CPU ranges inside the step (annotations such as ``## forward ##``,
-    or top-level ops) of ``cpu`` (the rank's CPU events: tid, name, ts_ns, dur_ns): what names
-    work that no module range covers (a trace without python stacks or sptrace's markers)."""
+    or top-level ops) of ``cpu`` (the rank's CPU events: tid, name, ts_ns, dur_ns), of those
+    ``keep`` marks (neither communication nor the step's own ranges): what names work that no
+    module range covers (a trace without python stacks or sptrace's markers)."""
     empty = np.empty(0, np.int64)
-    keep = ~has_prefix(cpu["name"], (*NOT_WORK, *NOT_THREAD_WORK)) if len(cpu) else np.zeros(0, dtype=bool)
     if not keep.any():
         return ModuleClock(empty, empty, empty, [])
     tid = cpu["tid"].to_numpy(dtype=np.int64, na_value=-1)[keep]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.columns import Distinct, empty_frame, take_columns
+from sptrace.detect.columns import empty_frame
 from sptrace.detect.index import RankIndex
 from sptrace.detect.kinds import NOT_THREAD_WORK, NOT_WORK
 from sptrace.detect.module_clock import ModuleClock, module_clock
@@ -48,8 +48,7 @@ def detect_work(
     idx = index or RankIndex(trace)
     waits = _in_flight(collectives)
     rank = int(trace.rank) if trace.rank is not None else 0
-    cpu = take_columns(idx.events, idx.is_cpu, ["tid", "name", "ts_ns", "dur_ns", "cat"])
-    clock = clock or module_clock(idx, cpu)
+    clock = clock or module_clock(idx)
     empty = np.empty(0, np.int64)
     cover = (empty, empty, empty, np.empty(0, dtype=bool))
     blocked: tuple[np.ndarray, np.ndarray] = (empty, empty)
@@ -62,7 +61,7 @@ def detect_work(
         blocked = (idx.table.start[comm], idx.table.end[comm])
     # a CPU trace's work is its busiest thread's (another thread's ops there are gloo's workers
     # and the like, which run while the rank waits)
-    ops = _CpuOps.of(cpu)
+    ops = _CpuOps.of(idx)
     for tid in ops.busiest(threads if gpu else 1):
         ts, te, tl = _thread_work(ops.of_thread(tid), tid, clock, waits)
         cover = _fill(cover, ts, te, tl, blocked)
@@ -182,15 +181,16 @@ class _CpuOps:
     """Communication annotations (gloo:send, nccl:all_reduce), which may span an async call."""
 
     @classmethod
-    def of(cls, cpu: pd.DataFrame) -> _CpuOps:
+    def of(cls, idx: RankIndex) -> _CpuOps:
+        """The rank's CPU ops (RankIndex.cpu_ops), tested on the index's own distinct names."""
+        cpu, rows = idx.cpu_ops, idx.is_cpu
         start = cpu["ts_ns"].to_numpy(dtype=np.int64, na_value=0)
-        names = Distinct(cpu["name"])
-        comm = names.prefix(NOT_WORK)
-        annotation = Distinct(cpu["cat"]).one_of(["user_annotation"])
+        comm = idx.by_name.prefix(NOT_WORK)[rows]
+        annotation = idx.by_cat.one_of(["user_annotation"])[rows]
         tid = cpu["tid"]
         return cls(tid.to_numpy(dtype=np.int64, na_value=-1), tid.notna().to_numpy(), start,
                    start + cpu["dur_ns"].to_numpy(dtype=np.int64, na_value=0), comm,
-                   ~comm & ~names.prefix(NOT_THREAD_WORK), comm & annotation)  # fmt: skip
+                   ~comm & ~idx.by_name.prefix(NOT_THREAD_WORK)[rows], comm & annotation)  # fmt: skip
 
     def busiest(self, n: int) -> list[int]:
         """The ``n`` threads with the most events (ties: the one seen first, as pandas'

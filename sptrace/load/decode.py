@@ -722,8 +722,10 @@ def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]
     def string(token: bytes) -> str:
         return token[1:-1].decode() if b"\\" not in token else _ANY.decode(token)
 
-    def raw(token: bytes) -> str | None:
-        return _raw_text(msgspec.Raw(token))
+    def raw(token: bytes) -> str | None:  # (_raw_text of the token, without a Raw made for it)
+        if not token or token == b"null":
+            return None
+        return string(token) if token[:1] == b'"' else token.decode()
 
     columns: dict[str, pa.Array] = {
         "name": text_column("name", string),
@@ -774,13 +776,20 @@ def _first_seen(codes: np.ndarray, values: Sequence[str | None]) -> pa.Dictionar
     valid = codes >= 0
     np.minimum.at(first, codes[valid], np.flatnonzero(valid))
     used = np.flatnonzero(first[:k] < n)
-    distinct: dict[str, int] = {}
+    order = used[np.argsort(first[used], kind="stable")]
     lut = np.full(k + 1, -1, dtype=np.int32)  # (the last entry: code -1)
-    for t in used[np.argsort(first[used], kind="stable")].tolist():
-        if values[t] is not None:
-            lut[t] = distinct.setdefault(values[t], len(distinct))
+    texts = [values[t] for t in order.tolist()]
+    if None not in texts and len(set(texts)) == len(texts):  # (the usual case: each token its own text)
+        lut[order] = np.arange(len(order), dtype=np.int32)
+        distinct = texts
+    else:
+        found: dict[str, int] = {}
+        for t, text in zip(order.tolist(), texts):
+            if text is not None:
+                lut[t] = found.setdefault(text, len(found))
+        distinct = list(found)
     indices = lut[codes]
-    return pa.DictionaryArray.from_arrays(from_numpy(indices, indices >= 0), string_array(list(distinct)))
+    return pa.DictionaryArray.from_arrays(from_numpy(indices, indices >= 0), string_array(distinct))
 
 
 def _as_type(chunk: pa.Array | None, n: int, arrow_type: pa.DataType) -> pa.Array:

@@ -29,9 +29,8 @@ def events_frame(table: pa.Table) -> pd.DataFrame:
         if arr.null_count == len(arr) and (empty := _all_missing(kind, len(arr))) is not None:
             columns[name] = empty  # (half a rank's columns are fields its events never have)
         elif pa.types.is_dictionary(kind) and pa.types.is_string(kind.value_type):
-            categories = pd.Index(arr.dictionary.to_pylist(), dtype=object)
             codes = to_numpy(arr.indices, fill=-1).astype(np.int32, copy=False)
-            columns[name] = pd.Categorical.from_codes(codes, dtype=pd.CategoricalDtype(categories), validate=False)
+            columns[name] = pd.Categorical.from_codes(codes, dtype=_dtype_of(arr.dictionary), validate=False)
         elif kind == pa.int64():
             values = np.array(to_numpy(arr, fill=0))  # (a writable copy: the frame's own)
             columns[name] = pd.arrays.IntegerArray(values, ~present(arr))
@@ -43,6 +42,21 @@ def events_frame(table: pa.Table) -> pd.DataFrame:
 
 
 _NO_CATEGORIES = pd.CategoricalDtype(pd.Index([], dtype=object))
+
+_DTYPES: dict[tuple[str, ...], pd.CategoricalDtype] = {}
+"""Categorical dtypes by their categories: the ranks of a run repeat the same few dictionaries
+(categories, phases, threads, often the names), and pandas checks a dtype's categories each
+time it makes one (a tenth of a millisecond for a rank's few hundred names)."""
+
+
+def _dtype_of(dictionary: pa.Array) -> pd.CategoricalDtype:
+    values = tuple(dictionary.to_pylist())
+    dtype = _DTYPES.get(values)
+    if dtype is None:
+        if len(_DTYPES) >= 256:
+            _DTYPES.clear()
+        dtype = _DTYPES[values] = pd.CategoricalDtype(pd.Index(values, dtype=object))
+    return dtype
 
 
 def _all_missing(kind: pa.DataType, n: int) -> object | None:

@@ -30,9 +30,11 @@ from sptrace.run.ranks import map_files
 from sptrace.run.summaries import Slot, read_summary, slot_of, write_summary
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
     from sptrace.detect.allocations import Retention
+    from sptrace.detect.columns import Distinct
     from sptrace.detect.timing import RankTiming
     from sptrace.load.describe import RankDescription
 
@@ -93,9 +95,9 @@ def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
     from sptrace.detect.collectives import detect_collectives
     from sptrace.detect.index import RankIndex
 
-    result.phases = rank_phases(trace)
-    result.memory, result.peak_allocated = rank_memory(trace)
     index = RankIndex(trace)
+    result.phases = rank_phases(trace, index.by_name, index.is_x)
+    result.memory, result.peak_allocated = rank_memory(trace, index.by_name)
     if "collectives" in spec.parts:
         from sptrace.detect.flops import detect_flops
         from sptrace.detect.module_clock import module_clock
@@ -231,20 +233,23 @@ def kept_results(files: list[Path], spec: MapSpec) -> dict[Path, RankResult] | N
     return kept
 
 
-def rank_phases(trace: RankTrace) -> pd.DataFrame:
-    """The rank's phase ranges (sptrace.phase markers, else its ProfilerStep), in us."""
+def rank_phases(trace: RankTrace, names: Distinct | None = None, is_x: np.ndarray | None = None) -> pd.DataFrame:
+    """The rank's phase ranges (sptrace.phase markers, else its ProfilerStep), in us. ``names``
+    and ``is_x``: the rank index's own tests of its names and phases, when it has one."""
     import pandas as pd
 
-    from sptrace.detect.columns import empty_frame, has_prefix, is_one_of, take_columns
+    from sptrace.detect.columns import Distinct, empty_frame, is_one_of, take_columns
     from sptrace.vocab import markers
 
     ev = trace.events
-    columns = ["name", "ts_ns", "dur_ns"]
-    marked = take_columns(ev, has_prefix(ev["name"], markers.PHASE) & is_one_of(ev["ph"], ["X"]), columns)
-    if marked.empty:
-        marked = take_columns(ev, has_prefix(ev["name"], "ProfilerStep#"), columns)
-    if marked.empty:
+    names = Distinct(ev["name"]) if names is None else names
+    is_x = is_one_of(ev["ph"], ["X"]) if is_x is None else is_x
+    rows = names.prefix(markers.PHASE) & is_x
+    if not rows.any():
+        rows = names.prefix("ProfilerStep#")
+    if not rows.any():
         return empty_frame(PHASE_COLUMNS)
+    marked = take_columns(ev, rows, ["name", "ts_ns", "dur_ns"])
     names = [str(n) for n in marked["name"].tolist()]
     # (PHASE_COLUMNS in order: a columns= would cost pandas a reindex, 4x the frame's making)
     return pd.DataFrame({
@@ -255,15 +260,19 @@ def rank_phases(trace: RankTrace) -> pd.DataFrame:
     })  # fmt: skip
 
 
-def rank_memory(trace: RankTrace, max_points: int = 1500) -> tuple[pd.DataFrame, int | None]:
+def rank_memory(
+    trace: RankTrace, names: Distinct | None = None, max_points: int = 1500
+) -> tuple[pd.DataFrame, int | None]:
     """Allocated bytes over the step from [memory] events' Total Allocated (at most
-    ``max_points``: the page needs the shape, not every event), and the peak."""
+    ``max_points``: the page needs the shape, not every event), and the peak. ``names``: the
+    rank index's test of its names, when it has one."""
     import pandas as pd
 
-    from sptrace.detect.columns import empty_frame, is_one_of, take_columns
+    from sptrace.detect.columns import Distinct, empty_frame, take_columns
 
     ev = trace.events
-    is_memory = is_one_of(ev["name"], ["[memory]"]) & ev["mem_total_allocated"].notna().to_numpy()
+    names = Distinct(ev["name"]) if names is None else names
+    is_memory = names.one_of(["[memory]"]) & ev["mem_total_allocated"].notna().to_numpy()
     mem = take_columns(ev, is_memory, ["ts_ns", "mem_total_allocated"])
     if mem.empty:
         return empty_frame(MEMORY_COLUMNS), None
