@@ -21,7 +21,7 @@ from math import prod
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.columns import empty_frame, is_one_of, sums_by, take_columns
+from sptrace.detect.columns import empty_frame, sums_by
 from sptrace.detect.index import RankIndex
 from sptrace.detect.module_clock import ModuleClock
 from sptrace.detect.work import phases_at
@@ -82,14 +82,14 @@ def detect_flops(idx: RankIndex, clock: ModuleClock, rank: int) -> pd.DataFrame:
     events = idx.events
     if "input_dims" not in events:
         return empty_frame(FLOPS_COLUMNS)
-    counted = idx.is_cpu & is_one_of(events["name"], [*_MATMUL_OPERANDS, *_ATTENTION])
-    ops = take_columns(events, counted, ["name", "tid", "ts_ns", "input_dims"])
-    if not len(ops):
+    at = np.flatnonzero(idx.is_cpu & idx.by_name.one_of([*_MATMUL_OPERANDS, *_ATTENTION]))
+    if not len(at):
         return empty_frame(FLOPS_COLUMNS)
-    flops = np.array([op_flops(n, d) for n, d in zip(ops["name"].tolist(), ops["input_dims"].tolist())])
+    names, dims = idx.by_name.values, events["input_dims"].to_numpy()[at].tolist()
+    flops = np.array([op_flops(names[c], d) for c, d in zip(idx.by_name.codes[at].tolist(), dims)])
     keep = flops > 0
-    ts = ops["ts_ns"].to_numpy(dtype=np.int64, na_value=0)[keep]
-    tid = ops["tid"].to_numpy(dtype=np.int64, na_value=-1)[keep]
+    ts = events["ts_ns"].to_numpy(dtype=np.int64, na_value=0)[at][keep]
+    tid = events["tid"].to_numpy(dtype=np.int64, na_value=-1)[at][keep]
     labels = clock.at(ts, tid)
     names_phases = [clock.labels[x] if x >= 0 else (None, "") for x in labels.tolist()]
     keys = {"rank": [rank] * len(ts), "module": [m for m, _ in names_phases],

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from sptrace.detect.args import present
-from sptrace.detect.columns import Distinct, take_columns
+from sptrace.detect.columns import Distinct, notna_rows, take_columns
 from sptrace.detect.intervals import EventRow, EventTable, Intervals, within
 from sptrace.detect.kinds import AUTOGRAD_NODE, LAUNCH_CATEGORIES, is_comm_kernel
 from sptrace.detect.layers import layer_of, layers_of_paths, python_layer_frames
@@ -70,12 +70,12 @@ class RankIndex:
         is_comm = by_name.passes(is_comm_kernel, is_kernel)
         self._is_comm_kernel = is_kernel & is_comm
         self.is_compute_kernel = is_kernel & ~is_comm
-        self._is_launch = is_x & of_cat(LAUNCH_CATEGORIES) & ev["correlation"].notna().to_numpy()
+        self._is_launch = is_x & of_cat(LAUNCH_CATEGORIES) & notna_rows(ev["correlation"])
         # ac2g flows: the start ("s") sits on the launch, the end ("f") on the kernel
-        is_flow = of_cat(["ac2g"]) & ev["flow_id"].notna().to_numpy()
+        is_flow = of_cat(["ac2g"]) & notna_rows(ev["flow_id"])
         self._is_flow_start = is_flow & by_ph.one_of(["s"])
         self._is_flow_end = is_flow & by_ph.one_of(["f"])
-        with_seq = is_cpu & ev["seq_num"].notna().to_numpy() & ~starts("autograd::engine")
+        with_seq = is_cpu & notna_rows(ev["seq_num"]) & ~starts("autograd::engine")
         # forward ops by autograd sequence number (for backward attribution)
         in_backward = with_seq & within(self.backward_nodes, table.start)
         self.backward_ops = Intervals.of(table, in_backward)
@@ -117,15 +117,17 @@ class RankIndex:
         return take_columns(self.events, self.is_cpu, ["tid", "name", "ts_ns", "dur_ns", "cat"])
 
     @cached_property
-    def compute_kernels(self) -> pd.DataFrame:
-        """Kernels that are no communication: when they ran."""
-        return take_columns(self.events, self.is_compute_kernel, ["ts_ns", "dur_ns"]).reset_index(drop=True)
+    def compute_kernels(self) -> tuple[np.ndarray, np.ndarray]:
+        """Kernels that are no communication: when they started and ended (us), in table order."""
+        at = np.flatnonzero(self.is_compute_kernel)
+        starts = self.events["ts_ns"].to_numpy(dtype=np.int64, na_value=0)[at] / 1e3
+        return starts, starts + self.events["dur_ns"].to_numpy(dtype=np.int64, na_value=0)[at] / 1e3
 
     def launched(self, kernels: np.ndarray) -> dict[int, tuple[int, int]]:
         """correlation -> (ts, tid) of the CPU launch of each of ``kernels`` (positions) that
         names its correlation, the first launch where several carry one."""
         corr = self.events["correlation"].to_numpy(dtype=np.int64, na_value=0)
-        wanted = corr[kernels][self.events["correlation"].notna().to_numpy()[kernels]]
+        wanted = corr[kernels][notna_rows(self.events["correlation"])[kernels]]
         at = np.flatnonzero(self._is_launch & np.isin(corr, wanted))
         out: dict[int, tuple[int, int]] = {}
         for c, ts, tid in zip(corr[at].tolist(), self.table.start[at].tolist(), self.table.tid[at].tolist()):

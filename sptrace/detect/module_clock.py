@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from sptrace.detect.columns import notna_rows
 from sptrace.detect.index import RankIndex
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.kinds import AUTOGRAD_NODE, NOT_THREAD_WORK, NOT_WORK
@@ -161,7 +162,7 @@ def _backward_modules(idx: RankIndex, nodes: Intervals, forward: ModuleClock | N
     """Each backward node's module: the forward op of its sequence number, looked up on the
     forward clock; a node that carries no number is asked of RankIndex.module_of (its inner ops')."""
     seqs = nodes.column("seq_num")
-    known = seqs.notna().to_numpy()
+    known = notna_rows(seqs)
     out: list[str | None] = [None] * len(nodes)
     if forward is not None:
         found, fts, ftid = idx.forward_ops(seqs.tolist())

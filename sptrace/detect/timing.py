@@ -139,7 +139,10 @@ def detect_timing(trace: RankTrace, collectives: pd.DataFrame, index: RankIndex 
     idx = index or RankIndex(trace)
     window, source = step_window(trace, idx)
     step_ms = None if window is None else (window[1] - window[0]) / 1e6
-    mine = collectives[collectives["rank"] == trace.rank] if "rank" in collectives else collectives
+    mine = collectives
+    if "rank" in collectives:
+        ours = (collectives["rank"] == trace.rank).to_numpy()
+        mine = collectives if ours.all() else collectives[ours]  # (the map's table: every row is ours)
     if window is not None and source == "ProfilerStep#" and len(idx.steps) > 1 and len(mine):
         # several profiled steps: the communication of the step measured (the longest), not of all
         begin, end = window[0] / 1e3, window[1] / 1e3
@@ -151,11 +154,8 @@ def detect_timing(trace: RankTrace, collectives: pd.DataFrame, index: RankIndex 
     comm = merge_intervals(starts, starts + durs) if len(mine) else []
     comm_ms = sum(e - s for s, e in comm) / 1e3
     exposed = None
-    if len(idx.compute_kernels) or len(idx.comm_kernels):
-        k = idx.compute_kernels
-        ks = k["ts_ns"].to_numpy(dtype=np.int64, na_value=0) / 1e3
-        ke = ks + k["dur_ns"].to_numpy(dtype=np.int64, na_value=0) / 1e3
-        exposed = subtract_length(comm, merge_intervals(ks, ke)) / 1e3
+    if idx.is_compute_kernel.any() or len(idx.comm_kernels):
+        exposed = subtract_length(comm, merge_intervals(*idx.compute_kernels)) / 1e3
     return RankTiming(
         rank=int(trace.rank) if trace.rank is not None else 0, step_ms=step_ms, comm_ms=comm_ms,
         exposed_ms=exposed, issue_only=int((~has_transfer).sum()) if len(mine) else 0, step_source=source,
@@ -176,11 +176,8 @@ def detect_compute(trace: RankTrace, index: RankIndex | None = None, max_segment
     remain (gaps shorter than the step's 1/``max_segments`` are closed). Columns: rank, start_us,
     dur_us."""
     idx = index or RankIndex(trace)
-    if len(idx.compute_kernels):
-        k = idx.compute_kernels
-        starts = k["ts_ns"].to_numpy(dtype=np.int64, na_value=0) / 1e3
-        ends = starts + k["dur_ns"].to_numpy(dtype=np.int64, na_value=0) / 1e3
-        merged = merge_intervals(starts, ends)
+    if idx.is_compute_kernel.any():
+        merged = merge_intervals(*idx.compute_kernels)
     else:
         ev = idx.events
         cpu = take_columns(ev, idx.is_cpu & idx.by_cat.one_of(["cpu_op"]), ["tid", "name", "ts_ns", "dur_ns"])

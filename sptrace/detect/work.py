@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.columns import empty_frame
+from sptrace.detect.columns import empty_frame, notna_rows
 from sptrace.detect.index import RankIndex
 from sptrace.detect.kinds import NOT_THREAD_WORK, NOT_WORK
 from sptrace.detect.module_clock import ModuleClock, module_clock
@@ -188,7 +188,7 @@ class _CpuOps:
         comm = idx.by_name.prefix(NOT_WORK)[rows]
         annotation = idx.by_cat.one_of(["user_annotation"])[rows]
         tid = cpu["tid"]
-        return cls(tid.to_numpy(dtype=np.int64, na_value=-1), tid.notna().to_numpy(), start,
+        return cls(tid.to_numpy(dtype=np.int64, na_value=-1), notna_rows(tid), start,
                    start + cpu["dur_ns"].to_numpy(dtype=np.int64, na_value=0), comm,
                    ~comm & ~idx.by_name.prefix(NOT_THREAD_WORK)[rows], comm & annotation)  # fmt: skip
 

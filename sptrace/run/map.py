@@ -236,9 +236,10 @@ def kept_results(files: list[Path], spec: MapSpec) -> dict[Path, RankResult] | N
 def rank_phases(trace: RankTrace, names: Distinct | None = None, is_x: np.ndarray | None = None) -> pd.DataFrame:
     """The rank's phase ranges (sptrace.phase markers, else its ProfilerStep), in us. ``names``
     and ``is_x``: the rank index's own tests of its names and phases, when it has one."""
+    import numpy as np
     import pandas as pd
 
-    from sptrace.detect.columns import Distinct, empty_frame, is_one_of, take_columns
+    from sptrace.detect.columns import Distinct, empty_frame, is_one_of
     from sptrace.vocab import markers
 
     ev = trace.events
@@ -249,14 +250,16 @@ def rank_phases(trace: RankTrace, names: Distinct | None = None, is_x: np.ndarra
         rows = names.prefix("ProfilerStep#")
     if not rows.any():
         return empty_frame(PHASE_COLUMNS)
-    marked = take_columns(ev, rows, ["name", "ts_ns", "dur_ns"])
-    names = [str(n) for n in marked["name"].tolist()]
+    at = np.flatnonzero(rows)  # (read off the columns' arrays: a taken frame costs more than the rest)
+    marked = [str(names.values[c]) for c in names.codes[at].tolist()]
+    starts = ev["ts_ns"].to_numpy(dtype=np.int64, na_value=0)[at].tolist()
+    durations = ev["dur_ns"].to_numpy(dtype=np.int64, na_value=0)[at].tolist()
     # (PHASE_COLUMNS in order: a columns= would cost pandas a reindex, 4x the frame's making)
     return pd.DataFrame({
-        "rank": [trace.rank] * len(names),
-        "phase": [n[len(markers.PHASE) :] if n.startswith(markers.PHASE) else "step" for n in names],
-        "start_us": [ts / 1e3 for ts in marked["ts_ns"]],
-        "dur_us": [dur / 1e3 for dur in marked["dur_ns"].fillna(0)],
+        "rank": [trace.rank] * len(marked),
+        "phase": [n[len(markers.PHASE) :] if n.startswith(markers.PHASE) else "step" for n in marked],
+        "start_us": [ts / 1e3 for ts in starts],
+        "dur_us": [dur / 1e3 for dur in durations],
     })  # fmt: skip
 
 
@@ -268,11 +271,11 @@ def rank_memory(
     rank index's test of its names, when it has one."""
     import pandas as pd
 
-    from sptrace.detect.columns import Distinct, empty_frame, take_columns
+    from sptrace.detect.columns import Distinct, empty_frame, notna_rows, take_columns
 
     ev = trace.events
     names = Distinct(ev["name"]) if names is None else names
-    is_memory = names.one_of(["[memory]"]) & ev["mem_total_allocated"].notna().to_numpy()
+    is_memory = names.one_of(["[memory]"]) & notna_rows(ev["mem_total_allocated"])
     mem = take_columns(ev, is_memory, ["ts_ns", "mem_total_allocated"])
     if mem.empty:
         return empty_frame(MEMORY_COLUMNS), None
