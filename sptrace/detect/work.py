@@ -26,6 +26,7 @@ from sptrace.detect.columns import empty_frame, notna_rows
 from sptrace.detect.index import RankIndex
 from sptrace.detect.kinds import NOT_THREAD_WORK, NOT_WORK
 from sptrace.detect.module_clock import ModuleClock, module_clock
+from sptrace.load.frame import categorical_dtype
 from sptrace.load.trace import RankTrace
 from sptrace.vocab import markers
 
@@ -85,9 +86,13 @@ def detect_work(
 
 
 def _categories(values: list[str | None]) -> pd.Categorical:
-    """Names as a categorical (None: missing), by pandas' hash-based factorize."""
-    codes, uniques = pd.factorize(np.array(values, dtype=object))
-    return pd.Categorical.from_codes(codes, uniques)
+    """Names as a categorical (None: missing), categories in order of first appearance (as
+    pandas' factorize orders them), their dtype shared with the other ranks'."""
+    code: dict[str, int] = {}
+    codes = np.fromiter(
+        (-1 if v is None else code.setdefault(v, len(code)) for v in values), dtype=np.int32, count=len(values)
+    )
+    return pd.Categorical.from_codes(codes, dtype=categorical_dtype(tuple(code)), validate=False)
 
 
 def _fill(cover: tuple[np.ndarray, ...], starts: np.ndarray, ends: np.ndarray, labels: np.ndarray,

@@ -45,18 +45,23 @@ _NO_CATEGORIES = pd.CategoricalDtype(pd.Index([], dtype=object))
 
 _DTYPES: dict[tuple[str, ...], pd.CategoricalDtype] = {}
 """Categorical dtypes by their categories: the ranks of a run repeat the same few dictionaries
-(categories, phases, threads, often the names), and pandas checks a dtype's categories each
-time it makes one (a tenth of a millisecond for a rank's few hundred names)."""
+(categories, phases, threads, often the names; the work lane's modules), and pandas checks a
+dtype's categories each time it makes one (a tenth of a millisecond for a rank's few hundred
+names)."""
 
 
-def _dtype_of(dictionary: pa.Array) -> pd.CategoricalDtype:
-    values = tuple(dictionary.to_pylist())
-    dtype = _DTYPES.get(values)
+def categorical_dtype(categories: tuple[str, ...]) -> pd.CategoricalDtype:
+    """The categorical dtype of these categories (unordered, object), made once."""
+    dtype = _DTYPES.get(categories)
     if dtype is None:
         if len(_DTYPES) >= 256:
             _DTYPES.clear()
-        dtype = _DTYPES[values] = pd.CategoricalDtype(pd.Index(values, dtype=object))
+        dtype = _DTYPES[categories] = pd.CategoricalDtype(pd.Index(categories, dtype=object))
     return dtype
+
+
+def _dtype_of(dictionary: pa.Array) -> pd.CategoricalDtype:
+    return categorical_dtype(tuple(dictionary.to_pylist()))
 
 
 def _all_missing(kind: pa.DataType, n: int) -> object | None:
