@@ -47,3 +47,15 @@ def test_sliced_and_chunked_tables() -> None:
     pd.testing.assert_frame_equal(events_frame(chunked), _by_pyarrow(chunked))
     floats = table.append_column("x", pa.array([0.5, None, 1.0, 2.0]))
     pd.testing.assert_frame_equal(events_frame(floats), _by_pyarrow(floats))
+
+
+def test_ranks_share_equal_dictionaries_and_keep_their_own() -> None:
+    """Categorical dtypes are reused across tables with the same dictionary (the ranks of one
+    run), never across different ones."""
+    first, second = events_frame(_table()), events_frame(_table())
+    assert first["name"].cat.categories is second["name"].cat.categories  # (checked once, held once)
+    other = _table().set_column(0, "name", pa.array(["aten::mm", "aten::bmm", None, "aten::mm"]).dictionary_encode())
+    third = events_frame(other)
+    assert third["name"].cat.categories.tolist() == ["aten::mm", "aten::bmm"]
+    assert third["name"].tolist()[:2] == ["aten::mm", "aten::bmm"] and first["name"].tolist()[0] == "aten::mm"
+    pd.testing.assert_frame_equal(third, _by_pyarrow(other))
