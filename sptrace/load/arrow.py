@@ -115,9 +115,7 @@ def rows_where(arr: pa.Array | pa.ChunkedArray, test: Callable[[str], bool]) -> 
     numpy bool mask; ``test`` runs once per distinct value."""
     arr = _dictionary_of(arr)
     hits = np.array([value is not None and bool(test(value)) for value in arr.dictionary.to_pylist()], dtype=bool)
-    if not hits.any():
-        return np.zeros(len(arr), dtype=bool)
-    return np.append(hits, False)[to_numpy(arr.indices, fill=-1)]  # -1 (null) -> the appended False
+    return _rows_of_values(arr, hits)
 
 
 def codes_of(arr: pa.Array | pa.ChunkedArray, texts: Iterable[str]) -> np.ndarray:
@@ -128,10 +126,14 @@ def codes_of(arr: pa.Array | pa.ChunkedArray, texts: Iterable[str]) -> np.ndarra
     wanted = string_array(list(dict.fromkeys(texts)))
     if arr.dictionary.type != pa.string():
         wanted = cast(wanted, arr.dictionary.type)
-    hits = to_numpy(call_function("is_in", [arr.dictionary], SetLookupOptions(wanted)))
+    return _rows_of_values(arr, to_numpy(call_function("is_in", [arr.dictionary], SetLookupOptions(wanted))))
+
+
+def _rows_of_values(arr: pa.DictionaryArray, hits: np.ndarray) -> np.ndarray:
+    """The rows of ``arr`` whose dictionary value ``hits`` marks (nulls: none)."""
     if not hits.any():
         return np.zeros(len(arr), dtype=bool)
-    return np.append(hits, False)[to_numpy(arr.indices, fill=-1)]
+    return np.append(hits, False)[to_numpy(arr.indices, fill=-1)]  # -1 (null) -> the appended False
 
 
 def value_counts(arr: pa.Array | pa.ChunkedArray) -> dict[str, int]:

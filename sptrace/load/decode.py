@@ -722,7 +722,9 @@ def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]
     def string(token: bytes) -> str:
         return token[1:-1].decode() if b"\\" not in token else _ANY.decode(token)
 
-    def raw(token: bytes) -> str | None:  # (_raw_text of the token, without a Raw made for it)
+    def raw(token: bytes) -> str | None:
+        """``_raw_text``'s reading of a token the native decoder has validated (UTF-8 and
+        escapes), so that a string without escapes needs no msgspec pass."""
         if not token or token == b"null":
             return None
         return string(token) if token[:1] == b'"' else token.decode()

@@ -30,7 +30,8 @@ def events_frame(table: pa.Table) -> pd.DataFrame:
             columns[name] = empty  # (half a rank's columns are fields its events never have)
         elif pa.types.is_dictionary(kind) and pa.types.is_string(kind.value_type):
             codes = to_numpy(arr.indices, fill=-1).astype(np.int32, copy=False)
-            columns[name] = pd.Categorical.from_codes(codes, dtype=_dtype_of(arr.dictionary), validate=False)
+            dtype = categorical_dtype(tuple(arr.dictionary.to_pylist()))
+            columns[name] = pd.Categorical.from_codes(codes, dtype=dtype, validate=False)
         elif kind == pa.int64():
             values = np.array(to_numpy(arr, fill=0))  # (a writable copy: the frame's own)
             columns[name] = pd.arrays.IntegerArray(values, ~present(arr))
@@ -58,10 +59,6 @@ def categorical_dtype(categories: tuple[str, ...]) -> pd.CategoricalDtype:
             _DTYPES.clear()
         dtype = _DTYPES[categories] = pd.CategoricalDtype(pd.Index(categories, dtype=object))
     return dtype
-
-
-def _dtype_of(dictionary: pa.Array) -> pd.CategoricalDtype:
-    return categorical_dtype(tuple(dictionary.to_pylist()))
 
 
 def _all_missing(kind: pa.DataType, n: int) -> object | None:

@@ -30,11 +30,10 @@ from sptrace.run.ranks import map_files
 from sptrace.run.summaries import Slot, read_summary, slot_of, write_summary
 
 if TYPE_CHECKING:
-    import numpy as np
     import pandas as pd
 
     from sptrace.detect.allocations import Retention
-    from sptrace.detect.columns import Distinct
+    from sptrace.detect.index import RankIndex
     from sptrace.detect.timing import RankTiming
     from sptrace.load.describe import RankDescription
 
@@ -96,8 +95,8 @@ def summarize(trace: RankTrace, spec: MapSpec) -> RankResult:
     from sptrace.detect.index import RankIndex
 
     index = RankIndex(trace)
-    result.phases = rank_phases(trace, index.by_name, index.is_x)
-    result.memory, result.peak_allocated = rank_memory(trace, index.by_name)
+    result.phases = rank_phases(trace, index)
+    result.memory, result.peak_allocated = rank_memory(trace, index)
     if "collectives" in spec.parts:
         from sptrace.detect.flops import detect_flops
         from sptrace.detect.module_clock import module_clock
@@ -233,19 +232,17 @@ def kept_results(files: list[Path], spec: MapSpec) -> dict[Path, RankResult] | N
     return kept
 
 
-def rank_phases(trace: RankTrace, names: Distinct | None = None, is_x: np.ndarray | None = None) -> pd.DataFrame:
-    """The rank's phase ranges (sptrace.phase markers, else its ProfilerStep), in us. ``names``
-    and ``is_x``: the rank index's own tests of its names and phases, when it has one."""
+def rank_phases(trace: RankTrace, index: RankIndex) -> pd.DataFrame:
+    """The rank's phase ranges (sptrace.phase markers, else its ProfilerStep), in us, found with
+    the tests of its index (``index``)."""
     import numpy as np
     import pandas as pd
 
-    from sptrace.detect.columns import Distinct, empty_frame, is_one_of
+    from sptrace.detect.columns import empty_frame
     from sptrace.vocab import markers
 
-    ev = trace.events
-    names = Distinct(ev["name"]) if names is None else names
-    is_x = is_one_of(ev["ph"], ["X"]) if is_x is None else is_x
-    rows = names.prefix(markers.PHASE) & is_x
+    ev, names = trace.events, index.by_name
+    rows = names.prefix(markers.PHASE) & index.is_x
     if not rows.any():
         rows = names.prefix("ProfilerStep#")
     if not rows.any():
@@ -263,19 +260,16 @@ def rank_phases(trace: RankTrace, names: Distinct | None = None, is_x: np.ndarra
     })  # fmt: skip
 
 
-def rank_memory(
-    trace: RankTrace, names: Distinct | None = None, max_points: int = 1500
-) -> tuple[pd.DataFrame, int | None]:
+def rank_memory(trace: RankTrace, index: RankIndex, max_points: int = 1500) -> tuple[pd.DataFrame, int | None]:
     """Allocated bytes over the step from [memory] events' Total Allocated (at most
-    ``max_points``: the page needs the shape, not every event), and the peak. ``names``: the
-    rank index's test of its names, when it has one."""
+    ``max_points``: the page needs the shape, not every event), and the peak; the events found
+    with the name test of the rank's index (``index``)."""
     import pandas as pd
 
-    from sptrace.detect.columns import Distinct, empty_frame, notna_rows, take_columns
+    from sptrace.detect.columns import empty_frame, notna_rows, take_columns
 
     ev = trace.events
-    names = Distinct(ev["name"]) if names is None else names
-    is_memory = names.one_of(["[memory]"]) & notna_rows(ev["mem_total_allocated"])
+    is_memory = index.by_name.one_of(["[memory]"]) & notna_rows(ev["mem_total_allocated"])
     mem = take_columns(ev, is_memory, ["ts_ns", "mem_total_allocated"])
     if mem.empty:
         return empty_frame(MEMORY_COLUMNS), None
