@@ -15,7 +15,7 @@ import pandas as pd
 from sptrace.detect.args import present
 from sptrace.detect.columns import Distinct, notna_rows, take_columns
 from sptrace.detect.intervals import EventRow, EventTable, Intervals, within
-from sptrace.detect.kinds import AUTOGRAD_NODE, LAUNCH_CATEGORIES, is_comm_kernel
+from sptrace.detect.kinds import AUTOGRAD_NODE, LAUNCH_CATEGORIES, NOT_THREAD_WORK, NOT_WORK, is_comm_kernel
 from sptrace.detect.layers import layer_of, layers_of_paths, python_layer_frames
 from sptrace.load.trace import RankTrace
 from sptrace.vocab import collective_kinds, markers
@@ -115,6 +115,16 @@ class RankIndex:
         """The CPU ops and annotations (tid, name, ts_ns, dur_ns, cat), in table order: what the
         module clock and the work lane read (taken once for both)."""
         return take_columns(self.events, self.is_cpu, ["tid", "name", "ts_ns", "dur_ns", "cat"])
+
+    @cached_property
+    def cpu_op_is_comm(self) -> np.ndarray:
+        """Of ``cpu_ops``, those issuing or waiting on communication (kinds.NOT_WORK)."""
+        return self.by_name.prefix(NOT_WORK)[self.is_cpu]
+
+    @cached_property
+    def cpu_op_is_label(self) -> np.ndarray:
+        """Of ``cpu_ops``, the step's own ranges and sptrace's markers (kinds.NOT_THREAD_WORK)."""
+        return self.by_name.prefix(NOT_THREAD_WORK)[self.is_cpu]
 
     @cached_property
     def compute_kernels(self) -> tuple[np.ndarray, np.ndarray]:

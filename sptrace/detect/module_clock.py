@@ -12,7 +12,7 @@ import pandas as pd
 from sptrace.detect.columns import notna_rows
 from sptrace.detect.index import RankIndex
 from sptrace.detect.intervals import Intervals
-from sptrace.detect.kinds import AUTOGRAD_NODE, NOT_THREAD_WORK, NOT_WORK
+from sptrace.detect.kinds import AUTOGRAD_NODE
 from sptrace.vocab import markers
 
 OPTIMIZER = "optimizer"
@@ -121,7 +121,7 @@ def module_clock(idx: RankIndex) -> ModuleClock:
         add(nodes, _backward_modules(idx, nodes, forward), "backward")
     if len(idx.optimizer):
         add(idx.optimizer, [OPTIMIZER] * len(idx.optimizer), OPTIMIZER)
-    outer = _outer_clock(idx.cpu_ops, ~idx.by_name.prefix((*NOT_WORK, *NOT_THREAD_WORK))[idx.is_cpu])
+    outer = _outer_clock(idx.cpu_ops, ~(idx.cpu_op_is_comm | idx.cpu_op_is_label))
     if not labels:
         empty = np.empty(0, np.int64)
         return ModuleClock(empty, empty, empty, [], fallback=outer)

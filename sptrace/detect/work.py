@@ -24,7 +24,6 @@ import pandas as pd
 
 from sptrace.detect.columns import empty_frame, notna_rows
 from sptrace.detect.index import RankIndex
-from sptrace.detect.kinds import NOT_THREAD_WORK, NOT_WORK
 from sptrace.detect.module_clock import ModuleClock, module_clock
 from sptrace.load.frame import categorical_dtype
 from sptrace.load.trace import RankTrace
@@ -190,12 +189,12 @@ class _CpuOps:
         """The rank's CPU ops (RankIndex.cpu_ops), tested on the index's own distinct names."""
         cpu, rows = idx.cpu_ops, idx.is_cpu
         start = cpu["ts_ns"].to_numpy(dtype=np.int64, na_value=0)
-        comm = idx.by_name.prefix(NOT_WORK)[rows]
+        comm = idx.cpu_op_is_comm
         annotation = idx.by_cat.one_of(["user_annotation"])[rows]
         tid = cpu["tid"]
         return cls(tid.to_numpy(dtype=np.int64, na_value=-1), notna_rows(tid), start,
                    start + cpu["dur_ns"].to_numpy(dtype=np.int64, na_value=0), comm,
-                   ~comm & ~idx.by_name.prefix(NOT_THREAD_WORK)[rows], comm & annotation)  # fmt: skip
+                   ~comm & ~idx.cpu_op_is_label, comm & annotation)  # fmt: skip
 
     def busiest(self, n: int) -> list[int]:
         """The ``n`` threads with the most events (ties: the one seen first, as pandas'
