@@ -22,7 +22,9 @@ watched buffer (a cache, a persistent buffer, a stray) pays ``SETTLE_S`` at each
 profiled steps only.
 
 The collectives are watched by wrapping torch.distributed's functions and the functional
-collectives' while an instrumentation is installed (a call through a name bound before
+collectives' (and the one function every functional collective hands its raw result to, so that
+the buffer a collective made is watched, not what a caller joined it into) while an
+instrumentation is installed (a call through a name bound before
 ``sptrace.instrument`` ran, ``from torch.distributed import all_gather_into_tensor``, is not seen:
 its buffer stays undecided, never misjudged). Nothing is watched without a profiler running.
 """
@@ -135,6 +137,10 @@ def install() -> None:
             _wrap(module, name, _filled_by(name))
     for name in _RETURNING:
         _wrap(funcol, name, _returned)
+    # every functional collective hands its raw result to this one function before anything joins
+    # it (all_gather_single along a dim other than 0 returns the cat of the chunks, not the buffer
+    # the collective made: DTensor's redistribute of a sequence shard)
+    _wrap(funcol, "_maybe_wrap_tensor", _first_argument)
     for module in (dist, getattr(dist, "distributed_c10d", dist)):
         _wrap(module, "batch_isend_irecv", _received)
 
@@ -186,6 +192,10 @@ def _received(args: tuple[object, ...], kwargs: Mapping[str, object], result: ob
 
     ops = args[0] if args else kwargs.get("p2p_op_list", ())
     return [op.tensor for op in ops if getattr(op, "op", None) in (dist.irecv, dist.recv)]
+
+
+def _first_argument(args: tuple[object, ...], kwargs: Mapping[str, object], result: object) -> list[object]:
+    return [args[0]] if args else []
 
 
 def _returned(args: tuple[object, ...], kwargs: Mapping[str, object], result: object) -> list[object]:

@@ -26,6 +26,7 @@ import pandas as pd
 from sptrace.checks.findings import Finding, Verdict, merge_ranks
 from sptrace.checks.sharding import CLASSES, JUDGED, Judge
 from sptrace.checks.sharding_coverage import Coverage, coverage_of, covered_text
+from sptrace.checks.sharding_peers import settle_by_peers
 from sptrace.detect.allocations import Retention
 from sptrace.detect.holders import HOLDERS, KEEPERS
 from sptrace.jsonable import records
@@ -72,7 +73,7 @@ class ShardingReport:
             "holders": self.holders(),
             "findings": [f.to_dict() for f in self.findings],
             "layers": records(self.layers),
-            "saved": records(saved.drop(columns=["alloc_ns", "free_ns", "decides"], errors="ignore")),
+            "saved": records(saved.drop(columns=["alloc_ns", "free_ns", "decides", "call_key"], errors="ignore")),
             "notes": self.notes,
         }
 
@@ -109,6 +110,8 @@ def check_sharding(
     ]  # fmt: skip
     saved["class"] = [c for c, _ in classes]
     saved["why"] = [w for _, w in classes]
+    could_be_full = saved["class"].isin(("full", "ambiguous", "unknown")).to_numpy()
+    saved = settle_by_peers(saved, retained, could_be_full)  # (what no holder would leave undecided)
     saved["decides"] = [_decides(h, c) for h, c in zip(saved["holder"], saved["class"])]
     saved["group"] = [_group(h, c, d) for h, c, d in zip(saved["holder"], saved["class"], saved["decides"])]
     findings: list[Finding] = []

@@ -26,6 +26,7 @@ import pandas as pd
 
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.boundaries import Boundary, find_boundaries
+from sptrace.detect.call_fates import call_fates
 from sptrace.detect.columns import empty_frame, has_prefix, is_one_of, take_columns
 from sptrace.detect.handed import Handed, HandedTensors
 from sptrace.detect.holders import BACKEND_THREADS, SAVED_RECORD, Holder, HolderRules
@@ -33,6 +34,7 @@ from sptrace.detect.index import RankIndex
 from sptrace.detect.intervals import Intervals, within
 from sptrace.detect.kinds import AUTOGRAD_NODE
 from sptrace.detect.ledger import AddressIndex, Allocation, detect_ledger, unrecorded_allocator_activity
+from sptrace.detect.library_joins import LibraryJoins
 from sptrace.detect.producers import producing_collective
 from sptrace.detect.provenance import Provenance
 from sptrace.detect.shapes import infer_shape
@@ -42,7 +44,7 @@ from sptrace.vocab import dtypes, markers
 RETAINED_COLUMNS = [
     "rank", "module", "layer", "shape", "dtype", "nbytes", "storage_bytes", "storage_ptr", "source", "alloc_op",
     "producer", "saved_by", "holder", "evidence", "alloc_ns", "free_ns", "freed_in", "kind", "step", "micro_batch",
-    "boundary", "origin", "origin_text", "collective",
+    "boundary", "origin", "origin_text", "collective", "call_key",
 ]  # fmt: skip
 
 
@@ -55,9 +57,8 @@ class _Where(TypedDict):
 
 
 class RetainedRow(TypedDict, total=False):
-    """A row of ``Retention.tensors`` (RETAINED_COLUMNS) as it is built: a TypedDict, as the
-    frame is made of these rows (``_retained_from_memory`` gives all but the rank, boundary and
-    origin, which its caller adds)."""
+    """A row of ``Retention.tensors`` (RETAINED_COLUMNS) as it is built (``_retained_from_memory``
+    gives all but the rank, boundary, origin and call key, which its caller adds)."""
 
     rank: int | None
     module: str | None
@@ -86,6 +87,8 @@ class RetainedRow(TypedDict, total=False):
     origin_text: str | None
     collective: str | None
     """The collective call it was one of the exact tensors of (sptrace.detect.handed), if any."""
+    call_key: str | None
+    """That call's place in its forward (sptrace.detect.call_fates), the same on every rank."""
 
 
 CUDA_SLACK = 2**20
@@ -136,6 +139,8 @@ class Retention:
     shape_dtypes: dict[tuple[int, ...], set[str]] = field(default_factory=dict)
     """The element types each input shape of the forwards' ops was taken with: the activation
     dtype, read where the user did not declare it."""
+    call_fates: pd.DataFrame | None = None
+    """What became of the tensors each forward's collective calls had (sptrace.detect.call_fates)."""
 
 
 def detect_retained(
@@ -162,7 +167,7 @@ def detect_retained(
     collectives = Intervals.of(idx.table, is_op & idx.by_name.prefix(_COLLECTIVE_PREFIXES))
     cuda = bool((ledger["device_type"] == 1).any())
     slack = CUDA_SLACK if cuda else 0
-    handed = HandedTensors(ledger, collectives, element_size, slack) if not ledger.empty else None
+    handed = HandedTensors(ledger, collectives, element_size, slack, ops) if not ledger.empty else None
     origins = Provenance(ledger, ops, collectives, hidden, handed)
     at_address = AddressIndex(ledger)
     backend_rows = idx.is_x & idx.by_name.prefix(BACKEND_THREADS)
@@ -187,7 +192,10 @@ def detect_retained(
 
     last = ev["ts_ns"].max()
     rules = HolderRules(nodes, backend_ranges, unrecorded_allocator_activity(trace) if not ledger.empty else {},
-                        int(last) if pd.notna(last) else 0)  # fmt: skip
+                        int(last) if pd.notna(last) else 0, LibraryJoins(idx.python, ops))  # fmt: skip
+    keys: dict[tuple[int, int], str] = {}  # (boundary, ledger row) -> the call's key
+    if handed is not None:
+        keys, out.call_fates = call_fates(handed, bounds, ledger, rules)
     rows: list[RetainedRow] = []
     covered: set[int] = set()
     seen_ptrs: set[tuple[int, int]] = set()
@@ -233,7 +241,8 @@ def detect_retained(
             "alloc_ns": None if alloc is None else alloc.alloc_ns,
             "free_ns": None if alloc is None else alloc.free_ns,
             "freed_in": None if alloc is None else rules.freed_in(alloc.free_ns), "kind": rec.kind,
-            "collective": call.collective if call is not None else None, **where(b),
+            "collective": call.collective if call is not None else None,
+            "call_key": None if found is None else keys.get((k, found[0])), **where(b),
         })  # fmt: skip
     if not ledger.empty:
         held = _census_of(bounds, censuses)
@@ -241,7 +250,7 @@ def detect_retained(
         made, freed = at_address.alloc, at_address.free
         in_backward = within(idx.backward_nodes, made) | within(_backward_phases(idx), made)
         own = Intervals.of(idx.table, (is_op & idx.by_name.prefix(_COLLECTIVE_PREFIXES)) | backend_rows)
-        for b in bounds:
+        for k, b in enumerate(bounds):
             alive = (made >= b.forward_ns) & (made < b.window_end_ns) & ~in_backward
             alive &= np.isnan(freed) | (freed >= b.backward_ns)
             for row_number in np.flatnonzero(alive).tolist():
@@ -255,7 +264,7 @@ def detect_retained(
                     continue
                 origin = origins.of_row(row_number, row["producer"], b.forward_ns)
                 rows.append({"rank": trace.rank, **row, **where(b), "origin": origin.kind,
-                             "origin_text": origin.text})  # fmt: skip
+                             "origin_text": origin.text, "call_key": keys.get((k, row_number))})  # fmt: skip
     if out.has_records and not out.has_memory:
         out.notes.append(
             "no [memory] events: only tensors autograd saved through saved_tensors_hooks are seen (not those "
@@ -326,7 +335,7 @@ def _retained_from_memory(
         source="memory events" + (" + shape from the allocating op" if inferred else ""),
         alloc_op=None if op is None else str(op["name"]), producer=producer, saved_by=freed_in,
         holder=holder.kind, evidence=holder.evidence, alloc_ns=alloc_ns, free_ns=rec.free_ns, freed_in=freed_in,
-        kind="activation", collective=call.collective if call is not None else None,
+        kind="activation", collective=call.collective if call is not None else None, call_key=None,
     )  # fmt: skip
 
 

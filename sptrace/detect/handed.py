@@ -13,7 +13,11 @@ tensors are found by what its thread did:
     a gather's, scatter's or all-to-all's input): the latest allocation on the call's thread,
     alive when the call starts, of exactly that argument's bytes;
   * ``output``: a buffer the caller made for the call to fill (``all_gather_into_tensor(out,
-    x)``, the pieces of a list all-gather, a receive's buffer), found the same way;
+    x)``, the pieces of a list all-gather, a receive's buffer), found the same way among the
+    buffers a bare allocator made outside any computing op (``torch.empty``, ``new_empty``,
+    ``zeros``): a tensor an op computed (a softmax's probabilities, a matmul's product) is never a
+    buffer made to be filled, whatever its bytes. Where the buffer was made before the trace
+    (Megatron-Core's global memory buffer, allocated once), no allocation of the window is claimed;
   * ``returned``: what a functional collective allocated inside itself and returned.
 What a c10d op allocates inside itself for its own use is the backend's too
 (``allocations._retained_from_memory`` drops it before asking here).
@@ -33,6 +37,7 @@ import pandas as pd
 from sptrace.detect import forms
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.intervals import EventRow, Intervals
+from sptrace.detect.provenance import FACTORIES
 from sptrace.vocab import collective_kinds, dtypes
 
 CALLS = ("c10d::", "_c10d_functional", "record_param_comms", "symm_mem::")
@@ -52,6 +57,10 @@ class Handed:
     """The call's op name (c10d::allreduce_ ...)."""
     call_ns: int
     """When the call started."""
+    call_end_ns: int = 0
+    """When the call ended."""
+    tid: int | None = None
+    """The thread that issued the call."""
 
     def describe(self) -> str:
         what = {"input": "one of the tensors", "output": "the buffer", "returned": "the tensor"}[self.role]
@@ -62,7 +71,12 @@ class Handed:
 class HandedTensors:
     """Which ledger rows (sptrace.detect.ledger) each collective call of one rank was handed."""
 
-    def __init__(self, ledger: pd.DataFrame, collectives: Intervals, element_size: int | None, slack: int) -> None:
+    def __init__(
+        self, ledger: pd.DataFrame, collectives: Intervals, element_size: int | None, slack: int,
+        ops: Intervals | None = None,
+    ) -> None:  # fmt: skip
+        self._ops = ops
+        """The rank's CPU ops (markers left out): what made each allocation (``_made_to_fill``)."""
         self._alloc = ledger["alloc_ns"].to_numpy(dtype=np.int64)
         self._free = ledger["free_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
         self._bytes = ledger["bytes"].to_numpy(dtype=np.int64)
@@ -90,28 +104,28 @@ class HandedTensors:
             name.startswith("_c10d_functional") and not name.endswith("_")
         ):  # a functional collective allocates its output and returns it
             for row in self._made_inside(start, end, tid):
-                self._claim(row, Handed("returned", name, start))
-            self._claim_shapes(forms.input_shapes(name, event), elem, start, tid, "input", name)
+                self._claim(row, Handed("returned", name, start, end, tid))
+            self._claim_shapes(forms.input_shapes(name, event), elem, start, end, tid, "input", name)
             return
         if layout == "inplace" or (form is None and name == "record_param_comms"):
             role = "output" if form is not None and form.kind in collective_kinds.where("filled") else "input"
             shapes = forms.input_shapes(name, event) if form is not None else None
             if shapes is None and form is None:
                 shapes = self._recorded_elements(event)
-            self._claim_shapes(shapes, elem, start, tid, role, name)
+            self._claim_shapes(shapes, elem, start, end, tid, role, name)
             return
         if layout is None:
             return
-        self._claim_shapes(forms.output_shapes(name, event), elem, start, tid, "output", name)
+        self._claim_shapes(forms.output_shapes(name, event), elem, start, end, tid, "output", name)
         inputs = forms.input_shapes(name, event)
-        self._claim_shapes(inputs, elem, start, tid, "input", name)
+        self._claim_shapes(inputs, elem, start, end, tid, "input", name)
         if layout == "gather_lists" and inputs:  # the output pieces are not recorded: one per member
             for size in (elem,) if elem else _ELEMENT_SIZES:
                 for row in self._pieces(math.prod(inputs[0]) * size, start, tid):
-                    self._claim(row, Handed("output", name, start))
+                    self._claim(row, Handed("output", name, start, end, tid))
 
     def _claim_shapes(
-        self, shapes: list | None, elem: int | None, start: int, tid: int | None, role: str, name: str
+        self, shapes: list | None, elem: int | None, start: int, end: int, tid: int | None, role: str, name: str
     ) -> None:
         """Claim, for each recorded shape, the latest allocation alive at the call of its bytes
         (at ``elem`` bytes an element; where no element type is recorded, as c10d's TensorList
@@ -122,10 +136,11 @@ class HandedTensors:
             if not is_shape(shape) or not shape:
                 continue
             numel = math.prod(shape)
+            fresh = role == "output"
             fits = [r for size in ((elem,) if elem else _ELEMENT_SIZES)
-                    if (r := self._latest_alive(numel * size, start, tid)) is not None]  # fmt: skip
+                    if (r := self._latest_alive(numel * size, start, tid, fresh)) is not None]  # fmt: skip
             if fits:
-                self._claim(max(fits, key=lambda r: self._alloc[r]), Handed(role, name, start))
+                self._claim(max(fits, key=lambda r: self._alloc[r]), Handed(role, name, start, end, tid))
 
     def _claim(self, row: int, handed: Handed) -> None:
         self.by_row.setdefault(row, handed)
@@ -140,19 +155,35 @@ class HandedTensors:
             mask &= self._tid == tid
         return mask
 
-    def _latest_alive(self, nbytes: int, start: int, tid: int | None) -> int | None:
+    def _latest_alive(self, nbytes: int, start: int, tid: int | None, fresh: bool = False) -> int | None:
         """The latest allocation on ``tid`` alive at ``start`` that fits ``nbytes``, not yet
-        claimed by another call."""
+        claimed by another call (``fresh``: among the buffers made to be filled only)."""
         hit = np.flatnonzero(self._fits(nbytes) & self._alive_before(start, tid))
-        hit = [int(h) for h in hit[np.argsort(self._alloc[hit], kind="stable")[::-1]] if int(h) not in self.by_row]
+        hit = [int(h) for h in hit[np.argsort(self._alloc[hit], kind="stable")[::-1]] if int(h) not in self.by_row
+               and (not fresh or self._made_to_fill(int(h)))]  # fmt: skip
         return hit[0] if hit else None
+
+    def _made_to_fill(self, row: int) -> bool:
+        """Was ledger row ``row`` made by a bare allocator (``torch.empty``, ``new_empty``,
+        ``zeros``...) outside any computing aten op: a buffer made for something to fill, not an
+        op's result? (True where the trace has no ops to tell.)"""
+        if self._ops is None:
+            return True
+        tid = None if np.isnan(self._tid[row]) else int(self._tid[row])
+        t = int(self._alloc[row])
+        chain = [self._ops.name(int(i)) for i in self._ops.enclosing(t, t, tid)]
+        if not chain or chain[-1] not in FACTORIES:
+            return False
+        maker = next((name for name in reversed(chain) if name not in FACTORIES), None)
+        return maker is None or not maker.startswith("aten::")
 
     def _pieces(self, nbytes: int, start: int, tid: int | None) -> list[int]:
         """A list all-gather's output pieces: the allocations of one piece's bytes alive at the
         call, made since the previous call on the thread (``[torch.empty_like(x) for _ in
         range(P)]`` runs right before the call)."""
         hit = np.flatnonzero(self._fits(nbytes) & self._alive_before(start, tid))
-        return [int(h) for h in hit if int(h) not in self.by_row and self._alloc[h] >= self._since(start, tid)]
+        return [int(h) for h in hit if int(h) not in self.by_row and self._alloc[h] >= self._since(start, tid)
+                and self._made_to_fill(int(h))]  # fmt: skip
 
     def _since(self, start: int, tid: int | None) -> int:
         claimed = [self.by_row[r].call_ns for r in self.by_row if self.by_row[r].call_ns < start]

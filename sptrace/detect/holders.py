@@ -8,8 +8,9 @@ Holders (``HOLDERS``):
               had it (then nothing but the model can hold it: a Python reference, a hook, a cache);
   backend     a collective call's own tensor that the backend released on its thread (its free is
               not in the trace but its address was reused, or it was freed inside the backend's
-              annotation), or a tensor the call only read, whose free is missing because gloo and
-              NCCL drop their reference on a thread the profiler does not record;
+              annotation, or torch's own function joined it and returned: library_joins), or a
+              tensor the call only read, whose free is missing because gloo and NCCL drop their
+              reference on a thread the profiler does not record;
   parameter   its storage was allocated before this forward (a weight, a persistent buffer);
   undecided   the trace does not say: a buffer a collective filled or returned whose free is not in
               the trace (the backend's dropped reference, or one the model kept, look the same on
@@ -32,6 +33,7 @@ from sptrace.detect.boundaries import Boundary
 from sptrace.detect.handed import Handed
 from sptrace.detect.intervals import Intervals
 from sptrace.detect.ledger import Allocation, Unrecorded
+from sptrace.detect.library_joins import LibraryJoins
 from sptrace.vocab.markers import ReleasedCensus
 
 HOLDERS = ("autograd", "model", "backend", "parameter", "undecided")
@@ -66,13 +68,16 @@ class HolderRules:
     """Decides the holder of one rank's allocations (rows of its ledger) at a boundary."""
 
     def __init__(self, nodes: Intervals, backend_ranges: Intervals, unrecorded: dict[tuple[int, int], Unrecorded],
-                 trace_end_ns: int) -> None:  # fmt: skip
+                 trace_end_ns: int, library: LibraryJoins | None = None) -> None:  # fmt: skip
         self.nodes = nodes
         """Autograd nodes (evaluate_function ranges, or an old trace's named nodes)."""
         self.backend_ranges = backend_ranges
         """gloo:* and nccl:* annotations: the backend's own work, on its threads."""
         self.unrecorded = unrecorded
         self.trace_end_ns = trace_end_ns
+        self.library = library
+        """Python stacks that show torch's own code joining a collective's buffer and letting go
+        (sptrace.detect.library_joins)."""
 
     def decide(
         self, rec: Allocation, b: Boundary, handed: Handed | None, census: ReleasedCensus | None = None
@@ -110,6 +115,9 @@ class HolderRules:
             return Holder("backend", f"{handed.describe()}, and its free is not in the trace: gloo and NCCL drop "
                                      "their reference to a call's tensors on a thread the profiler does not "
                                      "record")  # fmt: skip
+        joined = self.library.evidence(handed, int(rec.bytes), b.backward_ns) if self.library is not None else None
+        if joined is not None:
+            return Holder("backend", f"{joined} (its free is not in the trace)")
         return Holder("undecided", f"{handed.describe()}, and its free is not in the trace: the backend's dropped "
                                    "reference (released on a thread the profiler does not record) and one the model "
                                    "kept look the same in a CPU trace")  # fmt: skip

@@ -97,6 +97,15 @@ def python_layer_frames(python: Intervals) -> dict[str, int]:
         for same in group.values():
             if len(same) >= 2 and all(n in composite and not _CONTAINERS.match(n) for n in same):
                 layers |= same
+    # a lone layer-like frame that runs a stack of layers is their container, not a layer:
+    # Megatron-Core's TransformerBlock_0 around TransformerLayer_0, TransformerLayer_1 (the layer
+    # is the innermost repeated one, as the framework numbers it)
+    stacks = {
+        names[parent] for parent, group in siblings.items() if parent is not None
+        for same in group.values() if len(same) >= 2 and same <= layers
+    }  # fmt: skip
+    lone = {n for group in siblings.values() for same in group.values() if len(same) == 1 for n in same}
+    layers -= stacks & lone
     out: dict[str, int] = {}
     for name in layers:
         number = name.rsplit("_", 1)[1]

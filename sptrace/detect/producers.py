@@ -27,8 +27,10 @@ def producing_collective(
 ) -> str | None:
     """The collective that produced an allocation, when the trace shows one:
     * it was allocated inside a collective (a functional all-gather's output);
-    * it was allocated inside an op that ran an all-gather just before (DTensor's
-      Redistribute: gather, then cat the chunks into the full tensor);
+    * it was allocated by a join or copy (``JOINS``) inside an op that ran an all-gather just
+      before (DTensor's Redistribute: gather, then cat the chunks into the full tensor); what a
+      matmul or an add computed inside such an op (Megatron-Core's linear, which gathers its
+      input first) is a product, whose origin is its inputs';
     * it is the output the next collective on its thread fills (``out = torch.empty(...);
       all_gather_into_tensor(out, x)``: that collective's recorded output has these bytes);
     * it is the buffer the next receive on its thread fills (``_received_into``; its element
@@ -39,7 +41,8 @@ def producing_collective(
     if i is not None:
         return collectives.name(i)
     chain = ops.enclosing(ts, ts, tid)
-    if len(chain) >= 2:  # the allocating op's caller
+    made = next((int(j) for j in chain[::-1] if ops.name(int(j)) not in FACTORIES), None)
+    if len(chain) >= 2 and made is not None and ops.name(made) in JOINS:  # the allocating op's caller
         parent = int(chain[-2])
         inner = collectives.inside(int(ops.start[parent]), ts, tid)
         gathers = [collectives.name(int(j)) for j in inner]
@@ -136,6 +139,13 @@ def _recorded_elements(name: str, row: EventRow) -> tuple[int | None, int | None
     size = dtypes.element_size(str(dtype)) if dtype is not None and not pd.isna(dtype) else None
     return (None if elems is None or pd.isna(elems) else int(elems)), size
 
+
+JOINS = frozenset({
+    "aten::cat", "aten::_cat", "aten::stack", "aten::clone", "aten::contiguous", "aten::copy_", "aten::_to_copy",
+    "aten::to", "aten::reshape", "aten::_unsafe_view", "aten::_reshape_alias", "aten::index_select",
+    "aten::movedim", "aten::permute", "aten::transpose",
+})  # fmt: skip
+"""Ops that join or copy what they are given (the pieces a gather returned) without computing."""
 
 _OUT_FIRST = ("out_in", "out_in_lists")
 """c10d forms whose first recorded argument is an output the caller allocated."""
