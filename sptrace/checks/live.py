@@ -48,21 +48,22 @@ def assert_sequence_sharded(
     ``inputs``: a tensor, or a tuple of positional arguments whose first is the [B, S/P, H]
     (``seq_dim`` = 1) or [S/P, B, H] (``seq_dim`` = 0) activation. Raises ShardingViolation naming
     each module that keeps a full-sequence tensor (unless it matches an ``allow`` glob); returns
-    the saved activations otherwise. ``heads`` and ``ffn`` let widths be judged that shapes alone
-    cannot: with F undeclared, a full-sequence tensor H or more wide could be a [B, S, F/P]
-    tensor-parallel shard, and a tensor that stays ambiguous is not counted as a violation (nothing
-    here sees which op made it, as a trace does); pass ``ffn``. Works inside a unit test, e.g.
-    under a 1-process group or torchrun.
+    the saved activations otherwise. A full-sequence tensor H or more wide is full unless a weight
+    of the model ([N, H] or [H, N], a 2-D parameter) or ``ffn`` and ``heads`` make a shard that
+    wide; such a tensor stays ambiguous and is not counted as a violation (nothing here sees which
+    op made it, as a trace does). Works inside a unit test, e.g. under a 1-process group or
+    torchrun.
     """
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     x = local_shard(args[0])
     local = x.shape[seq_dim]
     batch = x.shape[1 - seq_dim] if x.dim() >= 3 else 1
     dtype = str(x.dtype).removeprefix("torch.")
+    H = hidden or x.shape[-1]
     judge = Judge(ModelShape(
-        batch=batch, seq=local * sp_size, hidden=hidden or x.shape[-1], sp_size=sp_size, heads=heads, ffn=ffn,
+        batch=batch, seq=local * sp_size, hidden=H, sp_size=sp_size, heads=heads, ffn=ffn,
         dtype=dtype if dtype in ("float32", "bfloat16", "float16") else None,
-    ))  # fmt: skip
+    ), weights=_weight_widths(model, H))  # fmt: skip
     saved: list[SavedTensor] = []
     stack: list[str] = []
     handles = []
@@ -107,3 +108,19 @@ def assert_sequence_sharded(
             bad,
         )
     return [r for r in saved if r.kind != "param"]
+
+
+def _weight_widths(model: nn.Module, hidden: int) -> dict[int, str]:
+    """The widths the model's 2-D weights give (sptrace.detect.weights reads the same off a
+    trace): N for an [N, H] weight, K for an [H, K] one."""
+    out: dict[int, str] = {}
+    for name, p in model.named_parameters():
+        local = local_shard(p)
+        if local.dim() != 2:
+            continue
+        n, k = (int(d) for d in local.shape)
+        if k == hidden and n != hidden:
+            out.setdefault(n, f"the [{n}x{k}] weight {name}")
+        elif n == hidden and k != hidden:
+            out.setdefault(k, f"the [{n}x{k}] weight {name}")
+    return out

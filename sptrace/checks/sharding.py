@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from sptrace.checks.sharding_shapes import Reading, heads_of, readings, tokens_of, widths
 from sptrace.vocab import dtypes
@@ -40,6 +41,10 @@ class Judge:
     """Classifies retained tensors against a declared ModelShape (B, S, H, P known)."""
 
     model: ModelShape
+    weights: Mapping[int, str] = field(default_factory=dict)
+    """The widths the trace's weights give (sptrace.detect.weights): {width: where it was read}.
+    A full-sequence tensor of such a width may be a tensor-parallel shard; of any other width at
+    least H wide, it is full."""
 
     def __post_init__(self) -> None:
         self.model.require(NEEDS, "the sharding check")
@@ -86,11 +91,12 @@ class Judge:
                              "cache): not an activation")  # fmt: skip
         if origin is None and producer and _GATHER.search(producer):
             origin, origin_text = "gathered", f"made by {producer}"
-        if shape and origin == "gathered" and math.prod(int(d) for d in shape) >= self.full_elements:
+        if shape and origin in ("gathered", "reduced") and math.prod(int(d) for d in shape) >= self.full_elements:
             # element count before dims: what a gather made holds P shards' worth, the whole
             # sequence, however its dims read ([P*B, S/P, H] reads as a shard)
             numel = math.prod(int(d) for d in shape)
-            return "full", (f"a gathered full sequence ({origin_text}): {numel} elements, at least B*S*H = "
+            what = "a gathered full sequence" if origin == "gathered" else "summed over its group"
+            return "full", (f"{what} ({origin_text}): {numel} elements, at least B*S*H = "
                             f"{self.full_elements}, whatever its dims read")  # fmt: skip
         if shape:
             cls, why = self._by_shape(tuple(int(d) for d in shape), nbytes, module or "", producer or "", origin,
@@ -103,6 +109,13 @@ class Judge:
             if elem and self._full_storage(storage_bytes, elem, origin):
                 return "full", f"a view of {nbytes} bytes keeping a {storage_bytes}-byte storage alive"
         return cls, why
+
+    @property
+    def _shard_weights(self) -> Mapping[int, str]:
+        """The widths of the trace's weights a shard can have: any but H (a square weight is no
+        evidence of a shard: a replicated projection has one as often)."""
+        H = self.model.hidden
+        return {w: where for w, where in self.weights.items() if w != H}
 
     def _full_storage(self, storage_bytes: int, elem: int, origin: str | None) -> bool:
         """Is a storage of these bytes a full-sequence tensor at least H wide? Its origin vetoes
@@ -151,8 +164,8 @@ class Judge:
         )
         if origin in ("column", "attention") and explains_full:
             return "head-sharded", f"no shape; {text}"
-        if explains_full and origin is None and m.ffn is None:
-            explains_shard = True  # F undeclared: a [B, S, F/P] tensor-parallel shard may have this size
+        if explains_full and origin is None and (nbytes // tokens_full) in self._shard_weights:
+            explains_shard = True  # a weight of the trace makes products (or takes inputs) this wide
         if explains_full and not explains_shard:
             width = nbytes // tokens_full
             return "full", (
@@ -283,22 +296,23 @@ class Judge:
         if heads == "share":
             return "head-sharded", f"full sequence, a 1/P share of the heads ({width} wide per token)"
         whole, shard = widths(self.model)
-        in_whole, in_shard = width in whole, width in shard
-        if in_shard and not in_whole:
-            return "head-sharded", f"full sequence, {width} wide per token ({shard[width]})"
-        if in_whole and in_shard:  # e.g. F/P = H: a 4H MLP at P = 4
-            return "ambiguous", (
-                f"full sequence, {width} wide per token: {whole[width]} (full) and {shard[width]} (a tensor-parallel "
-                "shard) alike, and the trace does not show the op that made it"
-            )
-        if width >= H:
-            if m.ffn is None:
-                return "ambiguous", (
-                    f"full sequence, {width} wide per token: a full tensor, or a [B, S, F/P] tensor-parallel shard if "
-                    f"F/P = {width}, and the trace does not show the op that made it; pass --ffn to judge"
-                )
-            return "full", f"full sequence, {width} wide per token (H = {H}; no declared shard is that wide)"
-        return "head-sharded", f"full sequence, {width} wide per token: a 1/{significant(H / width)} share of H"
+        if width < H:  # narrower than a token's activation: a head shard, a statistic, a rotary table
+            if width in shard:
+                return "head-sharded", f"full sequence, {width} wide per token ({shard[width]})"
+            return "head-sharded", f"full sequence, {width} wide per token: a 1/{significant(H / width)} share of H"
+        # All S tokens at least H wide: full, unless a shard can be that wide; then only the op
+        # that made it tells (a shard needs positive evidence: sptrace.detect.provenance)
+        if width in shard:
+            what = f"{shard[width]}, declared" + (f", and {whole[width]} (full) alike" if width in whole else "")
+        elif width in self._shard_weights:
+            what = self._shard_weights[width] + ", read off the trace"
+        else:
+            return "full", (f"full sequence, {width} wide per token: no shard is that wide (H = {H}; no declared "
+                            "width or weight of the trace makes a shard that wide)")  # fmt: skip
+        return "ambiguous", (
+            f"full sequence, {width} wide per token: a full tensor, or a tensor-parallel shard as wide as {what}, "
+            "and the trace does not show the op that made it"
+        )
 
 
 def classify(

@@ -92,7 +92,7 @@ def check_sharding(
     keep full tensors; ``strict``: ambiguous and unknown tensors that could be full-size fail
     too; ``notes``: the caller's, after this check's own; ``missing_ranks``: ranks of the run
     without a trace (never judged: no PASS)."""
-    judge = Judge(model)
+    judge = Judge(model, weights={w: where for r in retained for w, where in sorted(r.weight_widths.items())})
     frames = [r.tensors for r in retained if not r.tensors.empty]
     saved = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=retained[0].tensors.columns)
     classes = [

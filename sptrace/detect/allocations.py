@@ -17,17 +17,16 @@ record, which is why such a tensor's free can be missing from a trace.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import TypedDict
 
 import numpy as np
 import pandas as pd
 
-from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.boundaries import Boundary, find_boundaries
 from sptrace.detect.call_fates import call_fates
 from sptrace.detect.columns import empty_frame, has_prefix, is_one_of, take_columns
+from sptrace.detect.forward_facts import forward_weight_widths, layers_seen, shapes_seen
 from sptrace.detect.handed import Handed, HandedTensors
 from sptrace.detect.holders import BACKEND_THREADS, SAVED_RECORD, Holder, HolderRules
 from sptrace.detect.index import RankIndex
@@ -39,7 +38,7 @@ from sptrace.detect.producers import producing_collective
 from sptrace.detect.provenance import Provenance
 from sptrace.detect.shapes import infer_shape
 from sptrace.load.trace import RankTrace
-from sptrace.vocab import dtypes, markers
+from sptrace.vocab import markers
 
 RETAINED_COLUMNS = [
     "rank", "module", "layer", "shape", "dtype", "nbytes", "storage_bytes", "storage_ptr", "source", "alloc_op",
@@ -139,6 +138,8 @@ class Retention:
     shape_dtypes: dict[tuple[int, ...], set[str]] = field(default_factory=dict)
     """The element types each input shape of the forwards' ops was taken with: the activation
     dtype, read where the user did not declare it."""
+    weight_widths: dict[int, str] = field(default_factory=dict)
+    """The widths the forwards' weights give their products and inputs (sptrace.detect.weights)."""
     call_fates: pd.DataFrame | None = None
     """What became of the tensors each forward's collective calls had (sptrace.detect.call_fates)."""
 
@@ -162,7 +163,7 @@ def detect_retained(
     records = take_columns(ev, idx.by_name.prefix(markers.SAVED), ["name", "ts_ns", "tid"])
     censuses = take_columns(ev, idx.by_name.prefix(markers.RELEASED), ["name", "ts_ns"])
     is_op = idx.by_cat.one_of(["cpu_op"]) & idx.is_x
-    cpu = take_columns(ev, is_op, ["ts_ns", "input_dims", "input_types"])  # what _shapes_seen reads
+    cpu = take_columns(ev, is_op, ["ts_ns", "input_dims", "input_types"])  # what shapes_seen reads
     ops = Intervals.of(idx.table, is_op & ~idx.by_name.prefix(markers.PREFIX))
     collectives = Intervals.of(idx.table, is_op & idx.by_name.prefix(_COLLECTIVE_PREFIXES))
     cuda = bool((ledger["device_type"] == 1).any())
@@ -177,13 +178,14 @@ def detect_retained(
         boundary_ns=bounds[0].backward_ns if bounds else None, has_records=bool(len(records)),
         has_memory=not ledger.empty, boundaries=bounds,
     )  # fmt: skip
-    out.layers_seen = _layers_seen(idx)
+    out.layers_seen = layers_seen(idx)
     if not bounds:
-        out.shapes_seen = _shapes_seen(cpu, forward_start_ns(trace), None)
+        out.shapes_seen = shapes_seen(cpu, forward_start_ns(trace), None)
         out.tensors = empty_frame(RETAINED_COLUMNS)
         return out
     for b in bounds:
-        out.shapes_seen |= _shapes_seen(cpu, b.forward_ns, b.backward_ns, out.shape_dtypes)
+        out.shapes_seen |= shapes_seen(cpu, b.forward_ns, b.backward_ns, out.shape_dtypes)
+    out.weight_widths = forward_weight_widths(ev, idx, is_op, bounds, hidden)
     many_steps = len({b.step for b in bounds}) > 1
     many_micro = any(b.micro_batch > 0 for b in bounds)
 
@@ -337,55 +339,6 @@ def _retained_from_memory(
         holder=holder.kind, evidence=holder.evidence, alloc_ns=alloc_ns, free_ns=rec.free_ns, freed_in=freed_in,
         kind="activation", collective=call.collective if call is not None else None, call_key=None,
     )  # fmt: skip
-
-
-def _shapes_seen(
-    cpu: pd.DataFrame, fwd: int, bwd: int | None, dtypes_of: dict[tuple[int, ...], set[str]] | None = None
-) -> set[tuple[int, ...]]:
-    """Every tensor shape the window's ops took; ``dtypes_of`` (shape -> element types) collects
-    the type each shape was taken with, where the op records one per argument."""
-    ts = cpu["ts_ns"].to_numpy(dtype=np.int64, na_value=0)
-    inside = cpu["ts_ns"].notna().to_numpy() & (ts >= fwd)  # a missing time is in no window
-    if bwd is not None:
-        inside &= ts < bwd
-    dims, types = cpu["input_dims"].to_numpy()[inside], cpu["input_types"].to_numpy()[inside]
-    # (no JSON text, no shapes: a missing value, NA or NaN, is no str)
-    pairs = {(d, t): None for d, t in zip(dims.tolist(), types.tolist()) if isinstance(d, str)}
-    seen: set[tuple[int, ...]] = set()
-    for text, kinds_text in pairs:
-        shapes, typed = _arg_shapes(text, kinds_text if isinstance(kinds_text, str) else None)
-        seen.update(shapes)
-        if dtypes_of is not None:
-            for shape, dtype in typed:
-                dtypes_of.setdefault(shape, set()).add(dtype)
-    return seen
-
-
-Shape = tuple[int, ...]
-
-
-@functools.lru_cache(maxsize=1 << 15)
-def _arg_shapes(text: str, kinds_text: str | None) -> tuple[tuple[Shape, ...], tuple[tuple[Shape, str], ...]]:
-    """The shapes an op's Input Dims hold (an argument's, or a tensor list's), and the element type
-    of each argument that is one shape: a pure function of the two texts, parsed once per worker
-    (the ranks of a job repeat them)."""
-    args, kinds = load_list(text), load_list(kinds_text)
-    shapes: list[Shape] = []
-    typed: list[tuple[Shape, str]] = []
-    for k, arg in enumerate(args):
-        found = [arg] if is_shape(arg) else [s for s in arg if is_shape(s)] if isinstance(arg, list) else []
-        shapes.extend(tuple(s) for s in found)
-        dtype = dtypes.canonical(kinds[k]) if is_shape(arg) and k < len(kinds) else None
-        if dtype:
-            typed.append((tuple(arg), dtype))
-    return tuple(shapes), tuple(typed)
-
-
-def _layers_seen(idx: RankIndex) -> set[int]:
-    seen = set(idx.marker_layers.values())
-    if not seen:
-        seen = idx.python_layers()
-    return seen
 
 
 def _op_name(ops: Intervals, ts: int, tid: object) -> str | None:

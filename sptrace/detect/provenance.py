@@ -52,9 +52,10 @@ _DEPTH = 8
 
 @dataclass(frozen=True)
 class Origin:
-    """What made a tensor: ``kind`` is one of gathered, all-to-all, reduce-scattered, received
-    (a block one peer sent: a point-to-point receive filled it), column, row, attention (None
-    when the trace does not tell); ``text`` says how it was read."""
+    """What made a tensor: ``kind`` is one of gathered (an all-gather's buffer, or pieces other
+    ranks sent joined), reduced (summed in place over a group by an all-reduce), all-to-all,
+    reduce-scattered, received (a block one peer sent: a point-to-point receive filled it),
+    column, row, attention (None when the trace does not tell); ``text`` says how it was read."""
 
     kind: str | None
     text: str = ""
@@ -64,6 +65,18 @@ UNKNOWN = Origin(None)
 
 
 _COPIES = frozenset({"aten::clone", "aten::contiguous", "aten::reshape", "aten::_unsafe_view", "aten::_reshape_alias"})
+
+
+def _sends_pieces(name: str) -> bool:
+    """Does this collective fill a buffer with a piece another rank holds whole (a broadcast, a
+    receive, a gather's piece)? An all-to-all's or a reduce-scatter's output is a shard of a
+    differently split tensor, never one rank's piece of the sequence."""
+    return "broadcast" in name.lower() or collective_kind(name) in ("gathered", "received")
+
+
+def _is_all_reduce(name: str) -> bool:
+    low = name.lower()
+    return "allreduce" in low or "all_reduce" in low
 
 
 def collective_kind(name: str) -> str | None:
@@ -131,6 +144,8 @@ class Provenance:
         call = self.handed.of(row) if self.handed is not None else None
         if call is not None and call.role in ("output", "returned") and collective_kind(call.collective):
             return Origin(collective_kind(call.collective), f"the buffer {call.collective} filled")
+        if call is not None and call.role == "input" and _is_all_reduce(call.collective):
+            return Origin("reduced", f"summed in place over its group by {call.collective}")
         key = row
         if depth == 0 and key in self._cache:
             return self._cache[key]
@@ -159,6 +174,9 @@ class Provenance:
             gathered = self._gathered_pieces(row, start, tid)
             if gathered:
                 return Origin("gathered", f"joins the pieces {gathered} gathered")
+            received = self._received_pieces(row, start, tid)
+            if received:
+                return Origin("gathered", f"joins the pieces {received}")
         # elementwise ops, norms, copies and casts: the origin of the first tensor input
         shapes = [d for d in dims if is_shape(d)]
         if not shapes:
@@ -222,6 +240,42 @@ class Provenance:
                   if is_shape(d)]  # fmt: skip
         return f"by {name}" if shapes and list(shapes[0]) == list(pieces[0]) else None
 
+    def _received_pieces(self, op: EventRow, start: int, tid: int | None) -> str | None:
+        """A concatenation of pieces that other ranks sent: of its pieces (one tensor list of equal
+        shapes), most are buffers collective calls filled (broadcasts, receives, a ring's next
+        block), the rest this rank's own. The sequence assembled by anything but a gather."""
+        if self.handed is None:
+            return None
+        args = load_list(op.get("input_dims"))
+        pieces = args[0] if args and isinstance(args[0], list) and all(is_shape(p) for p in args[0]) else []
+        if len(pieces) < 2:
+            return None
+        types = load_list(op.get("input_types"))
+        sizes = [dtypes.element_size(t) for t in types if dtypes.element_size(t)] or [4, 2, 8, 1]
+        filled: dict[str, int] = {}
+        for shape in {tuple(p) for p in pieces}:
+            want = sum(1 for p in pieces if tuple(p) == shape)
+            for size in sizes:
+                rows = self._alive_of(math.prod(shape) * size, start, tid)[-want:]
+                for r in rows:
+                    call = self.handed.of(r)
+                    if call is not None and call.role in ("output", "returned") and _sends_pieces(call.collective):
+                        filled[call.collective] = filled.get(call.collective, 0) + 1
+                if rows:
+                    break
+        if 2 * sum(filled.values()) < len(pieces) or not filled:
+            return None
+        return f"{', '.join(sorted(filled))} filled ({sum(filled.values())} of {len(pieces)})"
+
+    def _alive_of(self, nbytes: int, before_ns: int, tid: int | None) -> list[int]:
+        """Ledger rows of ``nbytes`` made on ``tid`` before ``before_ns`` and alive then, oldest first."""
+        free = self.ledger["free_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
+        mask = (self._bytes == nbytes) & (self._alloc < before_ns) & (np.isnan(free) | (free >= before_ns))
+        if tid is not None:
+            mask &= self._tid == tid
+        hit = np.flatnonzero(mask)
+        return [int(h) for h in hit[np.argsort(self._alloc[hit], kind="stable")]]
+
     def _matmul(
         self, name: str, dims: list[object], types: list[object], start: int, tid: int | None, since_ns: int, depth: int
     ) -> Origin:
@@ -245,8 +299,8 @@ class Provenance:
             elem = next((dtypes.element_size(t) for t in types if dtypes.element_size(t)), None)
             src = self.source(start, math.prod(a) * elem, tid, since_ns) if elem else None
             inner = self.of_row(src, self._producer_of(src), since_ns, depth + 1) if src is not None else UNKNOWN
-            if inner.kind == "gathered":
-                return Origin("column", f"a column-parallel product ({name}, square weight, of a gathered input)")
+            if inner.kind in ("gathered", "reduced"):
+                return Origin("column", f"a column-parallel product ({name}, square weight, of a {inner.kind} input)")
             if inner.kind in ("column", "attention"):
                 return Origin("row", f"a row-parallel product ({name}, square weight, of a {inner.kind} product)")
         return UNKNOWN

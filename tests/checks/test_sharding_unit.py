@@ -68,7 +68,15 @@ def test_4h_ffn_at_p4_is_decided_by_the_op_that_made_it_never_by_names():
     shape, n = (2, 64, 32), _bytes((2, 64, 32))
     for module in ("layers.0.mlp.act", "layers.0.attn", "layers.0.norm"):
         cls, why = classify(shape, n, None, p4, module=module)
-        assert cls == "ambiguous" and "--ffn" in why, module  # F undeclared: F/P may be 32
+        # F undeclared, no op shown: all S tokens, H wide, is full (a shard needs positive evidence)
+        assert cls == "full" and "no shard is that wide" in why, module
+    # a square [H, H] weight in the trace is no evidence of a shard (a replicated projection has one)
+    assert Judge(p4, weights={32: "the [32x32] weight aten::linear took"}).classify(shape, n)[0] == "full"
+    # a [B, S, 3H] tensor where the trace's weights make 3H-wide products: a shard or not, the op tells
+    wide = (2, 64, 96)
+    cls, why = Judge(p4, weights={96: "the [96x32] weight aten::linear took"}).classify(wide, _bytes(wide))
+    assert cls == "ambiguous" and "[96x32] weight" in why and "read off the trace" in why and "--ffn" not in why
+    assert Judge(p4).classify(wide, _bytes(wide))[0] == "full"  # no weight that wide: full
     with_ffn = p4.override("flags", ffn=128)  # F/P == H, declared: both readings stay open
     for module in ("layers.0.mlp.act", "layers.0.norm"):
         assert classify(shape, n, None, with_ffn, module=module)[0] == "ambiguous"
@@ -104,8 +112,11 @@ def test_views_and_sizes():
         "full", "a view of 20480 bytes keeping a 163840-byte storage alive"
     )  # fmt: skip
     assert classify(None, 98304, 98304, MODEL)[0] == "full"
-    for module in ("layers.0.norm", "layers.0.mlp"):  # F unknown: [B, S, F/P] may have its size
-        assert classify(None, 98304, 98304, BARE, module=module)[0] == "ambiguous"
+    for module in ("layers.0.norm", "layers.0.mlp"):  # F unknown and no weight that wide: full by its size
+        assert classify(None, 98304, 98304, BARE, module=module)[0] == "full"
+    # a weight of the trace makes [B, S, 96 * 4 / 4]-byte products: a shard may have its size
+    assert Judge(BARE, weights={384: "the [384x96] weight aten::linear took"}).classify(None, 393216)[0] == (
+        "ambiguous")  # fmt: skip
     assert classify(None, 12288, 12288, MODEL)[0] == "seq-sharded"
     assert classify(None, 5000, 5000, MODEL)[0] == "other"  # fewer bytes than B*S*H 16-bit elements
     assert classify(None, 8, 8, MODEL)[0] == "other"  # smaller than one token: a scalar
@@ -140,8 +151,9 @@ def test_assert_sequence_sharded_passes_and_fails():
     # the norm saves x (an input), fc the norm's output, the root's relu its result
     assert {r.module for r in saved} == {"norm", "fc", "<root>"}
     assert all(8 in r.shape or 2 * 8 in r.shape for r in saved)
-    # F undeclared: a [B*S, H] tensor could be a [B*S, F/P] shard with F = 4H; declared (F/P = 6), it cannot
-    assert sptrace.assert_sequence_sharded(Gathering(4), x, sp_size=4)
+    # all S tokens, H wide, and no weight of the model makes a shard that wide: full, F declared or not
+    with pytest.raises(sptrace.ShardingViolation):
+        sptrace.assert_sequence_sharded(Gathering(4), x, sp_size=4)
     with pytest.raises(sptrace.ShardingViolation) as err:
         sptrace.assert_sequence_sharded(Gathering(4), x, sp_size=4, ffn=24)
     (rec, _why), *_ = err.value.records
