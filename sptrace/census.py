@@ -43,8 +43,9 @@ import torch
 from sptrace.vocab.markers import ReleasedCensus
 
 _OUTPUT_FIRST = ("all_gather_into_tensor", "_all_gather_base", "reduce_scatter_tensor", "_reduce_scatter_base",
-                 "all_to_all_single", "broadcast")  # fmt: skip
-"""torch.distributed functions whose first argument is the buffer the call fills. (Not ``recv`` nor
+                 "all_to_all_single", "broadcast", "all_reduce")  # fmt: skip
+"""torch.distributed functions whose first argument is the buffer the call fills (an all-reduce's in
+place). (Not ``recv`` nor
 ``irecv``: ``P2POp`` checks its op against them by identity, so they stay as they are, and a
 receive's buffer is watched where ``batch_isend_irecv`` takes it.)"""
 _OUTPUT_LIST_FIRST = ("all_gather", "all_to_all")
@@ -174,7 +175,7 @@ def _wrap(module: ModuleType, name: str, watched: Watched) -> None:
 
 def _filled_by(name: str) -> Watched:
     keyword = {"all_gather": "tensor_list", "all_to_all": "output_tensor_list", "broadcast": "tensor",
-               "all_to_all_single": "output"}.get(name, "output_tensor")  # fmt: skip
+               "all_reduce": "tensor", "all_to_all_single": "output"}.get(name, "output_tensor")  # fmt: skip
     is_list = name in _OUTPUT_LIST_FIRST
 
     def watched(args: tuple[object, ...], kwargs: Mapping[str, object], result: object) -> list[object]:

@@ -37,7 +37,7 @@ class Launches:
     Each launch is a subprocess with its output kept, so nothing it prints reaches a test's
     captured output. Only the launches the selected tests need are started."""
 
-    ORDER = ("demo", "ranks8", "ranks4", "user_models", "frameworks", "generated")
+    ORDER = ("demo", "ranks8", "ranks4", "user_models", "frameworks", "framework_matrix", "generated")
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="launches-", dir=_SCRATCH))
@@ -138,6 +138,14 @@ class Launches:
         """The real Megatron-Core and DeepSpeed-Ulysses layers on 4 gloo ranks (one launch)."""
         self.out("frameworks").mkdir(parents=True, exist_ok=True)
         return _torchrun("tests.user_models.frameworks.job", self.out("frameworks"), self.run, nproc=4)
+
+    def _framework_matrix(self) -> subprocess.CompletedProcess[str]:
+        """The real-framework matrix (tests.user_models.frameworks.matrix) on 8 gloo ranks: the
+        suite's share, or every framework at P = 2, 4 and 8 where SPTRACE_FRAMEWORK_MATRIX=full
+        (CI)."""
+        self.out("framework_matrix").mkdir(parents=True, exist_ok=True)
+        full = ("--full",) if os.environ.get("SPTRACE_FRAMEWORK_MATRIX") == "full" else ()
+        return _torchrun("tests.user_models.frameworks.matrix", self.out("framework_matrix"), self.run, args=full)
 
     def _generated(self) -> subprocess.CompletedProcess[str]:
         self.out("generated").mkdir(parents=True, exist_ok=True)
@@ -246,6 +254,17 @@ def framework_runs() -> Path:
 
 
 @pytest.fixture(scope="session")
+def matrix_runs() -> Path:
+    """One 8-rank run of tests.user_models.frameworks.matrix: real framework layers (Megatron-Core,
+    DeepSpeed-Ulysses, PyTorch-native TP + SP, FSDP2 + TP) at colliding shapes, clean and with a
+    stray, each with torch's record of what was kept."""
+    proc = LAUNCHES.result("framework_matrix")
+    out = LAUNCHES.out("framework_matrix")
+    assert proc.returncode == 0 and (out / "done").exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
+    return out
+
+
+@pytest.fixture(scope="session")
 def generated_runs() -> Path:
     """One 8-rank run of tests.user_models.generated.job: the drawn models (draw.default_count), each with its truth
     and `sptrace check`'s verdict on it (tests.user_models.generated.judge)."""
@@ -274,7 +293,7 @@ def cache_dir(tmp_path: Path) -> Path:
 # Fixtures that launch torchrun jobs: a test that uses one (directly or through another fixture)
 # is marked `distributed`, and every browser test `browser`, so that `make test-fast` can leave
 # both out by marker (pytest -m "not distributed and not browser").
-_LAUNCHING = frozenset({"profiled", "verify_reports", "user_runs", "framework_runs", "generated_runs"})
+_LAUNCHING = frozenset({"profiled", "verify_reports", "user_runs", "framework_runs", "matrix_runs", "generated_runs"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -305,6 +324,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             wanted.add("user_models")
         if "framework_runs" in used:
             wanted.add("frameworks")
+        if "matrix_runs" in used:
+            wanted.add("framework_matrix")
         if "generated_runs" in used:
             wanted.add("generated")
     if wanted and not session.config.option.collectonly:

@@ -7,15 +7,15 @@ When theirs is the last reference, the buffer's free is missing from the trace, 
 address is not allocated again before the trace ends, one rank's trace alone cannot tell that
 dropped reference from a buffer the model kept (sptrace.detect.holders: undecided). The job's
 other ranks and steps run the same code: the same call (the same collective, at the same place in
-its forward: sptrace.detect.call_fates) hands them the same buffer. Where most
-of the other ranks released it before this very boundary, and no rank or step kept it past its
-boundary, the code does not keep that buffer: this rank's missing free is the backend's last
-reference.
+its forward: sptrace.detect.call_fates) hands them the same buffer. Where no rank or forward kept
+it past its boundary, and either most of the other ranks released it before this very boundary,
+or some did and this rank released it in another forward (a step, a micro-batch), the code does
+not keep that buffer: this rank's missing free is the backend's last reference.
 
 What this cannot tell: a keep of the very buffer a collective filled on a few ranks only (``if
-rank == 0: self.debug = buf``) reads the same way. A keep on every rank does not (its peers are
-unknown too), a keep on most ranks neither, and a keep of anything derived from the buffer (a cat,
-a copy) is the model's own allocation, which no collective call had. sptrace.instrument's census
+rank == 0: self.debug = buf``) reads the same way. A keep in one step on every rank does not (its
+peers in that step are unknown too), a keep on most ranks neither, and a keep of anything derived
+from the buffer (a cat, a copy) is the model's own allocation, which no collective call had. sptrace.instrument's census
 decides the rank-specific keep (docs/gate.md).
 """
 
@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from sptrace.detect.allocations import Retention
-from sptrace.vocab.units import rank_ranges
+from sptrace.vocab.units import count, rank_ranges
 
 
 def settle_by_peers(saved: pd.DataFrame, retained: Sequence[Retention], rows: np.ndarray) -> pd.DataFrame:
@@ -61,13 +61,16 @@ def settle_by_peers(saved: pd.DataFrame, retained: Sequence[Retention], rows: np
             continue
         now = others[(others["rank"] != rank) & (others["step"] == step) & (others["micro_batch"] == micro)]
         released = sorted(set(now.loc[now["fate"] == "released", "rank"].astype(int)))
-        if not released or 2 * len(released) <= now["rank"].nunique():
+        mine = others[(others["rank"] == rank) & (others["fate"] == "released")]
+        most = 2 * len(released) > now["rank"].nunique()
+        if not released or not (most or len(mine)):
             continue
+        also = f", and in {count(len(mine), 'other forward')} of this rank" if len(mine) else ""
         holder[i] = "backend"
         evidence[i] = (
             f"{row['evidence'].split(', and its free')[0]}; its free is not in the trace, but the same call's buffer "
-            f"was released before this boundary on {_ranks(released)} (of {now['rank'].nunique()} other ranks), "
-            "and no rank or step kept it past its boundary: the code lets go of it, so the backend dropped the "
+            f"was released before this boundary on {_ranks(released)} (of {now['rank'].nunique()} other ranks){also}, "
+            "and no rank or forward kept it past its boundary: the code lets go of it, so the backend dropped the "
             "last reference on a thread the profiler does not record"
         )
     out["holder"], out["evidence"] = holder, evidence

@@ -59,7 +59,9 @@ class ShardingReport:
         return _class_counts(self.saved)
 
     def holders(self) -> dict[str, int]:
-        return {h: int((self.saved["holder"] == h).sum()) for h in HOLDERS}
+        """Tensors per holder ("offloaded" only where a pack hook's copy was kept)."""
+        counts = {h: int((self.saved["holder"] == h).sum()) for h in HOLDERS}
+        return {h: n for h, n in counts.items() if n or h != "offloaded"}
 
     def to_dict(self) -> JSONObject:
         saved = self.saved.copy()
@@ -205,7 +207,7 @@ def _finding(rec: _Saved, judge: Judge) -> Finding:
     shape = "x".join(map(str, rec.shape)) if isinstance(rec.shape, (tuple, list)) else f"{rec.nbytes} bytes"
     layer = int(rec.layer) if rec.layer is not None and rec.layer == rec.layer else None
     where = _boundary(rec)
-    held = f"held by {rec.holder}: {rec.evidence}" if rec.holder else ""
+    held = f"{_held(rec.holder)}: {rec.evidence}" if rec.holder else ""
     if rec.cls != "full":
         return Finding(
             "error", "sharding", f"{rec.cls}-tensor",
@@ -226,6 +228,11 @@ def _finding(rec: _Saved, judge: Judge) -> Finding:
         + (f"; {'; '.join(origin)}" if origin else "") + f"): {rec.why}",
         (int(rec.rank),), layer, module, page="memory", holder=rec.holder, evidence=rec.evidence,
     )  # fmt: skip
+
+
+def _held(holder: str) -> str:
+    """'held by autograd', 'offloaded' (a pack hook's copy kept in the saved tensor's place)."""
+    return "offloaded" if holder == "offloaded" else f"held by {holder}"
 
 
 def _boundary(rec: _Saved) -> str:
@@ -262,8 +269,8 @@ def _conclude(
     errors = [f for f in findings if f.severity == "error"]
     judged = saved[saved["decides"] != "undecided-holder"]
     by_holder = saved["holder"].value_counts()
-    held = ", ".join(f"{int(by_holder[h])} held by {h}" for h in ("autograd", "model", "backend", "parameter")
-                     if by_holder.get(h, 0))  # fmt: skip
+    held = ", ".join(f"{int(by_holder[h])} {_held(h)}" for h in ("autograd", "model", "offloaded", "backend",
+                                                                  "parameter") if by_holder.get(h, 0))  # fmt: skip
     summary = (
         f"{count(len(judged), 'tensor')} alive at the boundary judged on {covered_text(coverage)} "
         f"({counts['seq-sharded']} sequence-sharded, {counts['head-sharded']} head-sharded, {counts['full']} full; "

@@ -28,12 +28,13 @@ from sptrace.detect.call_fates import call_fates
 from sptrace.detect.columns import empty_frame, has_prefix, is_one_of, take_columns
 from sptrace.detect.forward_facts import forward_weight_widths, layers_seen, shapes_seen
 from sptrace.detect.handed import Handed, HandedTensors
-from sptrace.detect.holders import BACKEND_THREADS, SAVED_RECORD, Holder, HolderRules
+from sptrace.detect.holders import BACKEND_THREADS, KEEPERS, SAVED_RECORD, Holder, HolderRules
 from sptrace.detect.index import RankIndex
 from sptrace.detect.intervals import Intervals, within
 from sptrace.detect.kinds import AUTOGRAD_NODE
 from sptrace.detect.ledger import AddressIndex, Allocation, detect_ledger, unrecorded_allocator_activity
 from sptrace.detect.library_joins import LibraryJoins
+from sptrace.detect.pack_copies import PackCopies, PackCopy
 from sptrace.detect.producers import producing_collective
 from sptrace.detect.provenance import Provenance
 from sptrace.detect.shapes import infer_shape
@@ -169,7 +170,7 @@ def detect_retained(
     cuda = bool((ledger["device_type"] == 1).any())
     slack = CUDA_SLACK if cuda else 0
     handed = HandedTensors(ledger, collectives, element_size, slack, ops) if not ledger.empty else None
-    origins = Provenance(ledger, ops, collectives, hidden, handed)
+    origins = Provenance(ledger, ops, collectives, hidden, handed, PackCopies(idx.python, ops))
     at_address = AddressIndex(ledger)
     backend_rows = idx.is_x & idx.by_name.prefix(BACKEND_THREADS)
     backend_ranges = Intervals.of(idx.table, backend_rows)
@@ -264,6 +265,9 @@ def detect_retained(
                                             held.get(b))  # fmt: skip
                 if row is None:  # a backend's own buffer inside a c10d call or its worker's annotation
                     continue
+                copy, source = origins.copy_source(row_number, b.forward_ns)
+                if copy is not None:
+                    row = _offloaded(row, copy, source)
                 origin = origins.of_row(row_number, row["producer"], b.forward_ns)
                 rows.append({"rank": trace.rank, **row, **where(b), "origin": origin.kind,
                              "origin_text": origin.text, "call_key": keys.get((k, row_number))})  # fmt: skip
@@ -277,6 +281,19 @@ def detect_retained(
     out.layers_seen |= {int(x) for x in frame["layer"].dropna()}
     out.shapes_seen |= {tuple(s) for s in frame["shape"] if isinstance(s, (tuple, list))}
     return out
+
+
+def _offloaded(row: RetainedRow, copy: PackCopy, source: int | None) -> RetainedRow:
+    """A pack hook's copy of a saved tensor: its source's dims, and, where the step keeps it,
+    ``offloaded`` (kept for backward in the saved tensor's place); a copy of a tensor made before
+    the forward (a weight) is a parameter's."""
+    held = row["holder"] in KEEPERS
+    kind = "parameter" if source is None else "offloaded" if held else row["holder"]
+    why = ("of a tensor made before this forward (a weight, a persistent buffer)" if source is None
+           else "kept for backward in the place of the tensor autograd saved")  # fmt: skip
+    return {**row, "shape": copy.shape, "dtype": copy.dtype or copy.source_dtype or row["dtype"], "holder": kind,
+            "evidence": f"{copy.describe()}, {why}" + (f" ({row['evidence']})" if held else ""),
+            "source": "memory events + a pack hook's copy"}  # fmt: skip
 
 
 def _census_of(bounds: list[Boundary], censuses: pd.DataFrame) -> dict[Boundary, markers.ReleasedCensus]:

@@ -18,7 +18,8 @@ tensors are found by what its thread did:
     ``zeros``): a tensor an op computed (a softmax's probabilities, a matmul's product) is never a
     buffer made to be filled, whatever its bytes. Where the buffer was made before the trace
     (Megatron-Core's global memory buffer, allocated once), no allocation of the window is claimed;
-  * ``returned``: what a functional collective allocated inside itself and returned.
+  * ``returned``: what a functional collective allocated inside itself and returned;
+  * ``summed``: the tensor an in-place all-reduce read and wrote (the sum the model goes on with).
 What a c10d op allocates inside itself for its own use is the backend's too
 (``allocations._retained_from_memory`` drops it before asking here).
 
@@ -63,8 +64,9 @@ class Handed:
     """The thread that issued the call."""
 
     def describe(self) -> str:
-        what = {"input": "one of the tensors", "output": "the buffer", "returned": "the tensor"}[self.role]
-        how = {"input": "took", "output": "filled", "returned": "returned"}[self.role]
+        what = {"input": "one of the tensors", "output": "the buffer", "returned": "the tensor",
+                "summed": "the tensor"}[self.role]  # fmt: skip
+        how = {"input": "took", "output": "filled", "returned": "returned", "summed": "summed in place"}[self.role]
         return f"{what} {self.collective} {how}"
 
 
@@ -83,9 +85,16 @@ class HandedTensors:
         self._tid = ledger["tid"].to_numpy(dtype=np.float64, na_value=np.nan)
         self._element_size = element_size
         self._slack = slack
+        self._roles: tuple[str, ...] = ()
+        """The roles this pass claims."""
         self.by_row: dict[int, Handed] = {}
-        for i in _outermost_calls(collectives):
-            self._find(collectives, i)
+        # the buffers calls fill or return first, then what calls read: a ring sends its block
+        # right after it allocates the next receive's buffer, and the latest allocation of the
+        # send's bytes is that buffer, which the receive fills (a send never reads a fresh one)
+        calls = _outermost_calls(collectives)
+        for self._roles in (("output", "returned"), ("input", "summed")):
+            for i in calls:
+                self._find(collectives, i)
 
     def of(self, row: int) -> Handed | None:
         """What ledger row ``row`` was to a collective call, or None when no call had it."""
@@ -109,6 +118,8 @@ class HandedTensors:
             return
         if layout == "inplace" or (form is None and name == "record_param_comms"):
             role = "output" if form is not None and form.kind in collective_kinds.where("filled") else "input"
+            if form is not None and form.kind == "all_reduce":
+                role = "summed"  # read and written in place: what the model then uses is this very buffer
             shapes = forms.input_shapes(name, event) if form is not None else None
             if shapes is None and form is None:
                 shapes = self._recorded_elements(event)
@@ -130,7 +141,7 @@ class HandedTensors:
         """Claim, for each recorded shape, the latest allocation alive at the call of its bytes
         (at ``elem`` bytes an element; where no element type is recorded, as c10d's TensorList
         arguments record none, at any element size: the latest fit wins)."""
-        if not shapes:
+        if not shapes or role not in self._roles:
             return
         for shape in shapes:
             if not is_shape(shape) or not shape:
@@ -139,11 +150,14 @@ class HandedTensors:
             fresh = role == "output"
             fits = [r for size in ((elem,) if elem else _ELEMENT_SIZES)
                     if (r := self._latest_alive(numel * size, start, tid, fresh)) is not None]  # fmt: skip
+            if fresh and _is_receive(name):  # nothing may compute on the thread before the receive fills it
+                fits = [r for r in fits if self._untouched(r, start, tid)]
             if fits:
                 self._claim(max(fits, key=lambda r: self._alloc[r]), Handed(role, name, start, end, tid))
 
     def _claim(self, row: int, handed: Handed) -> None:
-        self.by_row.setdefault(row, handed)
+        if handed.role in self._roles:
+            self.by_row.setdefault(row, handed)
 
     # ---- finding allocations ---------------------------------------------------------------
     def _fits(self, nbytes: int) -> np.ndarray:
@@ -162,6 +176,18 @@ class HandedTensors:
         hit = [int(h) for h in hit[np.argsort(self._alloc[hit], kind="stable")[::-1]] if int(h) not in self.by_row
                and (not fresh or self._made_to_fill(int(h)))]  # fmt: skip
         return hit[0] if hit else None
+
+    def _untouched(self, row: int, start: int, tid: int | None) -> bool:
+        """Did nothing but bare allocators and communication run on ``tid`` between ledger row
+        ``row``'s allocation and ``start``? (A buffer an op may have computed into is not claimed
+        for a receive: sptrace.detect.producers' rule for the buffer a receive fills.)"""
+        if self._ops is None:
+            return True
+        for j in self._ops.inside(int(self._alloc[row]), start, tid):
+            name = self._ops.name(int(j))
+            if name not in FACTORIES and not name.startswith(CALLS) and not name.startswith(("gloo:", "nccl:")):
+                return False
+        return True
 
     def _made_to_fill(self, row: int) -> bool:
         """Was ledger row ``row`` made by a bare allocator (``torch.empty``, ``new_empty``,
@@ -216,6 +242,11 @@ class HandedTensors:
             if n is not None and not pd.isna(n) and int(n) > 0:
                 out.append([int(n)])
         return out or None
+
+
+def _is_receive(name: str) -> bool:
+    form = forms.form_of(name)
+    return form is not None and form.kind == "recv"
 
 
 def _outermost_calls(collectives: Intervals) -> list[int]:

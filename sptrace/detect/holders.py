@@ -11,6 +11,8 @@ Holders (``HOLDERS``):
               annotation, or torch's own function joined it and returned: library_joins), or a
               tensor the call only read, whose free is missing because gloo and NCCL drop their
               reference on a thread the profiler does not record;
+  offloaded   a copy that a saved-tensor pack hook made of what autograd saves (save_on_cpu, a hook
+              that copies), kept for backward in its place (sptrace.detect.pack_copies);
   parameter   its storage was allocated before this forward (a weight, a persistent buffer);
   undecided   the trace does not say: a buffer a collective filled or returned whose free is not in
               the trace (the backend's dropped reference, or one the model kept, look the same on
@@ -36,8 +38,8 @@ from sptrace.detect.ledger import Allocation, Unrecorded
 from sptrace.detect.library_joins import LibraryJoins
 from sptrace.vocab.markers import ReleasedCensus
 
-HOLDERS = ("autograd", "model", "backend", "parameter", "undecided")
-KEEPERS = ("autograd", "model")
+HOLDERS = ("autograd", "model", "offloaded", "backend", "parameter", "undecided")
+KEEPERS = ("autograd", "model", "offloaded")
 """Holders whose full-size tensor breaks the contract: what the step itself keeps for backward."""
 
 BACKEND_THREADS = ("gloo:", "nccl:")

@@ -39,6 +39,7 @@ from sptrace.detect.intervals import EventRow, Intervals
 
 if TYPE_CHECKING:
     from sptrace.detect.handed import HandedTensors
+    from sptrace.detect.pack_copies import PackCopies, PackCopy
 from sptrace.vocab import dtypes
 
 FACTORIES = frozenset({
@@ -74,11 +75,6 @@ def _sends_pieces(name: str) -> bool:
     return "broadcast" in name.lower() or collective_kind(name) in ("gathered", "received")
 
 
-def _is_all_reduce(name: str) -> bool:
-    low = name.lower()
-    return "allreduce" in low or "all_reduce" in low
-
-
 def collective_kind(name: str) -> str | None:
     low = name.lower()
     if "gather" in low:
@@ -97,9 +93,12 @@ class Provenance:
 
     def __init__(
         self, ledger: pd.DataFrame, ops: Intervals, collectives: Intervals, hidden: int,
-        handed: HandedTensors | None = None,
+        handed: HandedTensors | None = None, copies: PackCopies | None = None,
     ) -> None:  # fmt: skip
         self.ledger = ledger
+        self.copies = copies
+        """Pack hooks' copies of saved tensors (sptrace.detect.pack_copies): a copy's origin is
+        its source's."""
         self.ops = ops
         self.collectives = collectives
         self.hidden = hidden
@@ -144,17 +143,42 @@ class Provenance:
         call = self.handed.of(row) if self.handed is not None else None
         if call is not None and call.role in ("output", "returned") and collective_kind(call.collective):
             return Origin(collective_kind(call.collective), f"the buffer {call.collective} filled")
-        if call is not None and call.role == "input" and _is_all_reduce(call.collective):
+        if call is not None and call.role == "summed":
             return Origin("reduced", f"summed in place over its group by {call.collective}")
         key = row
         if depth == 0 and key in self._cache:
             return self._cache[key]
         tid = self._tid_of(row)
-        i = self.maker(int(self._alloc[row]), tid)
-        out = UNKNOWN if i is None else self._of_op(i, int(self._bytes[row]), tid, since_ns, depth)
+        copy, source = self.copy_source(row, since_ns)
+        if copy is not None:
+            inner = UNKNOWN if source is None or depth >= _DEPTH else self.of_row(
+                source, self._producer_of(source), since_ns, depth + 1)  # fmt: skip
+            out = Origin(inner.kind, f"{copy.describe()} of a tensor {inner.text}") if inner.kind else UNKNOWN
+        else:
+            i = self.maker(int(self._alloc[row]), tid)
+            out = UNKNOWN if i is None else self._of_op(i, int(self._bytes[row]), tid, since_ns, depth)
         if depth == 0:
             self._cache[key] = out
         return out
+
+    def copy_source(self, row: int, since_ns: int) -> tuple[PackCopy | None, int | None]:
+        """The pack-hook copy ledger row ``row`` is (None if it is none), and the row of the tensor
+        it copies (None where that was made before ``since_ns``: a weight, a persistent buffer)."""
+        copy = self.copies.of(int(self._alloc[row]), self._tid_of(row)) if self.copies is not None else None
+        if copy is None:
+            return None, None
+        tid, numel = self._tid_of(row), math.prod(copy.shape)
+        own = int(self._bytes[row]) // numel if numel and int(self._bytes[row]) % numel == 0 else None
+        sizes = [dtypes.element_size(copy.source_dtype)] if copy.source_dtype else [own, 4, 2, 8, 1]
+        for size in dict.fromkeys(z for z in sizes if z):
+            nbytes = numel * size
+            if copy.an_input:  # an op saves its inputs: the latest of those bytes made before it
+                found = self.source(copy.saver_start_ns, nbytes, tid, since_ns)
+            else:  # else its output, made inside it before the hook ran
+                found = self._latest(self._bytes == nbytes, int(self._alloc[row]), tid, copy.saver_start_ns)
+            if found is not None and found != row:
+                return copy, found
+        return copy, None
 
     def _of_op(self, i: int, nbytes: int, tid: int | None, since_ns: int, depth: int) -> Origin:
         ops = self.ops
@@ -255,14 +279,17 @@ class Provenance:
         filled: dict[str, int] = {}
         for shape in {tuple(p) for p in pieces}:
             want = sum(1 for p in pieces if tuple(p) == shape)
-            for size in sizes:
-                rows = self._alive_of(math.prod(shape) * size, start, tid)[-want:]
-                for r in rows:
+            best: dict[str, int] = {}
+            for size in sizes:  # (a TensorList records no element type: each size is tried, the best kept)
+                found: dict[str, int] = {}
+                for r in self._alive_of(math.prod(shape) * size, start, tid)[-want:]:
                     call = self.handed.of(r)
                     if call is not None and call.role in ("output", "returned") and _sends_pieces(call.collective):
-                        filled[call.collective] = filled.get(call.collective, 0) + 1
-                if rows:
-                    break
+                        found[call.collective] = found.get(call.collective, 0) + 1
+                if sum(found.values()) > sum(best.values()):
+                    best = found
+            for name, n in best.items():
+                filled[name] = filled.get(name, 0) + n
         if 2 * sum(filled.values()) < len(pieces) or not filled:
             return None
         return f"{', '.join(sorted(filled))} filled ({sum(filled.values())} of {len(pieces)})"

@@ -69,7 +69,8 @@ def forward(call: str | None):
         (None, "after backward", "model", "freed after it outside autograd"),
         (None, "never", "model", "no collective call had it"),  # a cat of gathered pieces is the model's
         (None, "reused", "undecided", "address was allocated again"),
-        ("c10d::allreduce_", "never", "backend", "one of the tensors c10d::allreduce_ took"),
+        # read and written in place: the sum the model goes on with, as undecided as a filled buffer
+        ("c10d::allreduce_", "never", "undecided", "the tensor c10d::allreduce_ summed in place"),
         ("c10d::allreduce_", "reused", "backend", "the backend released it on its own thread"),
         ("c10d::_allgather_base_", "never", "undecided", "look the same in a CPU trace"),
         ("c10d::_allgather_base_", "on the backend's thread", "backend", "freed inside gloo:all_gather"),

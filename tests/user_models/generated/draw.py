@@ -23,15 +23,26 @@ from dataclasses import asdict, dataclass
 
 WORLD = 8
 """The job's rank count: P is 8 (one group), 4 or 2 (groups of consecutive ranks)."""
-WAYS = ("autograd", "list", "attr", "hook", "sac", "compile")
+WAYS = ("autograd", "list", "attr", "hook", "sac", "compile", "offload")
 """How a stray full-sequence tensor is kept: autograd saves the gathered input of a plain
 F.linear; the model appends it to a Python list, caches it on a module attribute, or a forward
 hook keeps it; a selective-checkpointing policy MUST_SAVEs the functional all-gather's output;
-a torch.compile'd block runs on the gathered tensor and saves it."""
-GATHERS = ("into_tensor", "list", "funcol")
+a torch.compile'd block runs on the gathered tensor and saves it; autograd saves the gathered
+input of a plain F.linear through a pack hook that keeps a copy in its place (``OFFLOADS``)."""
+GATHERS = ("into_tensor", "list", "funcol", "allreduce_pad", "broadcast", "ring")
 """all_gather_into_tensor into a buffer the model made (the buffer is the collective's own);
 all_gather into a list, then cat (the cat is the model's); a functional collective (its output
-is the collective's own)."""
+is the collective's own); all_reduce of a zero [.., S, ..] buffer the rank wrote its shard into
+(the buffer is the all-reduce's own); P broadcasts, each rank's shard in turn, then cat; P - 1
+ring exchanges (batch_isend_irecv to the next rank, from the previous), then cat."""
+ASSEMBLED = ("allreduce_pad", "broadcast", "ring")
+"""The gathers that assemble the sequence with no all-gather at all."""
+EXACT = ("into_tensor", "funcol", "allreduce_pad")
+"""The gathers whose whole sequence is a collective's own buffer (the others join pieces: a cat is
+the model's own tensor)."""
+OFFLOADS = ("save_on_cpu", "copy_hook")
+"""How a saved tensor is offloaded: torch.autograd.graph.save_on_cpu(pin_memory=True), or a
+saved_tensors_hooks pack hook that keeps a copy (``t.clone()``)."""
 SCATTERS = ("reduce_scatter", "all_reduce_chunk", "funcol")
 """reduce_scatter_tensor; all_reduce in place, then chunk(P)[rank] (a common way to write it);
 the functional reduce-scatter."""
@@ -59,6 +70,7 @@ class Draw:
     checkpoint: str
     compiled: bool  # every layer runs a torch.compile'd block
     pos_param: bool  # a full-size [S, H] positional parameter (B = 1): the model multiplies by its shard
+    offload: str | None  # OFFLOADS: the offload stray's hook, or a clean draw's offloading of every layer's saves
     instrumented: bool  # sptrace.instrument(model), as the README says
     layers: int
     steps: int
@@ -133,11 +145,13 @@ def draw(index: int, seed: int = 0) -> Draw:
         stray = {"way": way, "step": rng.randrange(steps), "micro_batch": rng.randrange(micro),
                  "layer": rng.randrange(layers)}  # fmt: skip
     dtype = "float32" if compiled else rng.choice(("float32", "bfloat16"))  # one inductor compile per dtype
+    offload = rng.choice(OFFLOADS) if way == "offload" or (way is None and not compiled and rng.random() < 0.3) \
+        else None  # fmt: skip
     return Draw(
         name=f"g{index:02d}", batch=b, seq=s, hidden=h, ffn=f, heads=a, head_dim=d, sp=p, dtype=dtype,
         autocast=dtype == "float32" and not compiled and rng.random() < 0.2, layout=rng.choice(("bsh", "sbh")),
         gather=gather, scatter=scatter, checkpoint=checkpoint, compiled=compiled, pos_param=pos_param,
-        instrumented=rng.random() < 0.5, layers=layers, steps=steps, micro_batches=micro, order=order,
+        offload=offload, instrumented=rng.random() < 0.5, layers=layers, steps=steps, micro_batches=micro, order=order,
         collisions=collisions_of(b, s, h, f, a, d, p), stray=stray,
     )  # fmt: skip
 
@@ -169,6 +183,7 @@ def draws(count: int | None = None, seed: int = 0) -> list[Draw]:
                          "gather": "funcol" if way == "sac" else d.gather,
                          "scatter": "funcol" if way == "sac" else d.scatter,
                          "compiled": way == "compile", "pos_param": False, "batch": d.batch,
+                         "offload": (d.offload or OFFLOADS[i % 2]) if way == "offload" else None,
                          "dtype": "float32" if way == "compile" else d.dtype,
                          "autocast": d.autocast and way != "compile"})  # fmt: skip
     # a stray the model holds itself (list, attribute, hook), both as the very buffer a collective
@@ -176,7 +191,7 @@ def draws(count: int | None = None, seed: int = 0) -> list[Draw]:
     held = [i for i, d in enumerate(out) if d.kind in ("list", "attr", "hook")]
 
     def combo(d: Draw) -> tuple[bool, bool]:
-        return d.gather != "list", d.instrumented
+        return d.gather in EXACT, d.instrumented
 
     for want in [(e, i) for e in (True, False) for i in (True, False)]:
         have = [combo(out[i]) for i in held]
@@ -194,7 +209,7 @@ def draws(count: int | None = None, seed: int = 0) -> list[Draw]:
     for way in ("list", "attr", "hook"):
         for layout in ("bsh", "sbh"):
             mine = [i for i, d in enumerate(out) if d.kind == way and d.layout == layout]
-            if mine and all(out[i].gather != "list" and not out[i].instrumented for i in mine):
+            if mine and all(out[i].gather in EXACT and not out[i].instrumented for i in mine):
                 out[mine[0]] = Draw(**{**out[mine[0]].to_dict(), "instrumented": True})
     # a stray in the second micro-batch of a grouped step (f0 f1 b0 b1), in a checkpointed block:
     # b0's recomputation runs after f1 kept its stray, and must neither keep nor plant another
@@ -204,6 +219,28 @@ def draws(count: int | None = None, seed: int = 0) -> list[Draw]:
             d = out[mine[-1]]
             out[mine[-1]] = Draw(**{**d.to_dict(), "checkpoint": checkpoint, "micro_batches": 2, "order": "grouped",
                                     "stray": {**d.stray, "micro_batch": 1}})  # fmt: skip
+    # every assembly without an all-gather, with a stray and clean, bare and instrumented, and
+    # both offloads, with a stray and clean
+    for form in ASSEMBLED:
+        for stray, instrumented in ((True, False), (True, True), (False, False), (False, True)):
+            if any(d.gather == form and bool(d.stray) == stray and d.instrumented == instrumented for d in out):
+                continue
+            combos = [(d.gather, bool(d.stray), d.instrumented) for d in out]
+            held = [(d.gather in EXACT, d.instrumented) for d in out if d.kind in ("list", "attr", "hook")]
+            spare = next((i for i, d in enumerate(out) if bool(d.stray) == stray and d.checkpoint != "sac"
+                          and not d.compiled and sum(g == d.gather for g, _, _ in combos) > 1
+                          and combos.count(combos[i]) > 1 and (d.kind not in ("list", "attr", "hook")
+                          or held.count((d.gather in EXACT, d.instrumented)) > 1)), None)  # fmt: skip
+            if spare is not None:
+                out[spare] = Draw(**{**out[spare].to_dict(), "gather": form, "instrumented": instrumented})
+    for hook in OFFLOADS:
+        for stray in (True, False):
+            if any(d.offload == hook and (d.kind == "offload") == stray for d in out):
+                continue
+            spare = next((i for i, d in enumerate(out) if (d.kind == "offload" if stray else d.stray is None)
+                          and not d.compiled and sum(x.offload == d.offload for x in out) > 1), None)  # fmt: skip
+            if spare is not None:
+                out[spare] = Draw(**{**out[spare].to_dict(), "offload": hook})
     return out
 
 

@@ -55,6 +55,7 @@ class Truth:
         self.plant: Any = None
         self.plant_info: dict | None = None
         self.in_backward = False  # a checkpoint's recomputation plants nothing: the forward did
+        self.offload_source: int | None = None  # the offload stray: the storage whose saved copy is the plant
 
     def collective_buffer(self, t: Tensor) -> Tensor:
         """A buffer a collective filled or returned (the only tensors a backend can hold)."""
@@ -94,6 +95,8 @@ def gather_seq(x: Tensor, group: dist.ProcessGroup, dim: int, form: str) -> Tens
         pieces = [torch.empty_like(x) for _ in range(p)]
         dist.all_gather(pieces, x.contiguous(), group=group)
         return torch.cat(pieces, dim=dim)
+    if form in ("allreduce_pad", "broadcast", "ring"):
+        return assemble_seq(x, group, dim, form)
     xs = x.movedim(dim, 0).contiguous()
     if form == "funcol":
         out = funcol.all_gather_tensor(xs, 0, group)
@@ -102,6 +105,61 @@ def gather_seq(x: Tensor, group: dist.ProcessGroup, dim: int, form: str) -> Tens
         out = torch.empty((p * xs.shape[0], *xs.shape[1:]), dtype=x.dtype)
         dist.all_gather_into_tensor(out, xs, group=group)
     return TRUTH.collective_buffer(out).movedim(0, dim)
+
+
+def assemble_seq(x: Tensor, group: dist.ProcessGroup, dim: int, form: str) -> Tensor:
+    """The whole sequence assembled without an all-gather: an all-reduce of a zero buffer that
+    holds this rank's shard at its offset (the buffer is the all-reduce's own), or the pieces
+    broadcast by each rank in turn, or passed around a ring, joined by a cat (the model's own)."""
+    p, me = dist.get_world_size(group), dist.get_rank(group)
+    ranks = dist.get_process_group_ranks(group)
+    x = x.contiguous()
+    if form == "allreduce_pad":
+        shape = list(x.shape)
+        shape[dim] *= p
+        full = x.new_zeros(shape)
+        full.narrow(dim, me * x.shape[dim], x.shape[dim]).copy_(x)
+        dist.all_reduce(full, group=group)
+        return TRUTH.collective_buffer(full)
+    pieces: list[Tensor] = [x] * p
+    if form == "broadcast":
+        for src in range(p):
+            if src != me:
+                pieces[src] = torch.empty_like(x)
+            dist.broadcast(pieces[src], src=ranks[src], group=group)
+        return torch.cat(pieces, dim=dim)
+    block = x  # ring: pass the blocks on, P - 1 times, each to the next rank, from the previous
+    for step in range(1, p):
+        incoming = torch.empty_like(x)
+        ops = [dist.P2POp(dist.isend, block, ranks[(me + 1) % p], group),
+               dist.P2POp(dist.irecv, incoming, ranks[(me - 1) % p], group)]  # fmt: skip
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        pieces[(me - step) % p] = block = incoming
+    return torch.cat(pieces, dim=dim)
+
+
+def offloading(how: str | None, plant: bool = False) -> Any:
+    """Saved tensors offloaded as a user offloads them: ``save_on_cpu(pin_memory=True)``, or a
+    pack hook that keeps a copy. ``plant``: the copy of the tensor the stray saves is the plant
+    (the storage autograd keeps in its place)."""
+    if how is None:
+        return contextlib.nullcontext()
+    if how == "save_on_cpu":
+        ctx = torch.autograd.graph.save_on_cpu(pin_memory=True)
+        inner = ctx.pack_hook
+    else:
+        ctx = torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t)
+        inner = ctx.pack_hook
+
+    def pack(t: Tensor) -> Any:
+        packed = inner(t)
+        if plant and TRUTH.offload_source is not None and _storage(t).data_ptr() == TRUTH.offload_source:
+            TRUTH.planted(packed[1] if isinstance(packed, tuple) else packed)
+        return packed
+
+    ctx.pack_hook = pack
+    return ctx
 
 
 def scatter_seq(x: Tensor, group: dist.ProcessGroup, dim: int, form: str) -> Tensor:
@@ -198,6 +256,7 @@ class Layer(nn.Module):
         self.probe = Probe(group, self.dim, d.gather)
         self.cache: Tensor | None = None
         self.stray: str | None = None  # the way this forward keeps a stray, when it does
+        self.in_row = False  # block_sac runs a row-parallel linear (its SAC policy recomputes those)
 
     def attention(self, x: Tensor) -> Tensor:
         d = self.d
@@ -221,6 +280,14 @@ class Layer(nn.Module):
                 full = full.to(torch.get_autocast_dtype("cpu"))
             TRUTH.planted(full)
             up = F.linear(full, self.fc1)
+        elif way == "offload":  # the same, through a pack hook that keeps a copy in its place
+            full = Gather.apply(h, self.group, self.dim, d.gather).contiguous()
+            if torch.is_autocast_enabled("cpu"):
+                full = full.to(torch.get_autocast_dtype("cpu"))
+            TRUTH.offload_source = _storage(full).data_ptr()
+            with offloading(d.offload, plant=True):
+                up = F.linear(full, self.fc1)
+            TRUTH.offload_source = None
         else:
             up = ColumnParallel.apply(h, self.fc1, self.group, self.dim, d.gather)
         if way in ("list", "attr", "hook"):
@@ -237,6 +304,12 @@ class Layer(nn.Module):
         return Scatter.apply(F.linear(F.gelu(up), self.fc2), self.group, self.dim, d.scatter)
 
     def block(self, way: str | None, x: Tensor) -> Tensor:
+        if self.d.offload and way != "offload":  # a clean draw offloads every save of its layers
+            with offloading(self.d.offload):
+                return self._block(way, x)
+        return self._block(way, x)
+
+    def _block(self, way: str | None, x: Tensor) -> Tensor:
         x = x + self.attention(x)
         if self.d.compiled and way != "compile":
             x = compiled_block(x, self.scale)  # on the shard: sharded saves
@@ -265,13 +338,18 @@ class Layer(nn.Module):
         ctx = ((q @ k.transpose(-1, -2)).softmax(-1) @ v).transpose(1, 2).reshape(b, s, -1)
         if self.dim == 0:
             ctx = ctx.transpose(0, 1)
+        self.in_row = True
         part = F.linear(ctx, self.wo).movedim(self.dim, 0).contiguous()
+        self.in_row = False
         x = x + funcol.reduce_scatter_tensor_autograd(part, "sum", 0, self.group).movedim(0, self.dim)
         h = self.mlp_norm(x)
         full = funcol.all_gather_tensor_autograd(h.movedim(self.dim, 0).contiguous(), 0, self.group)
         if way == "sac":
             TRUTH.planted(full)
-        part = F.linear(F.gelu(F.linear(TRUTH.collective_buffer(full).movedim(0, self.dim), self.fc1)), self.fc2)
+        up = F.gelu(F.linear(TRUTH.collective_buffer(full).movedim(0, self.dim), self.fc1))
+        self.in_row = True
+        part = F.linear(up, self.fc2)
+        self.in_row = False
         part = part.movedim(self.dim, 0).contiguous()
         return x + funcol.reduce_scatter_tensor_autograd(part, "sum", 0, self.group).movedim(0, self.dim)
 
@@ -280,12 +358,9 @@ class Layer(nn.Module):
         recompute everything else, the gathers included. The stray: MUST_SAVE the all-gather's
         output as well."""
         name = str(op)
-        # a row-parallel product (wo, fc2) is a full-size partial sum until its reduce-scatter
-        row = (
-            name.startswith("aten.mm")
-            and len(args) > 1
-            and any(args[1] is w or getattr(args[1], "_base", None) is w for w in (self.wo, self.fc2))
-        )
+        # a row-parallel product (wo, fc2) is a full-size partial sum until its reduce-scatter (told
+        # by where it runs: under autocast its weight is a cast copy, no view of the parameter)
+        row = name.startswith("aten.mm") and self.in_row
         keep = ("mm" in name and not row) or (way == "sac" and ("all_gather" in name or "wait_tensor" in name))
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 

@@ -25,7 +25,7 @@ from typing import Any
 
 OUTCOMES = ("right", "lacked evidence", "false FAIL", "false PASS", "CANNOT DECIDE", "wrong place")
 WRONG = ("false FAIL", "false PASS", "CANNOT DECIDE", "wrong place")
-KEEPERS = ("autograd", "model")
+KEEPERS = ("autograd", "model", "offloaded")
 
 
 def planted_on(truth: dict) -> list[int]:

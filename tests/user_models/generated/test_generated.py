@@ -16,7 +16,18 @@ from __future__ import annotations
 
 import json
 
-from tests.user_models.generated.draw import CHECKPOINTS, GATHERS, SCATTERS, WAYS, WORLD, draws, late_in_grouped
+from tests.user_models.generated.draw import (
+    ASSEMBLED,
+    CHECKPOINTS,
+    EXACT,
+    GATHERS,
+    OFFLOADS,
+    SCATTERS,
+    WAYS,
+    WORLD,
+    draws,
+    late_in_grouped,
+)  # fmt: skip
 from tests.user_models.generated.score import WRONG, planted_on, score, tally
 
 DRAWS = draws()
@@ -36,10 +47,19 @@ def test_the_draws_cover_what_the_gate_must_survive():
     assert any(d.stray and (d.stray["step"] or d.stray["micro_batch"]) for d in DRAWS)
     assert {d.checkpoint for d in DRAWS if late_in_grouped(d)} >= {"sac", "full"}
     # a stray that is a collective's own buffer, and one derived from it, bare and instrumented
-    exact = {
-        (d.gather in ("into_tensor", "funcol"), d.instrumented) for d in DRAWS if d.kind in ("list", "attr", "hook")
-    }
+    exact = {(d.gather in EXACT, d.instrumented) for d in DRAWS if d.kind in ("list", "attr", "hook")}
     assert exact == {(True, True), (True, False), (False, True), (False, False)}
+    # the sequence assembled without an all-gather (an all-reduce of a padded shard, broadcasts, a
+    # ring), each with a stray under both recipes (sptrace.instrument, and a bare profiler); each
+    # clean too where the draws have room (every combination at CI's 42)
+    assembled = {(d.gather, bool(d.stray), d.instrumented) for d in DRAWS if d.gather in ASSEMBLED}
+    assert {(f, True, i) for f in ASSEMBLED for i in (True, False)} <= assembled
+    assert len({f for f, stray, _ in assembled if not stray}) >= 2
+    if len(DRAWS) >= 42:
+        assert assembled == {(f, s, i) for f in ASSEMBLED for s in (True, False) for i in (True, False)}
+    # offloaded saves (save_on_cpu, a copying pack hook): each as the stray's way and in a clean draw
+    assert {(d.offload, d.kind == "offload") for d in DRAWS if d.offload} == {
+        (o, s) for o in OFFLOADS for s in (True, False)}  # fmt: skip
 
 
 def _truth(root, d) -> dict:
