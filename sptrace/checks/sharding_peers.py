@@ -57,13 +57,18 @@ def settle_by_peers(saved: pd.DataFrame, retained: Sequence[Retention], rows: np
         rank, step, micro = int(row["rank"]), _step(row["step"]), int(row["micro_batch"] or 0)
         here = (peers["rank"] == rank) & (peers["step"] == step) & (peers["micro_batch"] == micro)
         others = peers[~here]
-        if (others["fate"] == "kept").any():
-            continue
         now = others[(others["rank"] != rank) & (others["step"] == step) & (others["micro_batch"] == micro)]
         released = sorted(set(now.loc[now["fate"] == "released", "rank"].astype(int)))
         mine = others[(others["rank"] == rank) & (others["fate"] == "released")]
         most = 2 * len(released) > now["rank"].nunique()
-        if not released or not (most or len(mine)):
+        kept = others[others["fate"] == "kept"]
+        if len(kept) or not released or not (most or len(mine)):
+            evidence[i] = (
+                f"{row['evidence']}; the same call's buffer was released before this boundary on {len(released)} of "
+                f"{now['rank'].nunique()} other ranks and in {count(len(mine), 'other forward')} of this rank"
+                + (f", and kept past its boundary on {_ranks(sorted(set(kept['rank'].astype(int))))}" if len(kept)
+                   else "") + " (what decides: most other ranks releasing it, or some and this rank in another step)"
+            )  # fmt: skip
             continue
         also = f", and in {count(len(mine), 'other forward')} of this rank" if len(mine) else ""
         holder[i] = "backend"

@@ -316,17 +316,25 @@ def _conclude(
         reasons.append(
             f"{count(len(undecided), 'allocation')} that could be full-size {'has' if len(undecided) == 1 else 'have'} "
             f"no holder the trace can show ({_places(undecided)}): {undecided['evidence'].iloc[0]}; "
+            "run the model under sptrace.instrument, whose census watches who releases each buffer a collective "
+            "fills"
             + (
-                "run the model under sptrace.instrument, whose census watches who releases each buffer a "
-                "collective fills (or profile two steps, torch.profiler.schedule(wait=0, warmup=1, active=2): a "
-                "buffer the backend released is often allocated again in the next step)"
+                ""
+                if len(coverage["steps"]) > 1
+                else " (or profile two steps, torch.profiler.schedule(wait=0, warmup=1, active=2): a buffer the "
+                "backend released is often allocated again in the next step, and the same call in the other "
+                "steps and on the other ranks shows what the code does with its buffer)"
             )
         )
     unjudged = saved[saved["decides"] == "unjudged"]
     if len(unjudged):
-        remedy = ("pass --heads and --ffn" if unjudged["shape"].map(lambda x: isinstance(x, (tuple, list))).all()
-                  else "profile with record_shapes=True, or run the model under sptrace.instrument for exact "
-                  "shapes")  # fmt: skip
+        shaped = unjudged["shape"].map(lambda x: isinstance(x, (tuple, list))).all()
+        remedy = (
+            "pass --heads and --ffn" if unjudged["why"].str.contains("--heads|--ffn").any()
+            else "only the op that made it tells a tensor-parallel shard from a full tensor, and a trace recorded with "
+            "record_shapes=True and with_stack=True (sptrace.profile_step's default) shows that op" if shaped
+            else "profile with record_shapes=True, or run the model under sptrace.instrument for exact shapes"
+        )  # fmt: skip
         reasons.append(
             f"{count(len(unjudged), 'tensor')} kept for backward that could be full-size cannot be judged "
             f"({_places(unjudged)}): {unjudged['why'].iloc[0]}; {remedy}"
