@@ -32,6 +32,7 @@ from torch.autograd.profiler import record_function
 from torch.utils._python_dispatch import _disable_current_modes
 
 from sptrace import census as released
+from sptrace import offloading
 from sptrace.vocab import markers
 from sptrace.vocab.markers import SavedTensor
 
@@ -57,6 +58,7 @@ def _kernel(op: OpOverload) -> Callable[..., object]:
 _range_enter = _kernel(torch.ops.profiler._record_function_enter_new.default)
 _range_exit = _kernel(torch.ops.profiler._record_function_exit._RecordFunction)
 _dispatch_modes = torch._C._len_torch_dispatch_stack
+_top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _in_backward = torch._C._current_graph_task_id  # -1 outside autograd's backward
 
 
@@ -132,6 +134,10 @@ class Instrumentation:
         self._stack: list[tuple[str, object, torch.autograd.graph.saved_tensors_hooks | None]] = []
         self._pending: list[tuple[str, torch.Tensor, str]] = []
         """Saved-tensor records of the forward running now, written when the root returns."""
+        self._offloaded: list[tuple[str, torch.Tensor, int]] = []
+        """The copies a user's pack hook kept in place of what autograd saved (module, copy, the
+        saved tensor's storage pointer), written with the records."""
+        offloading.install()
         self._handles: list[RemovableHandle] = []
         for name, module in model.named_modules():
             qualname = ".".join(p for p in (prefix, name) if p) or "<root>"
@@ -156,8 +162,12 @@ class Instrumentation:
             # a forward replayed in backward (activation checkpointing) keeps nothing across
             # the boundary: its saves are not recorded
             if self.saved_tensors and not self._stack and _in_backward() == -1:
-                hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack_first)
+                # a user's hooks around the whole forward (save_on_cpu) keep working: ours call theirs
+                outer = _top_hooks(False)
+                hooks = (torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack_first) if outer is None
+                         else offloading.chained(self, *outer))  # fmt: skip
                 hooks.__enter__()
+                offloading.ACTIVE[:] = [self]
             if self.census and not self._stack and _in_backward() == -1:
                 released.begin()
             handle = _range_enter_unseen(range_name) if _dispatch_modes() else _range_enter(range_name, None)
@@ -175,7 +185,8 @@ class Instrumentation:
                 _range_exit_unseen(handle) if _dispatch_modes() else _range_exit(handle)
             if hooks is not None:
                 hooks.__exit__(None, None, None)
-            if not self._stack and self._pending:
+                offloading.ACTIVE.clear()
+            if not self._stack and (self._pending or self._offloaded):
                 self._flush()
             if not self._stack and self.census and _profiler_enabled() and _in_backward() == -1:
                 watch = released._ACTIVE[0] if released._ACTIVE else None
@@ -211,7 +222,18 @@ class Instrumentation:
         does not see (it records calls made by Python code), so the event costs a few recorded
         calls whatever the number of tensors."""
         pending, self._pending = self._pending, []
-        if not pending or not _profiler_enabled():
+        offloaded, self._offloaded = self._offloaded, []
+        if not _profiler_enabled():
+            return
+        if offloaded:
+            records = " ".join(SavedTensor(module, tuple(copy.shape), str(copy.dtype).removeprefix("torch."),
+                                           copy.numel() * copy.element_size(), *_storage_or_none(copy), "offloaded",
+                                           source).to_marker() for module, copy, source in offloaded)  # fmt: skip
+            if _dispatch_modes():
+                _range_exit_unseen(_range_enter_unseen(records))
+            else:
+                _range_exit(_range_enter(records, None))
+        if not pending:
             return
         modules, tensors, kinds = zip(*pending)
         try:
@@ -229,11 +251,26 @@ class Instrumentation:
         else:
             _range_exit(_range_enter(" ".join(records), None))
 
+    def note_offloaded(self, tensor: torch.Tensor, packed: object) -> bool:
+        """Note the copy a user's pack hook made of ``tensor`` (``packed``: what the hook returned;
+        save_on_cpu returns (device, copy)), if it made one. Returns whether it did."""
+        copy = offloading.copy_in(packed)
+        if copy is None or not _profiler_enabled():
+            return False
+        source, _ = _storage_or_none(local_shard(tensor))
+        ptr, _ = _storage_or_none(copy)
+        if not ptr or ptr == source:
+            return False  # (the same storage: nothing was copied)
+        self._offloaded += ((self._stack[-1][0] if self._stack else "<outside>", copy, source),)
+        return True
+
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         if self._handles and self.census:
             released.uninstall()
+        if self._handles:
+            offloading.uninstall()
         self._handles.clear()
 
     def __enter__(self) -> Instrumentation:

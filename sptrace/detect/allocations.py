@@ -36,7 +36,7 @@ from sptrace.detect.ledger import AddressIndex, Allocation, detect_ledger, unrec
 from sptrace.detect.library_joins import LibraryJoins
 from sptrace.detect.pack_copies import PackCopies, PackCopy
 from sptrace.detect.producers import producing_collective
-from sptrace.detect.provenance import Provenance
+from sptrace.detect.provenance import Origin, Provenance
 from sptrace.detect.shapes import infer_shape
 from sptrace.load.trace import RankTrace
 from sptrace.vocab import markers
@@ -232,6 +232,8 @@ def detect_retained(
         made_by = _op_name(ops, int(alloc.alloc_ns), alloc.tid) if alloc is not None else None
         producer = producing_collective(collectives, ops, alloc, slack, element_size) if alloc is not None else None
         origin = origins.of_row(found[0], producer, b.forward_ns) if found is not None else None
+        if rec.kind == "offloaded":  # a pack hook's copy: held in the saved tensor's place, made of what it copies
+            holder, origin = _offloaded_record(rec, b, ts, at_address, origins, out.has_memory)
         call = handed.of(found[0]) if handed is not None and found is not None else None
         saved_by = _op_name(ops, ts, tid) if own_event else None
         rows.append({
@@ -281,6 +283,19 @@ def detect_retained(
     out.layers_seen |= {int(x) for x in frame["layer"].dropna()}
     out.shapes_seen |= {tuple(s) for s in frame["shape"] if isinstance(s, (tuple, list))}
     return out
+
+
+def _offloaded_record(
+    rec: markers.SavedTensor, b: Boundary, ts: int, at_address: AddressIndex, origins: Provenance, memory: bool
+) -> tuple[Holder, Origin | None]:
+    """The holder and origin of a copy sptrace.instrument saw a pack hook keep (sptrace.offloading)."""
+    source = at_address.made_before(rec.source_ptr, ts) if rec.source_ptr else None
+    if memory and (source is None or at_address.alloc[source] < b.forward_ns):
+        return Holder("parameter", "an sptrace.saved record of a pack hook's copy of a tensor made before this "
+                                   "forward (a weight, a persistent buffer)"), None  # fmt: skip
+    origin = origins.of_row(source, None, b.forward_ns) if source is not None else None
+    return Holder("offloaded", "an sptrace.saved record: a copy a saved-tensor pack hook kept for backward in the "
+                               "place of the tensor autograd saved"), origin  # fmt: skip
 
 
 def _offloaded(row: RetainedRow, copy: PackCopy, source: int | None) -> RetainedRow:

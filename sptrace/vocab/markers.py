@@ -63,11 +63,14 @@ class SavedTensor:
     storage_nbytes: int
     """Size of the whole storage that saving keeps alive (larger than nbytes for views)."""
     kind: str
-    """'activation', 'param' (a leaf that requires grad) or 'input' (a leaf without grad)."""
+    """'activation', 'param' (a leaf that requires grad), 'input' (a leaf without grad), or
+    'offloaded' (a copy a saved-tensor pack hook kept in the saved tensor's place)."""
+    source_ptr: int = 0
+    """For an offloaded copy: the storage of the tensor it copies (0 otherwise)."""
 
     def to_marker(self) -> str:
         return saved_marker(self.module, self.shape, self.dtype, self.nbytes, self.storage_ptr, self.storage_nbytes,
-                            self.kind)  # fmt: skip
+                            self.kind, self.source_ptr)  # fmt: skip
 
     @classmethod
     def all_from_marker(cls, name: str) -> list[SavedTensor]:
@@ -94,19 +97,22 @@ class SavedTensor:
                 storage_ptr=int(fields["ptr"], 16),
                 storage_nbytes=int(fields["storage_bytes"]),
                 kind=fields["kind"],
+                source_ptr=int(fields.get("source", "0"), 16),
             )
         except (KeyError, ValueError):
             return None
 
 
 def saved_marker(
-    module: str, shape: Iterable[int], dtype: str, nbytes: int, storage_ptr: int, storage_nbytes: int, kind: str
-) -> str:
+    module: str, shape: Iterable[int], dtype: str, nbytes: int, storage_ptr: int, storage_nbytes: int, kind: str,
+    source_ptr: int = 0,
+) -> str:  # fmt: skip
     """One saved tensor's record (SavedTensor.from_marker reads it back)."""
     dims = "x".join(map(str, shape)) or "scalar"
     return (
         f"{SAVED}module={module}|shape={dims}|dtype={dtype}|bytes={nbytes}"
         f"|ptr={storage_ptr:#x}|storage_bytes={storage_nbytes}|kind={kind}"
+        + (f"|source={source_ptr:#x}" if source_ptr else "")
     )
 
 

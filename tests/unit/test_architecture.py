@@ -17,7 +17,7 @@ PACKAGES = {"sptrace": ROOT / "sptrace", "sptrace.dashboards": ROOT / "dashboard
 STAGES: tuple[tuple[str, ...], ...] = (
     ("vocab",),
     ("jsonable", "fileio", "cachedir", "costmodel"),
-    ("census", "instrumentation"),
+    ("census", "offloading", "instrumentation"),
     ("load",),
     ("detect",),
     ("run",),

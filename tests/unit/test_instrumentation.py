@@ -223,10 +223,17 @@ def test_selective_checkpointing_runs_instrumented(outside):
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         forward().sum().backward()  # raised "invocation index ... not found in storage" before
     names = Counter(e.name for e in prof.events())
+    records = [e.name for e in prof.events() if e.name.startswith("sptrace.saved")]
+    if outside:
+        # the instrumentation's hooks call the outer checkpoint's (instrumenting never turns a
+        # user's checkpointing off): the whole model replays in backward, and its forward keeps
+        # nothing but the checkpoint's holders, so nothing is recorded as saved
+        assert names["sptrace.module::<root>"] == 2 and names["sptrace.module::blocks.1.block"] == 2
+        assert not records
+        return
     # each block's range in forward and again in its backward replay
     assert names["sptrace.module::blocks.0.fc1"] == 2 and names["sptrace.module::blocks.1.block"] == 2
     # the forward's saves are recorded once; the replay keeps nothing across the boundary
-    records = [e.name for e in prof.events() if e.name.startswith("sptrace.saved")]
     assert len(records) == 1
 
 
@@ -237,3 +244,65 @@ def test_layers_from_the_structure_of_module_paths():
     layers = layers_of_paths(paths)
     # Sequential(*blocks) children that hold modules are layers; a Sequential MLP's Linears are not
     assert layers == {"0": 0, "0.attn": 0, "0.mlp.0": 0, "0.mlp.1": 0, "1": 1, "1.attn": 1, "layers.3.mlp.0": 3}
+
+
+class Offloading(nn.Module):
+    """Tiny, with fc1's saves offloaded inside the forward (save_on_cpu, as a user writes it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tiny = Tiny()
+
+    def forward(self, x):
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            h = self.tiny.fc1(x)
+        return self.tiny.block(h)
+
+
+def _records(fn) -> list[SavedTensor]:
+    names = _profiled_names(fn)
+    return [r for n in names if n.startswith("sptrace.saved::") for r in SavedTensor.all_from_marker(n)]
+
+
+def test_offloaded_copies_are_recorded_with_what_they_copy():
+    """GIVEN a pack hook that keeps a copy in place of what autograd saves, entered inside the
+    forward (over the instrumentation's hooks) or around it (under them), WHEN the instrumented
+    model runs under a profiler, THEN each copy is an 'offloaded' record naming the storage it
+    copied, the user's hooks still run (the same gradients), and a hook that keeps the tensor
+    itself or no tensor (checkpointing's holder) records nothing of the kind."""
+    torch.manual_seed(0)
+    model, x = Offloading(), torch.randn(3, 5, 12)
+    model(x).sum().backward()
+    want = model.tiny.fc1.weight.grad.clone()
+    model.zero_grad()
+    sptrace.instrument(model)
+    records = _records(lambda: model(x).sum().backward())
+    offloaded = [r for r in records if r.kind == "offloaded"]
+    assert ("tiny.fc1", (15, 12)) in {(r.module, r.shape) for r in offloaded}  # x, flattened, copied to the host
+    assert all(r.source_ptr and r.source_ptr != r.storage_ptr for r in offloaded)
+    assert not any(r.module == "tiny.fc1" and r.kind != "offloaded" and r.shape == (15, 12) for r in records)
+    assert torch.equal(model.tiny.fc1.weight.grad, want)  # save_on_cpu still did its job
+    # around the whole forward: the instrumentation's hooks run the user's (a copying hook)
+    calls = []
+
+    def copying(t):
+        calls.append(t.shape)
+        return t.clone()
+
+    model.zero_grad()
+
+    def around():
+        with torch.autograd.graph.saved_tensors_hooks(copying, lambda t: t):
+            model(x).sum().backward()
+
+    outer = _records(around)
+    assert calls and {r.kind for r in outer if r.module == "tiny.block.1"} == {"offloaded"}
+    assert torch.equal(model.tiny.fc1.weight.grad, want)
+    # a hook that keeps the tensor itself copies nothing: plain records
+    model.zero_grad()
+
+    def keeping():
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            model.tiny(x).sum().backward()
+
+    assert "offloaded" not in {r.kind for r in _records(keeping) if r.module.startswith("tiny.block")}
