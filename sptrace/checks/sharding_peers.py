@@ -8,14 +8,16 @@ address is not allocated again before the trace ends, one rank's trace alone can
 dropped reference from a buffer the model kept (sptrace.detect.holders: undecided). The job's
 other ranks and steps run the same code: the same call (the same collective, at the same place in
 its forward: sptrace.detect.call_fates) hands them the same buffer. Where no rank or forward kept
-it past its boundary, and either most of the other ranks released it before this very boundary,
-or some did and this rank released it in another forward (a step, a micro-batch), the code does
-not keep that buffer: this rank's missing free is the backend's last reference.
+it past its boundary, and another rank released it before this very boundary (its free is in
+that rank's trace, or its address was allocated again), the code does not keep that buffer: this
+rank's missing free is the backend's last reference, which gloo drops on its own thread sooner or
+later than the boundary by the threads' timing.
 
-What this cannot tell: a keep of the very buffer a collective filled on a few ranks only (``if
-rank == 0: self.debug = buf``) reads the same way. A keep in one step on every rank does not (its
-peers in that step are unknown too), a keep on most ranks neither, and a keep of anything derived
-from the buffer (a cat, a copy) is the model's own allocation, which no collective call had. sptrace.instrument's census
+What this cannot tell: a keep of the very buffer a collective filled on some ranks only (``if
+rank == 0: self.debug = buf``) reads the same way. A keep on every rank does not (its peers at that
+boundary are unknown too, in whichever step or micro-batch it happens), and a keep of anything
+derived from the buffer (a cat, a copy) is the model's own allocation, which no collective call
+had. sptrace.instrument's census
 decides the rank-specific keep (docs/gate.md).
 """
 
@@ -60,15 +62,14 @@ def settle_by_peers(saved: pd.DataFrame, retained: Sequence[Retention], rows: np
         now = others[(others["rank"] != rank) & (others["step"] == step) & (others["micro_batch"] == micro)]
         released = sorted(set(now.loc[now["fate"] == "released", "rank"].astype(int)))
         mine = others[(others["rank"] == rank) & (others["fate"] == "released")]
-        most = 2 * len(released) > now["rank"].nunique()
         kept = others[others["fate"] == "kept"]
-        if len(kept) or not released or not (most or len(mine)):
+        if len(kept) or not released:
             evidence[i] = (
-                f"{row['evidence']}; the same call's buffer was released before this boundary on {len(released)} of "
-                f"{now['rank'].nunique()} other ranks and in {count(len(mine), 'other forward')} of this rank"
-                + (f", and kept past its boundary on {_ranks(sorted(set(kept['rank'].astype(int))))}" if len(kept)
-                   else "") + " (what decides: most other ranks releasing it, or some and this rank in another step)"
-            )  # fmt: skip
+                f"{row['evidence']}; the same call's buffer was released before this boundary on none of the "
+                f"{now['rank'].nunique()} other ranks" if not released else
+                f"{row['evidence']}; the same call's buffer was kept past its boundary on "
+                f"{_ranks(sorted(set(kept['rank'].astype(int))))}"
+            ) + " (what decides: another rank releasing it before this boundary, and none keeping it)"  # fmt: skip
             continue
         also = f", and in {count(len(mine), 'other forward')} of this rank" if len(mine) else ""
         holder[i] = "backend"
