@@ -233,7 +233,8 @@ def detect_retained(
         producer = producing_collective(collectives, ops, alloc, slack, element_size) if alloc is not None else None
         origin = origins.of_row(found[0], producer, b.forward_ns) if found is not None else None
         if rec.kind == "offloaded":  # a pack hook's copy: held in the saved tensor's place, made of what it copies
-            holder, origin = _offloaded_record(rec, b, ts, at_address, origins, out.has_memory)
+            made = int(alloc.alloc_ns) if alloc is not None else ts  # (its source was alive when it was made)
+            holder, origin = _offloaded_record(rec, b, made, at_address, origins, out.has_memory)
         call = handed.of(found[0]) if handed is not None and found is not None else None
         saved_by = _op_name(ops, ts, tid) if own_event else None
         rows.append({
@@ -288,8 +289,10 @@ def detect_retained(
 def _offloaded_record(
     rec: markers.SavedTensor, b: Boundary, ts: int, at_address: AddressIndex, origins: Provenance, memory: bool
 ) -> tuple[Holder, Origin | None]:
-    """The holder and origin of a copy sptrace.instrument saw a pack hook keep (sptrace.offloading)."""
-    source = at_address.made_before(rec.source_ptr, ts) if rec.source_ptr else None
+    """The holder and origin of a copy sptrace.instrument saw a pack hook keep (sptrace.offloading);
+    ``ts``: when the copy was made (its source was alive then)."""
+    found = at_address.allocation_at(rec.source_ptr, ts) if rec.source_ptr else None
+    source = found[0] if found is not None else None
     if memory and (source is None or at_address.alloc[source] < b.forward_ns):
         return Holder("parameter", "an sptrace.saved record of a pack hook's copy of a tensor made before this "
                                    "forward (a weight, a persistent buffer)"), None  # fmt: skip

@@ -170,11 +170,16 @@ class HandedTensors:
         return mask
 
     def _latest_alive(self, nbytes: int, start: int, tid: int | None, fresh: bool = False) -> int | None:
-        """The latest allocation on ``tid`` alive at ``start`` that fits ``nbytes``, not yet
-        claimed by another call (``fresh``: among the buffers made to be filled only)."""
+        """The latest allocation on ``tid`` alive at ``start`` that fits ``nbytes``: for a buffer
+        the call fills (``fresh``), among the buffers made to be filled that no other call claimed;
+        for one it reads, any but the call's own buffers, whatever another call did with it (a ring
+        sends the block the previous receive filled: that block is the send's input, and stays the
+        receive's)."""
         hit = np.flatnonzero(self._fits(nbytes) & self._alive_before(start, tid))
-        hit = [int(h) for h in hit[np.argsort(self._alloc[hit], kind="stable")[::-1]] if int(h) not in self.by_row
-               and (not fresh or self._made_to_fill(int(h)))]  # fmt: skip
+        claimed = self.by_row
+        hit = [int(h) for h in hit[np.argsort(self._alloc[hit], kind="stable")[::-1]]
+               if (not fresh and (int(h) not in claimed or claimed[int(h)].call_ns != start))
+               or (int(h) not in claimed and self._made_to_fill(int(h)))]  # fmt: skip
         return hit[0] if hit else None
 
     def _untouched(self, row: int, start: int, tid: int | None) -> bool:

@@ -163,15 +163,6 @@ class AddressIndex:
         last = int(hit[-1])
         return last, self.record(last)
 
-    def made_before(self, addr: int, ts: int) -> int | None:
-        """The row of the latest allocation at ``addr`` made at or before ``ts``, alive then or not
-        (a tensor a pack hook copied may be freed before its record is written)."""
-        rows = self.rows.get(addr)
-        if rows is None:
-            return None
-        hit = rows[self.alloc[rows] <= ts]
-        return int(hit[-1]) if len(hit) else None
-
     def record(self, row: int) -> Allocation:
         """Ledger row ``row`` (a position: the ledger's index is 0..n-1)."""
         return Allocation(*self._records[row])

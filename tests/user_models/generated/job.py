@@ -1,12 +1,13 @@
 """Profile every drawn model (draw.py) on 8 gloo ranks in one launch, the way a user profiles a
 training run: plain torch.distributed collectives (or functional ones), torch.profiler with
-memory events and shapes, prof.step() after each step; sptrace.instrument only where the draw
-follows the README's recipe.
+memory events and shapes, prof.step() after each step; where the draw follows the README's recipe,
+sptrace.instrument and sptrace.profile_step instead (which writes run.json beside the traces).
 
     python -m torch.distributed.run --standalone --nproc-per-node 8 \\
         -m tests.user_models.generated.job --out DIR [--count N] [--seed K] [--only gNN ...]
 
-DIR/<draw>/rank{r}.json   the traces
+DIR/<draw>/rank{r}.json   the traces (an instrumented draw's: rank{r}.pt.trace.json.gz and run.json,
+                          as sptrace.profile_step writes them)
 DIR/truth/<draw>.json     the draw and torch's own record of it, per rank: the planted tensor's
                           storage (pointer, elements), whether it was alive at the forward ->
                           backward boundary of its micro-batch (a weak reference to its storage,
@@ -415,15 +416,15 @@ def run_draw(d: Draw, groups: dict[int, dist.ProcessGroup], root: Path) -> None:
             hit = stray and step == stray["step"] and mb == stray["micro_batch"] and i == stray["layer"]
             layer.stray = stray["way"] if hit else None
 
-    def boundary(step: int | None, mb: int, prof: Any) -> None:
+    def boundary(step: int | None, mb: int, step_num: int | None) -> None:
         """What torch saw at this micro-batch's forward -> backward boundary."""
         if step is None:
             return
-        record["alive_buffers"] += [{"step": prof.step_num, "micro_batch": mb, "ptr": p} for p in TRUTH.alive()]
+        record["alive_buffers"] += [{"step": step_num, "micro_batch": mb, "ptr": p} for p in TRUTH.alive()]
         if stray and step == stray["step"] and mb == stray["micro_batch"]:
             info = dict(TRUTH.plant_info or {})
             info["alive_at_boundary"] = TRUTH.plant is not None and TRUTH.plant() is not None
-            record["plant"], record["profiler_step"] = info, prof.step_num
+            record["plant"], record["profiler_step"] = info, step_num
 
     def forward(step: int | None, mb: int, x: Tensor) -> Tensor:
         set_stray(step, mb)
@@ -437,20 +438,22 @@ def run_draw(d: Draw, groups: dict[int, dist.ProcessGroup], root: Path) -> None:
         loss.backward()
         TRUTH.in_backward = False
 
-    def train_step(step: int | None, prof: Any = None) -> None:
+    def train_step(step: int | None, step_num: int | None = None) -> None:
+        """One training step (``step``: the profiled step's index, None when unprofiled;
+        ``step_num``: the ProfilerStep number the trace gives it)."""
         TRUTH.recording = step is not None
         TRUTH.buffers.clear()
         losses = []
         for mb, x in enumerate(xs):
             loss = forward(step, mb, x)
             if d.order == "interleaved":
-                boundary(step, mb, prof)
+                boundary(step, mb, step_num)
                 backward(loss)
             else:
                 losses.append(loss)
         for mb, loss in enumerate(losses):  # grouped: f0 f1 ... then b0 b1 ...
             TRUTH.micro_batch = mb
-            boundary(step, mb, prof)
+            boundary(step, mb, step_num)
             backward(loss)
         set_stray(None, -1)
         TRUTH.recording = False
@@ -459,19 +462,27 @@ def run_draw(d: Draw, groups: dict[int, dist.ProcessGroup], root: Path) -> None:
 
     train_step(None)  # warm-up (and the compile, for compiled draws)
     dist.barrier()
-    with profile(
-        activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True,
-        schedule=schedule(wait=0, warmup=1, active=d.steps, repeat=1),
-    ) as prof:  # fmt: skip
-        train_step(None, prof)  # the profiler's warm-up step
-        prof.step()
-        for step in range(d.steps):
-            train_step(step, prof)
-            prof.step()
-        # the list, the attribute and the hook keep their tensor past the profiled window
     out = root / d.name
     out.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(out / f"rank{rank}.json"))
+    if d.instrumented:  # the README's recipe: sptrace.instrument, then sptrace.profile_step
+        import sptrace
+
+        warmup = 1
+        sptrace.profile_step(lambda k: train_step(k - warmup if k >= warmup else None, k), out, warmup=warmup,
+                             steps=d.steps, run_info={"batch": d.batch, "seq": d.seq, "hidden": d.hidden,
+                                                      "sp_size": d.sp})  # fmt: skip
+    else:  # a bare profiler with a schedule, prof.step() after each step
+        with profile(
+            activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True, with_stack=True,
+            schedule=schedule(wait=0, warmup=1, active=d.steps, repeat=1),
+        ) as prof:  # fmt: skip
+            train_step(None)  # the profiler's warm-up step
+            prof.step()
+            for step in range(d.steps):
+                train_step(step, prof.step_num)
+                prof.step()
+            # the list, the attribute and the hook keep their tensor past the profiled window
+        prof.export_chrome_trace(str(out / f"rank{rank}.json"))
     STASH.clear()
     per_rank: list[Any] = [None] * world
     dist.all_gather_object(per_rank, record)
