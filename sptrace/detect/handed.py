@@ -38,7 +38,7 @@ import pandas as pd
 from sptrace.detect import forms
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.intervals import EventRow, Intervals
-from sptrace.detect.provenance import FACTORIES
+from sptrace.detect.provenance import FACTORIES, made_to_fill
 from sptrace.vocab import collective_kinds, dtypes
 
 CALLS = ("c10d::", "_c10d_functional", "record_param_comms", "symm_mem::")
@@ -195,18 +195,12 @@ class HandedTensors:
         return True
 
     def _made_to_fill(self, row: int) -> bool:
-        """Was ledger row ``row`` made by a bare allocator (``torch.empty``, ``new_empty``,
-        ``zeros``...) outside any computing aten op: a buffer made for something to fill, not an
-        op's result? (True where the trace has no ops to tell.)"""
+        """Was ledger row ``row`` a buffer made to be filled (provenance.made_to_fill)? (True where
+        the trace has no ops to tell.)"""
         if self._ops is None:
             return True
         tid = None if np.isnan(self._tid[row]) else int(self._tid[row])
-        t = int(self._alloc[row])
-        chain = [self._ops.name(int(i)) for i in self._ops.enclosing(t, t, tid)]
-        if not chain or chain[-1] not in FACTORIES:
-            return False
-        maker = next((name for name in reversed(chain) if name not in FACTORIES), None)
-        return maker is None or not maker.startswith("aten::")
+        return made_to_fill(self._ops, int(self._alloc[row]), tid)
 
     def _pieces(self, nbytes: int, start: int, tid: int | None) -> list[int]:
         """A list all-gather's output pieces: the allocations of one piece's bytes alive at the

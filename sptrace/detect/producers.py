@@ -14,7 +14,7 @@ import pandas as pd
 from sptrace.detect import forms
 from sptrace.detect.args import load_list
 from sptrace.detect.intervals import EventRow, Intervals
-from sptrace.detect.provenance import FACTORIES
+from sptrace.detect.provenance import FACTORIES, made_to_fill
 from sptrace.detect.shapes import candidate_shapes
 from sptrace.vocab import dtypes
 
@@ -32,7 +32,8 @@ def producing_collective(
       matmul or an add computed inside such an op (Megatron-Core's linear, which gathers its
       input first) is a product, whose origin is its inputs';
     * it is the output the next collective on its thread fills (``out = torch.empty(...);
-      all_gather_into_tensor(out, x)``: that collective's recorded output has these bytes);
+      all_gather_into_tensor(out, x)``: a buffer a bare allocator made, and that collective's
+      recorded output has these bytes);
     * it is the buffer the next receive on its thread fills (``_received_into``; its element
       size: the receive's recorded dtype, else ``element_size``, the declared activation's)."""
     tid = int(alloc.tid) if alloc.tid is not None and not pd.isna(alloc.tid) else None
@@ -49,8 +50,8 @@ def producing_collective(
         gathers = [g for g in gathers if "gather" in g.lower()]
         if gathers:
             return f"{ops.name(parent)} ({gathers[-1]})"
-    if not len(collectives):
-        return None
+    if not len(collectives) or not made_to_fill(ops, ts, tid):
+        return None  # (what an op computed is no buffer a later collective fills, whatever its bytes)
     mask = collectives.start > ts
     if tid is not None:
         mask &= collectives.tid == tid

@@ -47,6 +47,19 @@ FACTORIES = frozenset({
     "aten::zeros", "aten::zeros_like", "aten::new_zeros", "aten::ones", "aten::ones_like", "aten::full",
     "aten::full_like", "aten::new_full", "aten::resize_", "aten::zero_", "aten::fill_",
 })  # fmt: skip
+
+
+def made_to_fill(ops: Intervals, alloc_ns: int, tid: int | None) -> bool:
+    """Was an allocation at ``alloc_ns`` on ``tid`` made by a bare allocator (``torch.empty``,
+    ``new_empty``, ``zeros``...) outside any computing aten op: a buffer made for something to
+    fill, not an op's result?"""
+    chain = [ops.name(int(i)) for i in ops.enclosing(alloc_ns, alloc_ns, tid)]
+    if not chain or chain[-1] not in FACTORIES:
+        return False
+    maker = next((name for name in reversed(chain) if name not in FACTORIES), None)
+    return maker is None or not maker.startswith("aten::")
+
+
 MATMULS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"})
 _DEPTH = 8
 
