@@ -304,6 +304,9 @@ class Judge:
         # that made it tells (a shard needs positive evidence: sptrace.detect.provenance)
         if width in shard:
             what = f"{shard[width]}, declared" + (f", and {whole[width]} (full) alike" if width in whole else "")
+        elif width in whole:  # a declared whole width (H, F, a*d): the weights are no shard's
+            return "full", (f"full sequence, {width} wide per token ({whole[width]}): no shard is that wide (H = {H}; "
+                            "no declared width makes a shard that wide)")  # fmt: skip
         elif width in self._shard_weights:
             what = self._shard_weights[width] + ", read off the trace"
         else:
