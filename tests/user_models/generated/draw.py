@@ -197,20 +197,20 @@ def draws(count: int | None = None, seed: int = 0) -> list[Draw]:
         have = [combo(out[i]) for i in held]
         if want in have:
             continue
-        spare = next((i for i in held if have.count(combo(out[i])) > 1), None)
+        pairs = [(out[i].kind, out[i].layout) for i in held]
+        # (a draw whose way and layout another draw has too, first: a very buffer kept in a bare
+        # trace stays undecided, and each way must be decided in each layout somewhere)
+        spares = [i for i in held if have.count(combo(out[i])) > 1]
+        spare = next(
+            (i for i in spares if pairs.count((out[i].kind, out[i].layout)) > 1), spares[0] if spares else None
+        )
         if spare is None:
             break
         exact, instrumented = want
         d = out[spare]
         out[spare] = Draw(**{**d.to_dict(), "gather": ("into_tensor" if d.layout == "sbh" else "funcol") if exact
                              else "list", "instrumented": instrumented})  # fmt: skip
-    # and each way, in each layout, at least once where the trace can show it: a model that holds
-    # the very buffer a collective filled is decided only under sptrace.instrument's census
-    for way in ("list", "attr", "hook"):
-        for layout in ("bsh", "sbh"):
-            mine = [i for i, d in enumerate(out) if d.kind == way and d.layout == layout]
-            if mine and all(out[i].gather in EXACT and not out[i].instrumented for i in mine):
-                out[mine[0]] = Draw(**{**out[mine[0]].to_dict(), "instrumented": True})
+    _shown(out)
     # a stray in the second micro-batch of a grouped step (f0 f1 b0 b1), in a checkpointed block:
     # b0's recomputation runs after f1 kept its stray, and must neither keep nor plant another
     for checkpoint, ways in (("sac", ("sac",)), ("full", ("list", "attr", "hook"))):
@@ -226,11 +226,10 @@ def draws(count: int | None = None, seed: int = 0) -> list[Draw]:
             if any(d.gather == form and bool(d.stray) == stray and d.instrumented == instrumented for d in out):
                 continue
             combos = [(d.gather, bool(d.stray), d.instrumented) for d in out]
-            held = [(d.gather in EXACT, d.instrumented) for d in out if d.kind in ("list", "attr", "hook")]
+            # (never a stray the model holds: their gathers are chosen above, exact or not)
             spare = next((i for i, d in enumerate(out) if bool(d.stray) == stray and d.checkpoint != "sac"
-                          and not d.compiled and sum(g == d.gather for g, _, _ in combos) > 1
-                          and combos.count(combos[i]) > 1 and (d.kind not in ("list", "attr", "hook")
-                          or held.count((d.gather in EXACT, d.instrumented)) > 1)), None)  # fmt: skip
+                          and d.kind not in ("list", "attr", "hook") and sum(g == d.gather for g, _, _ in combos) > 1
+                          and combos.count(combos[i]) > 1), None)  # fmt: skip
             if spare is not None:
                 out[spare] = Draw(**{**out[spare].to_dict(), "gather": form, "instrumented": instrumented})
     for hook in OFFLOADS:
@@ -242,6 +241,17 @@ def draws(count: int | None = None, seed: int = 0) -> list[Draw]:
             if spare is not None:
                 out[spare] = Draw(**{**out[spare].to_dict(), "offload": hook})
     return out
+
+
+def _shown(out: list[Draw]) -> None:
+    """Each way a model holds a stray, in each layout, at least once where the trace can show it:
+    a model that holds the very buffer a collective filled is decided only under
+    sptrace.instrument's census."""
+    for way in ("list", "attr", "hook"):
+        for layout in ("bsh", "sbh"):
+            mine = [i for i, d in enumerate(out) if d.kind == way and d.layout == layout]
+            if mine and all(out[i].gather in EXACT and not out[i].instrumented for i in mine):
+                out[mine[0]] = Draw(**{**out[mine[0]].to_dict(), "instrumented": True})
 
 
 def late_in_grouped(d: Draw) -> bool:
