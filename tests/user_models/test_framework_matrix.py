@@ -28,7 +28,7 @@ def _truth(runs, name: str) -> dict:
 
 def test_the_matrix_covers_every_framework_at_colliding_shapes():
     assert {s.framework for s in SCENARIOS} == set(FRAMEWORKS) == {
-        "megatron", "megatron_sdpa", "ulysses", "torch_tp", "fsdp_tp"}  # fmt: skip
+        "megatron", "megatron_sdpa", "ulysses", "torch_tp", "fsdp_tp", "ring"}  # fmt: skip
     for fw in FRAMEWORKS:
         mine = [s for s in SCENARIOS if s.framework == fw]
         assert {s.stray for s in mine} == {True, False}, fw

@@ -19,6 +19,10 @@ Frameworks (``FRAMEWORKS``):
                  ColwiseParallel linear's gathered input (a true stray in every layer);
                  checkpointed, each layer keeps only its input shard (clean).
 * fsdp_tp        the torch_tp layers under FSDP2's ``fully_shard`` on a 2-D (dp, tp) mesh.
+* ring           context parallelism: every head on this rank's S/P tokens, K and V passed around
+                 the ring (``batch_isend_irecv``), each layer under activation checkpointing (clean);
+                 the stray: layer 1 concatenates the received blocks into whole-sequence K and V
+                 [B, a, S, d] and runs plain autograd attention, which saves them.
 
 Each scenario is one untraced warm-up step, then torch.profiler (CPU, record_shapes,
 profile_memory, with_stack; wait=0 warmup=1 active=2) over 3 steps, bare or under
@@ -54,7 +58,7 @@ from torch.utils.checkpoint import checkpoint  # noqa: E402
 # sequence-parallel outputs); on a CPU build of torch that call raises. Point it at the CPU.
 torch.cuda.current_device = lambda: torch.device("cpu")
 
-FRAMEWORKS = ("megatron", "megatron_sdpa", "ulysses", "torch_tp", "fsdp_tp")
+FRAMEWORKS = ("megatron", "megatron_sdpa", "ulysses", "torch_tp", "fsdp_tp", "ring")
 STRAY_LAYER = 1
 LAYERS = 2
 SEED = 4321
@@ -109,7 +113,7 @@ def scenarios(full: bool = False) -> list[Scenario]:
     """Every framework clean and with its stray at P = 2, 4 and 8 (``full``), else the suite's
     share: each framework clean and stray at one P, the P's taking turns, every collision met."""
     out = []
-    turn = {"megatron": 4, "megatron_sdpa": 8, "ulysses": 2, "torch_tp": 8, "fsdp_tp": 4}
+    turn = {"megatron": 4, "megatron_sdpa": 8, "ulysses": 2, "torch_tp": 8, "fsdp_tp": 4, "ring": 2}
     for fw in FRAMEWORKS:
         for p in (2, 4, 8):
             if not full and p != turn[fw]:
@@ -402,6 +406,61 @@ def build_torch_tp(sc: Scenario) -> nn.Module:
     return model
 
 
+# ---------------------------------------------------------------- ring attention (context parallelism)
+class RingLayer(nn.Module):
+    """Every head on this rank's tokens; K and V blocks passed around the ring, then joined."""
+
+    def __init__(self, sh: Shape, group: dist.ProcessGroup, stray: bool) -> None:
+        super().__init__()
+        self.a, self.d, self.group, self.stray = sh.a, sh.H // sh.a, group, stray
+        self.norm, self.qkv, self.proj = nn.LayerNorm(sh.H), nn.Linear(sh.H, 3 * sh.H), nn.Linear(sh.H, sh.H)
+
+    def gather_ring(self, t: torch.Tensor) -> torch.Tensor:
+        """[B, a, S/P, d] -> [B, a, S, d]: P - 1 ring steps (to the next rank, from the previous), joined."""
+        p, me = dist.get_world_size(self.group), dist.get_rank(self.group)
+        ranks = dist.get_process_group_ranks(self.group)
+        blocks, block = [t] * p, t.contiguous()
+        for step in range(1, p):
+            incoming = torch.empty_like(block)
+            ops = [dist.P2POp(dist.isend, block, ranks[(me + 1) % p], self.group),
+                   dist.P2POp(dist.irecv, incoming, ranks[(me - 1) % p], self.group)]  # fmt: skip
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+            blocks[(me - step) % p] = block = incoming
+        return _RingJoin.apply(torch.cat(blocks, dim=2), t, me)
+
+    def block(self, x: torch.Tensor) -> torch.Tensor:  # [B, S/P, H]
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.a, self.d).permute(2, 0, 3, 1, 4)
+        k_all, v_all = self.gather_ring(k), self.gather_ring(v)
+        if torch.is_grad_enabled() and self.stray:
+            for t in (k_all, v_all):
+                CENSUS.full_sequence(t, "planted: K or V joined over the whole sequence, saved by attention")
+        probs = (q @ k_all.transpose(-1, -2) / self.d**0.5).softmax(-1)  # [B, a, S/P, S]
+        return x + self.proj((probs @ v_all).transpose(1, 2).reshape(b, s, -1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x) if self.stray else checkpoint(self.block, x, use_reentrant=False)
+
+
+class _RingJoin(torch.autograd.Function):
+    """The joined blocks, with this rank's block's gradient back (the others' go to their ranks in
+    a real ring's backward; here they are dropped: the numbers do not matter, what is kept does)."""
+
+    @staticmethod
+    def forward(ctx, joined: torch.Tensor, mine: torch.Tensor, me: int) -> torch.Tensor:
+        ctx.me, ctx.s = me, mine.shape[2]
+        return joined
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return None, grad.narrow(2, ctx.me * ctx.s, ctx.s), None
+
+
+def build_ring(sc: Scenario, group: dist.ProcessGroup) -> nn.Module:
+    return Layers([RingLayer(sc.shape, group, sc.stray and i == STRAY_LAYER) for i in range(LAYERS)])
+
+
 # ---------------------------------------------------------------- driver
 def run_scenario(sc: Scenario, root: Path, groups: dict[int, dist.ProcessGroup]) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -411,6 +470,8 @@ def run_scenario(sc: Scenario, root: Path, groups: dict[int, dist.ProcessGroup])
         model = build_megatron(sc)
     elif sc.framework == "ulysses":
         model = build_ulysses(sc, groups[sc.sp])
+    elif sc.framework == "ring":
+        model = build_ring(sc, groups[sc.sp])
     else:
         model = build_torch_tp(sc)
     CENSUS.__init__()
@@ -419,7 +480,7 @@ def run_scenario(sc: Scenario, root: Path, groups: dict[int, dist.ProcessGroup])
         import sptrace
 
         sptrace.instrument(model)
-    batch_first = sc.framework in ("torch_tp", "fsdp_tp")
+    batch_first = sc.framework in ("torch_tp", "fsdp_tp", "ring")
     s_local = sh.S // sc.sp
     member = rank % sc.sp
     torch.manual_seed(SEED + rank // sc.sp)
