@@ -122,6 +122,7 @@ class Provenance:
         self._bytes = ledger["bytes"].to_numpy(dtype=np.int64)
         self._tid = ledger["tid"].to_numpy(dtype=np.float64, na_value=np.nan)
         self._cache: dict[int, Origin] = {}
+        self._copy_cache: dict[int, tuple[PackCopy | None, int | None]] = {}
 
     # ---- the op that made an allocation --------------------------------------------------------
     def maker(self, alloc_ns: int, tid: int | None) -> int | None:
@@ -177,6 +178,12 @@ class Provenance:
     def copy_source(self, row: int, since_ns: int) -> tuple[PackCopy | None, int | None]:
         """The pack-hook copy ledger row ``row`` is (None if it is none), and the row of the tensor
         it copies (None where that was made before ``since_ns``: a weight, a persistent buffer)."""
+        if row in self._copy_cache:
+            return self._copy_cache[row]
+        self._copy_cache[row] = found = self._copy_source(row, since_ns)
+        return found
+
+    def _copy_source(self, row: int, since_ns: int) -> tuple[PackCopy | None, int | None]:
         copy = self.copies.of(int(self._alloc[row]), self._tid_of(row)) if self.copies is not None else None
         if copy is None:
             return None, None
