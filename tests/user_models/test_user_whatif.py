@@ -105,8 +105,12 @@ def test_analyze_names_the_stall_a_code_path_of_one_rank(runs):
     analyses, truth = runs
     balance = analyses[80].balance
     assert balance is not None and balance.steps == 4
-    paths = [c for c in balance.causes if c.code == "code-path"]
-    assert [c.ranks for c in paths] == [(truth["rank"],)], balance.line()
+    # the stalled rank first, far ahead of anything else: on 2 loaded cores, the OS can slow one
+    # other rank in one layer's backward in every step too (a CI run named ranks 6 and 7 at 1.6x
+    # and 1.75x beside the stall's 27.6x), which the rule rightly reports, and this test allows
+    paths = sorted((c for c in balance.causes if c.code == "code-path"), key=lambda c: -c.ratio)
+    assert paths and paths[0].ranks == (truth["rank"],), balance.line()
+    assert all(c.ratio * 4 < paths[0].ratio for c in paths[1:]), balance.line()
     # the module as the Python stacks name it (layers.1.Stall_0: the job has no sptrace markers)
     named = re.search(r"in (\S+) forward only", paths[0].text)
     assert named and layer_of(named.group(1)) == truth["layer"] and "stall" in named.group(1).lower(), paths[0].text
