@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from sptrace.checks.sharding import Judge
+from sptrace.detect.weights import weight_width
 from sptrace.instrumentation import describe_saved, local_shard
 from sptrace.vocab.markers import SavedTensor
 from sptrace.vocab.shape import ModelShape
@@ -118,9 +119,8 @@ def _weight_widths(model: nn.Module, hidden: int) -> dict[int, str]:
         local = local_shard(p)
         if local.dim() != 2:
             continue
-        n, k = (int(d) for d in local.shape)
-        if k == hidden and n != hidden:
-            out.setdefault(n, f"the [{n}x{k}] weight {name}")
-        elif n == hidden and k != hidden:
-            out.setdefault(k, f"the [{n}x{k}] weight {name}")
+        n, k = (int(d) for d in local.shape)  # nn.Linear's layout: [out, in]
+        width = weight_width(n, k, hidden)
+        if width is not None:
+            out.setdefault(width, f"the [{n}x{k}] weight {name}")
     return out

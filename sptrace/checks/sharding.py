@@ -20,6 +20,7 @@ every rank's retained tensors is sptrace.checks.sharding_verdict.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -110,7 +111,7 @@ class Judge:
                 return "full", f"a view of {nbytes} bytes keeping a {storage_bytes}-byte storage alive"
         return cls, why
 
-    @property
+    @functools.cached_property
     def _shard_weights(self) -> Mapping[int, str]:
         """The widths of the trace's weights a shard can have: any but H (a square weight is no
         evidence of a shard: a replicated projection has one as often)."""

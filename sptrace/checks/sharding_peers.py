@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from sptrace.detect.allocations import Retention
-from sptrace.vocab.units import count, rank_ranges
+from sptrace.vocab.units import count, rank_text
 
 
 def settle_by_peers(saved: pd.DataFrame, retained: Sequence[Retention], rows: np.ndarray) -> pd.DataFrame:
@@ -68,14 +68,15 @@ def settle_by_peers(saved: pd.DataFrame, retained: Sequence[Retention], rows: np
                 f"{row['evidence']}; the same call's buffer was released before this boundary on none of the "
                 f"{now['rank'].nunique()} other ranks" if not released else
                 f"{row['evidence']}; the same call's buffer was kept past its boundary on "
-                f"{_ranks(sorted(set(kept['rank'].astype(int))))}"
+                f"{rank_text(sorted(set(kept['rank'].astype(int))))}"
             ) + " (what decides: another rank releasing it before this boundary, and none keeping it)"  # fmt: skip
             continue
         also = f", and in {count(len(mine), 'other forward')} of this rank" if len(mine) else ""
         holder[i] = "backend"
         evidence[i] = (
             f"{row['evidence'].split(', and its free')[0]}; its free is not in the trace, but the same call's buffer "
-            f"was released before this boundary on {_ranks(released)} (of {now['rank'].nunique()} other ranks){also}, "
+            f"was released before this boundary on {rank_text(released)} (of {now['rank'].nunique()} other "
+            f"ranks){also}, "
             "and no rank or forward kept it past its boundary: the code lets go of it, so the backend dropped the "
             "last reference on a thread the profiler does not record"
         )
@@ -85,7 +86,3 @@ def settle_by_peers(saved: pd.DataFrame, retained: Sequence[Retention], rows: np
 
 def _step(value: object) -> float:
     return -1.0 if value is None or pd.isna(value) else float(value)
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)

@@ -57,9 +57,6 @@ def call_fates(
             elif free[row] < b.backward_ns:
                 fate = "released"
             else:
-                tid = None if np.isnan(free_tid[row]) else int(free_tid[row])
-                at = int(free[row])
-                by_backend = tid is not None and rules.backend_ranges.innermost(at, at, tid) is not None
-                fate = "released" if by_backend else "kept"
+                fate = "released" if rules.backend_annotation(int(free[row]), free_tid[row]) is not None else "kept"
             fates.append((b.step, b.micro_batch, key, fate))
     return keys, pd.DataFrame(fates, columns=CALL_FATE_COLUMNS)

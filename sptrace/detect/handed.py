@@ -112,8 +112,9 @@ class HandedTensors:
         if layout in ("f_gather", "f_scatter", "f_all_to_all") or (
             name.startswith("_c10d_functional") and not name.endswith("_")
         ):  # a functional collective allocates its output and returns it
-            for row in self._made_inside(start, end, tid):
-                self._claim(row, Handed("returned", name, start, end, tid))
+            if "returned" in self._roles:
+                for row in self._made_inside(start, end, tid):
+                    self._claim(row, Handed("returned", name, start, end, tid))
             self._claim_shapes(forms.input_shapes(name, event), elem, start, end, tid, "input", name)
             return
         if layout == "inplace" or (form is None and name == "record_param_comms"):
@@ -130,7 +131,7 @@ class HandedTensors:
         self._claim_shapes(forms.output_shapes(name, event), elem, start, end, tid, "output", name)
         inputs = forms.input_shapes(name, event)
         self._claim_shapes(inputs, elem, start, end, tid, "input", name)
-        if layout == "gather_lists" and inputs:  # the output pieces are not recorded: one per member
+        if layout == "gather_lists" and inputs and "output" in self._roles:  # the pieces: one per member
             for size in (elem,) if elem else _ELEMENT_SIZES:
                 for row in self._pieces(math.prod(inputs[0]) * size, start, tid):
                     self._claim(row, Handed("output", name, start, end, tid))
@@ -177,10 +178,13 @@ class HandedTensors:
         receive's)."""
         hit = np.flatnonzero(self._fits(nbytes) & self._alive_before(start, tid))
         claimed = self.by_row
-        hit = [int(h) for h in hit[np.argsort(self._alloc[hit], kind="stable")[::-1]]
-               if (not fresh and (int(h) not in claimed or claimed[int(h)].call_ns != start))
-               or (int(h) not in claimed and self._made_to_fill(int(h)))]  # fmt: skip
-        return hit[0] if hit else None
+
+        def candidate(row: int) -> bool:
+            if fresh:
+                return row not in claimed and self._made_to_fill(row)
+            return row not in claimed or claimed[row].call_ns != start
+
+        return next((int(h) for h in hit[np.argsort(self._alloc[hit], kind="stable")[::-1]] if candidate(int(h))), None)
 
     def _untouched(self, row: int, start: int, tid: int | None) -> bool:
         """Did nothing but bare allocators and communication run on ``tid`` between ledger row

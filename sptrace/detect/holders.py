@@ -128,8 +128,7 @@ class HolderRules:
         node = self.freed_in(free)
         if node is not None:
             return Holder("autograd", f"freed in {node} during backward")
-        free_tid = None if rec.free_tid is None or pd.isna(rec.free_tid) else int(rec.free_tid)
-        inside = self.backend_ranges.innermost(free, free, free_tid) if free_tid is not None else None
+        inside = self.backend_annotation(free, rec.free_tid)
         if inside is not None:
             what = handed.describe() + "; " if handed is not None else ""
             return Holder("backend", f"{what}freed inside {self.backend_ranges.name(inside)} on the backend's thread")
@@ -156,6 +155,13 @@ class HolderRules:
                                      "releases a finished call's tensors")  # fmt: skip
         return Holder("model", "alive at the boundary: its free is not in the trace, and the allocator's count shows "
                                "no unrecorded free before backward; no collective call had it")  # fmt: skip
+
+    def backend_annotation(self, free_ns: int, free_tid: object) -> int | None:
+        """The gloo:/nccl: annotation a free at ``free_ns`` on thread ``free_tid`` (NaN or None
+        where unknown) happened inside: the backend's own thread released it. None otherwise."""
+        if free_tid is None or pd.isna(free_tid):
+            return None
+        return self.backend_ranges.innermost(free_ns, free_ns, int(free_tid))
 
     def freed_in(self, free_ns: float | None) -> str | None:
         """The autograd node a free happened in (its name without the engine's prefix)."""

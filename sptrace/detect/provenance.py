@@ -121,6 +121,7 @@ class Provenance:
         self._alloc = ledger["alloc_ns"].to_numpy(dtype=np.int64)
         self._bytes = ledger["bytes"].to_numpy(dtype=np.int64)
         self._tid = ledger["tid"].to_numpy(dtype=np.float64, na_value=np.nan)
+        self._free = ledger["free_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
         self._cache: dict[int, Origin] = {}
         self._copy_cache: dict[int, tuple[PackCopy | None, int | None]] = {}
 
@@ -316,7 +317,7 @@ class Provenance:
 
     def _alive_of(self, nbytes: int, before_ns: int, tid: int | None) -> list[int]:
         """Ledger rows of ``nbytes`` made on ``tid`` before ``before_ns`` and alive then, oldest first."""
-        free = self.ledger["free_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
+        free = self._free
         mask = (self._bytes == nbytes) & (self._alloc < before_ns) & (np.isnan(free) | (free >= before_ns))
         if tid is not None:
             mask &= self._tid == tid

@@ -54,11 +54,20 @@ def _width(name: str, text: str, hidden: int) -> tuple[int, str] | None:
         return None
     weight = args[at]
     k, n = (weight[1], weight[0]) if transposed else (weight[0], weight[1])
-    shown = "x".join(map(str, weight))
+    width = weight_width(n, k, hidden)
+    if width is None:
+        return None
+    what = "wide products of H" if width == n else "wide inputs that it sums into H"
+    return width, f"the [{'x'.join(map(str, weight))}] weight {name} took ({width} {what})"
+
+
+def weight_width(n: int, k: int, hidden: int) -> int | None:
+    """The per-token width a weight that maps K to N gives beside H: N where it contracts H
+    (N != H), K where it makes H (K != H), else None (a square weight tells nothing)."""
     if k == hidden and n != hidden:
-        return n, f"the [{shown}] weight {name} took ({n} wide products of H)"
+        return n
     if n == hidden and k != hidden:
-        return k, f"the [{shown}] weight {name} took ({k} wide inputs that it sums into H)"
+        return k
     return None
 
 
