@@ -8,7 +8,9 @@ the plain model:
   plain             no hooks
   instrumented      sptrace.instrument(model), no profiler running (the claim: ~free)
   profiled          torch.profiler with sptrace's settings, not instrumented
-  profiled+instr.   the same with sptrace.instrument (module ranges + saved-tensor records)
+  profiled+instr.   the same with sptrace.instrument (module ranges, saved-tensor records and the
+                    statement lines of the tensors each forward makes: sptrace.makers)
+  profiled+instr.-lines  the same with instrument(model, source_lines=False)
   lean              torch.profiler without Python stacks (sptrace profile --lean), not instrumented
   lean+instr.       the same with sptrace.instrument
 All variants run on one model (hooks added and removed outside the timed region), in a shuffled
@@ -40,7 +42,7 @@ def main() -> None:
     cfg = StepConfig(scheme="megatron", sp_size=1, layers=4, batch=2, seq=512, hidden=256, heads=8, kv_heads=4, ffn=704)
     model = DenseTransformer(cfg)  # one model for every variant: two instances differ by noise alone
     x = torch.randn(cfg.batch, cfg.seq, cfg.hidden)
-    hooks: list[sptrace.Instrumentation] = []
+    hooks: list[tuple[bool, sptrace.Instrumentation]] = []  # (source lines?, the hooks on now)
 
     def step() -> None:
         model(x).square().mean().backward()
@@ -51,22 +53,24 @@ def main() -> None:
                      with_stack=with_stack):  # fmt: skip
             step()
 
-    # (instrumented?, what runs); hooks go on and off outside the timed region
+    # (instrumented: None, or with source lines or not; what runs); hooks go on and off outside
+    # the timed region
     variants = {
-        "plain": (False, step),
+        "plain": (None, step),
         "instrumented": (True, step),
-        "profiled": (False, profiled),
+        "profiled": (None, profiled),
         "profiled+instr.": (True, profiled),
-        "lean": (False, lambda: profiled(with_stack=False)),
+        "profiled+instr.-lines": (False, profiled),
+        "lean": (None, lambda: profiled(with_stack=False)),
         "lean+instr.": (True, lambda: profiled(with_stack=False)),
     }
 
     def run(name: str) -> float:
-        instrumented, fn = variants[name]
-        if instrumented and not hooks:
-            hooks.append(sptrace.instrument(model))
-        elif not instrumented and hooks:
-            hooks.pop().remove()
+        lines, fn = variants[name]
+        if hooks and hooks[0][0] is not lines:
+            hooks.pop()[1].remove()
+        if lines is not None and not hooks:
+            hooks.append((lines, sptrace.instrument(model, source_lines=lines)))
         start = time.process_time()
         fn()
         return time.process_time() - start
@@ -81,16 +85,17 @@ def main() -> None:
         for name in order:
             times[name].append(run(name))
     base = statistics.median(times["plain"])
-    print(f"{'variant':<18}{'median CPU ms':>14}{'ratio':>8}")
+    print(f"{'variant':<24}{'median CPU ms':>14}{'ratio':>8}")
     for name, samples in times.items():
         med = statistics.median(samples)
-        print(f"{name:<18}{med * 1e3:>14.2f}{med / base:>8.3f}")
+        print(f"{name:<24}{med * 1e3:>14.2f}{med / base:>8.3f}")
     # paired: each round's instrumented step over the same round's uninstrumented one, so that
     # the machine's slow and fast minutes cancel; median and quartiles over the rounds
-    for with_instr, without in (("profiled+instr.", "profiled"), ("lean+instr.", "lean")):
+    pairs = (("profiled+instr.", "profiled"), ("profiled+instr.-lines", "profiled"), ("lean+instr.", "lean"))
+    for with_instr, without in pairs:
         ratios = [a / b - 1 for a, b in zip(times[with_instr], times[without])]
         q1, med, q3 = statistics.quantiles(ratios, n=4)
-        print(f"instrumentation overhead, {without:<9} {100 * med:+.1f}%  (quartiles {100 * q1:+.1f}%, "
+        print(f"{with_instr:<22} over {without:<9} {100 * med:+.1f}%  (quartiles {100 * q1:+.1f}%, "
               f"{100 * q3:+.1f}%; target <= 5%)")  # fmt: skip
 
 

@@ -21,6 +21,8 @@ from sptrace.checks.builtin import CollectivesDetail
 from sptrace.checks.comm import CommReport
 from sptrace.checks.crossrank import CrossRankReport
 from sptrace.checks.findings import Finding, Verdict
+from sptrace.checks.production import production_declared, production_shape
+from sptrace.checks.projection import Projection, project
 from sptrace.checks.registry import COLLECTIVES, SHARDING, CheckFacts, CheckOptions, CheckReport, run_checks
 from sptrace.checks.sharding_verdict import ShardingReport
 from sptrace.costmodel import CommEstimate
@@ -113,6 +115,9 @@ class RunAnalysis:
     reports: Mapping[str, CheckReport] = field(default_factory=dict)
     """Every check's report by name, the run's own (COLLECTIVES, SHARDING, where computed) first,
     then the registered checks' (sptrace.checks.registry): what the views render generically."""
+    production: tuple[tuple[str, ShapeValues], ...] = ()
+    """The production shape to project the kept bytes to, as declared (run.json's production block,
+    a --config file's, --at; a later one wins): empty when none is (sptrace.checks.projection)."""
 
     @cached_property
     def compute(self) -> pd.DataFrame:
@@ -149,6 +154,15 @@ class RunAnalysis:
     def sharding(self) -> ShardingReport | None:
         report = self.reports.get(SHARDING)
         return report.detail if report is not None and isinstance(report.detail, ShardingReport) else None
+
+    @cached_property
+    def projection(self) -> Projection | None:
+        """The kept bytes per rank and each FAIL's extra bytes at the production shape (None when
+        no production shape is declared or the sharding check did not run)."""
+        report = self.sharding
+        if not self.production or report is None:
+            return None
+        return project(report, production_shape(self.model, self.production))
 
     @property
     def sharding_unavailable(self) -> str | None:
@@ -266,6 +280,7 @@ def analyse_run(
     if isinstance(source, RunTrace):
         run, path = source, source.root
         declared = declared_model(run.run_info, flags)
+        production = _production(run.run_info, flags)
         if fail_fast:
             require_sharding_shape(declared, path)
         spec = MapSpec(parts, declared.dtype_bytes, hidden=declared.hidden)
@@ -274,6 +289,7 @@ def analyse_run(
         path = Path(source)
         found = RunFiles.scan(path)
         declared = declared_model(found.run_info, flags)
+        production = _production(found.run_info, flags)
         if fail_fast:
             require_sharding_shape(declared, path, found.notes)
             if "sharding" in parts:
@@ -281,7 +297,13 @@ def analyse_run(
         spec = MapSpec(parts, declared.dtype_bytes, options.cache, options.cache_dir, hidden=declared.hidden)
         run, results = gather_run(found, spec, skip_bad=options.skip_bad, executor=options.executor)
     checks = CheckOptions(allow, strict, k, grad_dtype, attention_only, grad_sync)
-    return reduce_run(run, path, results, declared=declared, parts=parts, options=checks, judge=judge)
+    return reduce_run(run, path, results, declared=declared, parts=parts, options=checks, judge=judge,
+                      production=production)  # fmt: skip
+
+
+def _production(run_info: object, flags: ShapeValues | Declarations | None) -> tuple[tuple[str, ShapeValues], ...]:
+    """run.json's production block, then the user's (a --config file's, --at)."""
+    return production_declared(run_info, flags.production if isinstance(flags, Declarations) else ())
 
 
 def reduce_run(
@@ -293,6 +315,7 @@ def reduce_run(
     parts: tuple[str, ...] = PARTS,
     options: CheckOptions | None = None,
     judge: bool = True,
+    production: tuple[tuple[str, ShapeValues], ...] = (),
 ) -> RunAnalysis:
     """The reduce over the ranks' summaries (gathered as the map made them: sptrace.run.gather;
     or sptrace.run.map.RankResult by rank): the cross-rank facts, the model resolved once from
@@ -317,7 +340,7 @@ def reduce_run(
         timing=timing, retained=retained, compute_lanes=ranks.compute, p2p=p2p, critical_path=critical,
         phases=ranks.frame("phases"), memory=ranks.frame("memory"), module_times=ranks.frame("module_times"),
         peak_allocated=dict(sorted(ranks.peak_allocated.items())), balance=balance, replay_graphs=graphs,
-        reports=run_checks(facts, model, parts) if judge else {},
+        reports=run_checks(facts, model, parts) if judge else {}, production=production,
     )  # fmt: skip
 
 

@@ -16,6 +16,10 @@ says who released each: the communication backend's thread, the model's, or nobo
 (sptrace.census). This is the evidence a CPU trace lacks: gloo drops its reference to a
 collective's buffer on a thread the profiler does not record, so a buffer the model kept and one
 gloo freed look the same in the memory events (sptrace.detect.holders reads the census).
+
+With ``source_lines=True`` (the default), the statement of the user's code that made each tensor
+of the forward is noted (sptrace.makers) and written as one ``sptrace.made::`` event when the
+root's forward returns: the source line each FAIL names.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from sptrace import census as released
 from sptrace import offloading
+from sptrace.makers import MakerLines
 from sptrace.vocab import markers
 from sptrace.vocab.markers import SavedTensor
 
@@ -123,8 +128,11 @@ def describe_saved(tensor: torch.Tensor, module: str) -> SavedTensor:
 class Instrumentation:
     """The hooks ``instrument`` installed on one model; ``remove()`` takes them off again."""
 
-    def __init__(self, model: nn.Module, *, prefix: str = "", saved_tensors: bool = True, census: bool = True) -> None:
+    def __init__(self, model: nn.Module, *, prefix: str = "", saved_tensors: bool = True, census: bool = True,
+                 source_lines: bool = True) -> None:  # fmt: skip
         self.model = model
+        self._makers = MakerLines() if source_lines else None
+        self._makers_on = False
         self.prefix = prefix
         self.saved_tensors = saved_tensors
         self.census = census
@@ -170,6 +178,9 @@ class Instrumentation:
                 offloading.ACTIVE[:] = [self]
             if self.census and not self._stack and _in_backward() == -1:
                 released.begin()
+            if self._makers is not None and not self._stack and _in_backward() == -1:
+                self._makers.__enter__()
+                self._makers_on = True
             handle = _range_enter_unseen(range_name) if _dispatch_modes() else _range_enter(range_name, None)
             self._stack += ((qualname, handle, hooks),)
 
@@ -186,6 +197,10 @@ class Instrumentation:
             if hooks is not None:
                 hooks.__exit__(None, None, None)
                 offloading.ACTIVE.clear()
+            if self._makers_on and not self._stack:
+                self._makers_on = False
+                self._makers.__exit__(None, None, None)
+                _emit_name(self._makers.take_marker())
             if not self._stack and (self._pending or self._offloaded):
                 self._flush()
             if not self._stack and self.census and _profiler_enabled() and _in_backward() == -1:
@@ -212,6 +227,8 @@ class Instrumentation:
         else:
             kind = "param" if tensor.requires_grad else "input"
         self._pending += ((self._stack[-1][0] if self._stack else "<outside>", local, kind),)
+        if self._makers_on:
+            self._makers.note_saved(local)  # (a Python call only while source lines are noted)
         return (tensor,)  # unpacked by _unpack_first, a C callable: no recorded frame in backward
 
     def _flush(self) -> None:
@@ -223,33 +240,24 @@ class Instrumentation:
         calls whatever the number of tensors."""
         pending, self._pending = self._pending, []
         offloaded, self._offloaded = self._offloaded, []
-        if not _profiler_enabled():
+        if not _profiler_enabled() or not (pending or offloaded):
             return
-        if offloaded:
-            records = " ".join(SavedTensor(module, tuple(copy.shape), str(copy.dtype).removeprefix("torch."),
-                                           copy.numel() * copy.element_size(), *_storage_or_none(copy), "offloaded",
-                                           source).to_marker() for module, copy, source in offloaded)  # fmt: skip
-            if _dispatch_modes():
-                _range_exit_unseen(_range_enter_unseen(records))
-            else:
-                _range_exit(_range_enter(records, None))
-        if not pending:
-            return
-        modules, tensors, kinds = zip(*pending)
-        try:
-            storages = list(map(_storage_of, tensors))
-            ptrs, sizes = list(map(_storage_ptr, storages)), list(map(_storage_nbytes, storages))
-        except (RuntimeError, NotImplementedError):  # a subclass without storage (fake, sparse)
-            ptrs, sizes = zip(*map(_storage_or_none, tensors))
-        dims = list(map("x".join, map(map, itertools.repeat(str), map(_shape_of, tensors))))
-        dims = map(_SCALAR.get, dims, dims)  # "" (no dimension) -> "scalar"
-        dtypes = map(_DTYPE_PREFIX, map(str, map(_dtype_of, tensors)))
-        nbytes = map(_nbytes_of, tensors)
-        records = map(_RECORD.format, modules, dims, dtypes, nbytes, ptrs, sizes, kinds)
-        if _dispatch_modes():
-            _range_exit_unseen(_range_enter_unseen(" ".join(records)))
-        else:
-            _range_exit(_range_enter(" ".join(records), None))
+        texts = [SavedTensor(module, tuple(copy.shape), str(copy.dtype).removeprefix("torch."),
+                             copy.numel() * copy.element_size(), *_storage_or_none(copy), "offloaded",
+                             source).to_marker() for module, copy, source in offloaded]  # fmt: skip
+        if pending:
+            modules, tensors, kinds = zip(*pending)
+            try:
+                storages = list(map(_storage_of, tensors))
+                ptrs, sizes = list(map(_storage_ptr, storages)), list(map(_storage_nbytes, storages))
+            except (RuntimeError, NotImplementedError):  # a subclass without storage (fake, sparse)
+                ptrs, sizes = zip(*map(_storage_or_none, tensors))
+            dims = list(map("x".join, map(map, itertools.repeat(str), map(_shape_of, tensors))))
+            dims = map(_SCALAR.get, dims, dims)  # "" (no dimension) -> "scalar"
+            dtypes = map(_DTYPE_PREFIX, map(str, map(_dtype_of, tensors)))
+            nbytes = map(_nbytes_of, tensors)
+            texts.extend(map(_RECORD.format, modules, dims, dtypes, nbytes, ptrs, sizes, kinds))
+        _emit_name(" ".join(texts))
 
     def note_offloaded(self, tensor: torch.Tensor, packed: object) -> bool:
         """Note the copy a user's pack hook made of ``tensor`` (``packed``: what the hook returned;
@@ -307,7 +315,7 @@ _unpack_first = operator.itemgetter(0)
 
 
 def instrument(
-    model: nn.Module, *, prefix: str = "", saved_tensors: bool = True, census: bool = True
+    model: nn.Module, *, prefix: str = "", saved_tensors: bool = True, census: bool = True, source_lines: bool = True
 ) -> Instrumentation:
     """Add module markers, saved-tensor records and a census of who released each buffer the
     forward's collectives filled (``census``: sptrace.census) to ``model``; all active only while
@@ -317,7 +325,8 @@ def instrument(
     the wrapper's own collectives (FSDP2's parameter all-gathers) fall inside the module ranges.
     Use as a plain call or as a context manager that removes the hooks on exit.
     """
-    return Instrumentation(model, prefix=prefix, saved_tensors=saved_tensors, census=census)
+    return Instrumentation(model, prefix=prefix, saved_tensors=saved_tensors, census=census,
+                           source_lines=source_lines)  # fmt: skip
 
 
 # ---- the census of who released the collectives' buffers -------------------------------------
@@ -341,9 +350,14 @@ def _report_at_backward_end(output: object, watch: released.Watch) -> None:
 
 
 def _emit(watch: released.Watch) -> None:
-    if not _profiler_enabled():
+    if _profiler_enabled():
+        _emit_name(watch.census().to_marker())
+
+
+def _emit_name(name: str | None) -> None:
+    """One instant-long profiler range named ``name`` (a marker event), if any."""
+    if not name:
         return
-    name = watch.census().to_marker()
     if _dispatch_modes():
         _range_exit_unseen(_range_enter_unseen(name))
     else:

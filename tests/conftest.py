@@ -290,10 +290,12 @@ def cache_dir(tmp_path: Path) -> Path:
     return tmp_path / "cache"
 
 
-# Fixtures that launch torchrun jobs: a test that uses one (directly or through another fixture)
-# is marked `distributed`, and every browser test `browser`, so that `make test-fast` can leave
-# both out by marker (pytest -m "not distributed and not browser").
-_LAUNCHING = frozenset({"profiled", "verify_reports", "user_runs", "framework_runs", "matrix_runs", "generated_runs"})
+# Fixtures that launch torchrun jobs (or gloo ranks: sptrace_check, sptrace's own pytest fixture): a
+# test that uses one (directly or through another fixture) is marked `distributed`, and every browser
+# test `browser`, so that `make test-fast` can leave both out by marker (pytest -m "not distributed
+# and not browser").
+_LAUNCHING = frozenset({"profiled", "verify_reports", "user_runs", "framework_runs", "matrix_runs", "generated_runs",
+                        "sptrace_check"})  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -107,7 +107,7 @@ def finding_item(f: Finding, run: int) -> Component:
     return dmc.Group(
         [
             dmc.Badge(f.severity, color=SEVERITY_COLORS[f.severity], variant="light", size="sm", miw=64),
-            dmc.Text([dmc.Text(where, span=True, fw=600), ": ", f.message, " ", link], size="sm",
+            dmc.Text([dmc.Text(where, span=True, fw=600), ": ", f.message + f.origin_text(), " ", link], size="sm",
                      style={"flex": 1, "overflowWrap": "anywhere"}),
         ],
         gap="sm", wrap="nowrap", align="flex-start", className="finding",
@@ -127,7 +127,7 @@ def findings_list(findings: list[Finding], run: int, limit: int = 8) -> Componen
 
 # ---- grids -------------------------------------------------------------------------------------
 
-LONG_TEXT = ("module", "why", "holder", "evidence", "message", "source", "op", "producer", "group_ranks")
+LONG_TEXT = ("module", "why", "holder", "evidence", "message", "source", "op", "producer", "group_ranks", "made_at")
 """Columns whose values can be long: capped width, full text on hover."""
 
 

@@ -27,9 +27,10 @@ from sptrace.analysis import RunAnalysis
 from sptrace.checks.sharding_verdict import GROUPS
 from sptrace.report import figures
 from sptrace.vocab.errors import SptraceError
+from sptrace.vocab.units import human_bytes
 
 TENSOR_COLUMNS = ["rank", "layer", "module", "shape", "dtype", "nbytes", "storage_bytes", "class", "why", "op",
-                  "holder", "evidence", "saved_by", "alloc_ms", "free_ms"]  # fmt: skip
+                  "made_at", "holder", "evidence", "saved_by", "alloc_ms", "free_ms"]  # fmt: skip
 
 
 def tensor_rows(a: RunAnalysis, saved: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -78,12 +79,33 @@ def render(store: RunStore, view: View) -> list[Component]:
         ], cols={"base": 1, "lg": 2}),
         dmc.Title(f"findings ({len(report.findings)})", order=4, mt="md", mb="xs"),
         findings_list(report.findings, view.run, limit=50),
+        *projection_parts(a),
         dmc.Group([
             dmc.Text("showing every retained tensor", id="memory-filter", size="sm", fw=600),
             dmc.Button("show all", id="memory-clear", size="compact-xs", variant="subtle"),
         ], mt="lg", mb=4),
         grid(tensor_rows(a), "memory-grid", "tensors kept for backward"),
     ]  # fmt: skip
+    return parts
+
+
+def projection_parts(a: RunAnalysis) -> list[Component]:
+    """The kept bytes at the production shape (--at, a production: block), where one is declared:
+    a line, the ranks' table and the FAILs' (sptrace.checks.projection computes them)."""
+    p = a.projection
+    if p is None:
+        return []
+    korthikanti = (human_bytes(p.korthikanti_per_layer) if p.korthikanti_per_layer is not None
+                   else f"unknown, {p.korthikanti_why}")  # fmt: skip
+    parts: list[Component] = [
+        dmc.Title(f"at production size: {p.headline()}", order=4, mt="md", mb="xs"),
+        dmc.Text(f"Korthikanti et al. at this shape: {korthikanti} per layer and rank. A tensor whose dimensions "
+                 "cannot be named is carried as measured and listed.", size="sm", mb="xs"),
+        grid(p.rank_rows(), "memory-projection", "kept per rank at production (the boundary that kept the most)"),
+    ]  # fmt: skip
+    if p.fails:
+        parts.append(grid(p.fail_rows(), "memory-projection-fails", "each FAIL's bytes over a 1/P shard at production"))
+    parts += [note_box(n, color="gray") for n in p.notes]
     return parts
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from sptrace.vocab.jsontypes import JSONObject
+from sptrace.vocab.source_lines import SourceLine
 from sptrace.vocab.units import rank_text
 
 SEVERITIES = ("error", "warning", "info")
@@ -35,6 +36,12 @@ class Finding:
     """For a tensor kept across the boundary: who holds it (sptrace.detect.holders)."""
     evidence: str | None = None
     """Why that holder: the evidence, in words a user can check."""
+    source: SourceLine | None = None
+    """Where the user's code made what was found (a kept tensor's maker), when the trace shows it."""
+    saver: str | None = None
+    """For a kept tensor: the module, and the autograd node, that kept it."""
+    no_source: str | None = None
+    """Why there is no ``source``, and how to get one (a trace without Python stacks)."""
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -46,7 +53,15 @@ class Finding:
         return rank_text(self.ranks, none="")
 
     def text(self) -> str:
-        return f"{self.where}: {self.message}" if self.ranks else self.message
+        return f"{self.where}: {self.message}{self.origin_text()}" if self.ranks else self.message + self.origin_text()
+
+    def origin_text(self) -> str:
+        """'; made at model.py:52 in forward(), kept by layers.0 (MulBackward0)', or the way to
+        record the source line where the trace has none; '' for a finding of no tensor."""
+        kept = f", kept by {self.saver}" if self.saver else ""
+        if self.source is not None:
+            return f"; made at {self.source.text()}{kept}"
+        return (f"; kept by {self.saver}" if self.saver else "") + (f"; {self.no_source}" if self.no_source else "")
 
     def to_dict(self) -> JSONObject:
         out = {
@@ -55,6 +70,9 @@ class Finding:
         }  # fmt: skip
         if self.holder is not None:
             out["holder"], out["evidence"] = self.holder, self.evidence
+        if self.source is not None or self.saver is not None or self.no_source is not None:
+            out["source"] = None if self.source is None else self.source.to_dict()
+            out["saver"], out["no_source"] = self.saver, self.no_source
         return out
 
 
@@ -63,7 +81,8 @@ def merge_ranks(findings: Iterable[Finding]) -> list[Finding]:
     rank set, in first-seen order."""
     merged: dict[tuple, Finding] = {}
     for f in findings:
-        key = (f.severity, f.check, f.code, f.message, f.layer, f.module, f.page, f.holder, f.evidence)
+        key = (f.severity, f.check, f.code, f.message, f.layer, f.module, f.page, f.holder, f.evidence, f.source,
+               f.saver)  # fmt: skip
         if key in merged:
             ranks = tuple(sorted(set(merged[key].ranks) | set(f.ranks)))
             merged[key] = replace(merged[key], ranks=ranks)

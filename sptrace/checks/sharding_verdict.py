@@ -29,10 +29,11 @@ from sptrace.checks.sharding_coverage import Coverage, coverage_of, covered_text
 from sptrace.checks.sharding_peers import settle_by_peers
 from sptrace.detect.allocations import Retention
 from sptrace.detect.holders import HOLDERS, KEEPERS
+from sptrace.detect.source_frames import source_of, source_texts
 from sptrace.jsonable import records
 from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.shape import ModelShape
-from sptrace.vocab.units import count, human_bytes, rank_ranges
+from sptrace.vocab.units import count, human_bytes, rank_text
 
 
 @dataclass
@@ -110,6 +111,7 @@ def check_sharding(
             saved["producer"].fillna(saved["alloc_op"]), saved["origin"], saved["origin_text"], saved["dtype"],
             saved["source"])
     ]  # fmt: skip
+    saved["made_at"] = source_texts(saved)  # (what the views show: 'model.py:52 in forward()')
     saved["class"] = [c for c, _ in classes]
     saved["why"] = [w for _, w in classes]
     could_be_full = saved["class"].isin(("full", "ambiguous", "unknown")).to_numpy()
@@ -126,7 +128,7 @@ def check_sharding(
         module = rec.module or "<unknown module>"
         if any(fnmatch.fnmatchcase(module, pattern) for pattern in allow):
             continue
-        findings.append(_finding(rec, judge))
+        findings.append(_finding(rec, judge, stacks=any(r.has_stacks for r in retained)))
     findings = merge_ranks(findings)
     layers = _layer_table(saved, expected_per_layer)
     caller_notes = notes
@@ -200,10 +202,22 @@ class _Saved(NamedTuple):
     dtype: str | None
     boundary: str | None
     decides: str
+    freed_in: str | None
+    saved_by: str | None
+    made_file: str | None
+    made_line: float | None
+    made_function: str | None
+    made_exact: bool | None
 
 
-def _finding(rec: _Saved, judge: Judge) -> Finding:
+def _finding(rec: _Saved, judge: Judge, stacks: bool) -> Finding:
     module = rec.module or "<unknown module>"
+    node = rec.freed_in if isinstance(rec.freed_in, str) else rec.saved_by if isinstance(rec.saved_by, str) else None
+    origin_fields = {
+        "source": source_of(rec),
+        "saver": f"{module} ({node})" if node else module,
+        "no_source": None if stacks else NO_SOURCE,
+    }
     shape = "x".join(map(str, rec.shape)) if isinstance(rec.shape, (tuple, list)) else f"{rec.nbytes} bytes"
     layer = int(rec.layer) if rec.layer is not None and rec.layer == rec.layer else None
     where = _boundary(rec)
@@ -213,7 +227,7 @@ def _finding(rec: _Saved, judge: Judge) -> Finding:
             "error", "sharding", f"{rec.cls}-tensor",
             f"{module} keeps a [{shape}] tensor across the forward/backward boundary{where} that cannot be judged "
             f"(--strict; {held}): {rec.why}",
-            (int(rec.rank),), layer, module, page="memory", holder=rec.holder, evidence=rec.evidence,
+            (int(rec.rank),), layer, module, page="memory", holder=rec.holder, evidence=rec.evidence, **origin_fields,
         )  # fmt: skip
     storage = int(rec.storage_bytes)
     excess = storage - storage / judge.model.sp_size
@@ -226,8 +240,12 @@ def _finding(rec: _Saved, judge: Judge) -> Finding:
         f"{module} keeps a full-sequence [{shape}] {dtype}tensor across the forward/backward boundary{where} "
         f"({human_bytes(storage)}, {human_bytes(excess)} more than a 1/{judge.model.sp_size} shard"
         + (f"; {'; '.join(origin)}" if origin else "") + f"): {rec.why}",
-        (int(rec.rank),), layer, module, page="memory", holder=rec.holder, evidence=rec.evidence,
+        (int(rec.rank),), layer, module, page="memory", holder=rec.holder, evidence=rec.evidence, **origin_fields,
     )  # fmt: skip
+
+
+NO_SOURCE = ("no source line: the trace has no Python stacks; profile with with_stack=True (sptrace.profile_step's "
+             "default), or run the model under sptrace.instrument")  # fmt: skip
 
 
 def _held(holder: str) -> str:
@@ -286,18 +304,18 @@ def _conclude(
         return Verdict("fail", "FAIL", f"{what}; {summary}")
     reasons: list[str] = []
     if missing:
-        reasons.append(f"{_ranks(list(missing))} of the run {'has' if len(missing) == 1 else 'have'} no trace: "
+        reasons.append(f"{rank_text(list(missing))} of the run {'has' if len(missing) == 1 else 'have'} no trace: "
                        "profile every rank (a stray on those ranks would go unseen)")  # fmt: skip
     no_backward = [r.rank for r in retained if r.boundary_ns is None]
     if no_backward:
         reasons.append(
-            f"the profiled window has no backward on {_ranks(no_backward)}: what is kept for backward cannot be told "
-            "from the rest; profile a whole training step"
+            f"the profiled window has no backward on {rank_text(no_backward)}: what is kept for backward cannot be "
+            "told from the rest; profile a whole training step"
         )
     blind = [r.rank for r in retained if not r.has_memory]
     if blind:
         reasons.append(
-            f"{_ranks(blind)} {'has' if len(blind) == 1 else 'have'} no [memory] events, so what the model holds "
+            f"{rank_text(blind)} {'has' if len(blind) == 1 else 'have'} no [memory] events, so what the model holds "
             "itself (a list, a hook, a cache) is not seen: profile with profile_memory=True"
         )
     if not reasons:
@@ -357,7 +375,7 @@ def _places(rows: pd.DataFrame) -> str:
     shapes = sorted({"x".join(map(str, s)) if isinstance(s, (tuple, list)) else f"{n} bytes"
                      for s, n in zip(rows["shape"], rows["nbytes"])})  # fmt: skip
     more = ", ..." if len(modules) > 4 else ""
-    return (f"{_ranks(sorted({int(r) for r in rows['rank']}))}: {', '.join(modules[:4])}{more}"
+    return (f"{rank_text(sorted({int(r) for r in rows['rank']}))}: {', '.join(modules[:4])}{more}"
             f" [{', '.join(shapes[:3])}{', ...' if len(shapes) > 3 else ''}]")  # fmt: skip
 
 
@@ -368,7 +386,3 @@ def _hidden_in_heads(shape: tuple[int, ...], B: int, S: int, s: int, H: int) -> 
         return False
     lead = {tuple(shape[:2])}
     return bool(lead & {(B, s), (s, B), (B, S), (S, B)})
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)

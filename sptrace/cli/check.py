@@ -8,6 +8,7 @@ import json
 from typing import TYPE_CHECKING
 
 from sptrace.cli.common import (
+    add_at_flag,
     add_load_flags,
     add_shape_flags,
     analyse,
@@ -24,6 +25,7 @@ from sptrace.vocab.units import count, human_bytes, rank_ranges
 
 if TYPE_CHECKING:  # the analysis (pandas) is imported when a command runs, not to parse flags
     from sptrace.analysis import RunAnalysis
+    from sptrace.checks.projection import Projection
     from sptrace.checks.sharding_verdict import ShardingReport
 
 
@@ -35,9 +37,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--allow", action="append", default=[], metavar="MODULE_GLOB", help="modules allowed to keep full tensors"
     )
     p.add_argument("--strict", action="store_true", help="ambiguous and unknown tensors fail too")
-    p.add_argument("--format", choices=("text", "json", "junit"), default="text",
-                   help="text, JSON (every retained tensor) or JUnit XML (a case per module, for CI)")  # fmt: skip
+    p.add_argument("--format", choices=("text", "json", "junit", "github"), default="text",
+                   help="text, JSON (every retained tensor), JUnit XML (a case per module, for CI) or GitHub "
+                   "Actions workflow commands (an ::error on the line that made each stray)")  # fmt: skip
     p.add_argument("--output", help="write the report here (atomically) instead of stdout")
+    add_at_flag(p)
     add_baseline_flag(p)
     add_load_flags(p)
     p.set_defaults(func=run)
@@ -48,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
     if args.baseline:
+        if args.format == "github":
+            raise UsageError("--format github annotates the gate's own FAILs; with --baseline use text, json or junit")
         return run_baseline(args, args.format)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
@@ -61,7 +67,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.path}: {analysis.sharding_unavailable}")
     others = registered(analysis, gate_only=True)
     if args.format == "json":
-        text = json.dumps(report.to_dict() | registered_json(analysis, gate_only=True), indent=1, default=str) + "\n"
+        projected = {"projection": analysis.projection.to_dict()} if analysis.projection is not None else {}
+        out = report.to_dict() | projected | registered_json(analysis, gate_only=True)
+        text = json.dumps(out, indent=1, default=str) + "\n"
+    elif args.format == "github":
+        from sptrace.report.github import render_github
+
+        text = render_github(report, others)
     elif args.format == "junit":
         from sptrace.report.junit import render_junit
 
@@ -105,6 +117,8 @@ def render_text(analysis: RunAnalysis, report: ShardingReport) -> str:
             exp = "" if expected is None or expected != expected else f" (Korthikanti: {human_bytes(expected)})"
             spread = f" (rank {int(row['rank'])}; the least, {human_bytes(row.least)})" if row.least != row.most else ""
             lines.append(f"layer {i}: at most {human_bytes(row.most)} kept per rank{spread}{exp}")
+    if analysis.projection is not None:
+        lines += ["", *projection_lines(analysis.projection)]
     lines.append("")
     for f in report.findings:
         lines.append(f"FAIL {f.text()}")
@@ -115,3 +129,38 @@ def render_text(analysis: RunAnalysis, report: ShardingReport) -> str:
     for reason in verdict.reasons[1:] if verdict.status == "undecided" else ():
         lines.append(f"  also: {reason}")
     return "\n".join(lines) + "\n"
+
+
+def projection_lines(p: Projection) -> list[str]:
+    """The kept bytes at the production shape (sptrace.checks.projection), ranks that agree on one
+    line, then each FAIL's extra bytes at production."""
+    korthikanti = (f"Korthikanti: {human_bytes(p.korthikanti_per_layer)} per layer" if p.korthikanti_per_layer
+                   else f"Korthikanti: unknown, {p.korthikanti_why}")  # fmt: skip
+    cells: dict[int, tuple[str, ...]] = {}
+    for r in p.ranks:
+        total = r.total_bytes
+        kept = (f"{human_bytes(total)} per boundary (measured {human_bytes(r.measured_bytes)})" if total is not None
+                else f"? per boundary (measured {human_bytes(r.measured_bytes)}; the production layers are unknown: "
+                "--at layers=N)")  # fmt: skip
+        layer = f", {human_bytes(r.per_layer_bytes)} per layer ({korthikanti})" if r.per_layer_bytes is not None else ""
+        missed = r.unprojected
+        whys = list(dict.fromkeys(f"{t.place()}: {t.why}" for t in missed))
+        more = f"; {len(whys) - 1} more in --format json" if len(whys) > 1 else ""
+        left = (f"; {count(len(missed), 'tensor')} unprojected, {human_bytes(r.unprojected_bytes)} carried as "
+                f"measured ({whys[0]}{more})" if missed else "")  # fmt: skip
+        cells[r.rank] = (f"keep {kept}{layer}{left}",)
+    lines = [f"at {p.headline()}:"]
+    for ranks, (text,) in by_rank_set(cells):
+        lines.append(f"  {'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)} {text}")
+    if not p.ranks:
+        lines.append(f"  nothing is kept at any boundary ({korthikanti})")
+    for f in p.fails:
+        where = f"{f.module or '<unknown module>'} ({'rank' if len(f.ranks) == 1 else 'ranks'} {rank_ranges(f.ranks)})"
+        measured = f"measured {human_bytes(f.measured_extra_bytes)}"
+        if f.projected_extra_bytes is not None:
+            lines.append(f"  FAIL {where}: {human_bytes(f.projected_extra_bytes)} more than a shard at production "
+                         f"size ({measured})")  # fmt: skip
+        else:
+            lines.append(f"  FAIL {where}: not projected, {f.why} ({measured} more than a shard)")
+    lines += [f"  note: {n}" for n in p.notes]
+    return lines

@@ -70,28 +70,54 @@ def add_shape_flags(p: argparse.ArgumentParser, *, scheme: bool = True, names: t
                        "(load-balanced) or none (contiguous chunks)")  # fmt: skip
 
 
+def add_at_flag(p: argparse.ArgumentParser) -> None:
+    """``--at``: the production shape to project the kept activation bytes to
+    (sptrace.checks.projection)."""
+    p.add_argument("--at", metavar="KEY=N,...", help="project the bytes kept per rank to a production shape: seq, "
+                   "hidden, layers, batch, heads, kv_heads, ffn, sp, dtype (e.g. seq=131072,hidden=8192,layers=80; "
+                   "also a production: block in --config or run.json's config)")  # fmt: skip
+
+
 def declarations(args: argparse.Namespace) -> Declarations:
     """What the user declared: the --config file's values (read and checked now, before any
-    trace is parsed), then the flags."""
+    trace is parsed), then the flags; the production shape (its production: block, then --at)."""
     layers: list[tuple[str, ShapeValues]] = []
+    production: list[tuple[str, ShapeValues]] = []
     if getattr(args, "config", None):
-        layers.append((f"--config {args.config}", read_config(Path(args.config))))
+        from sptrace.checks.production import production_block, production_values
+
+        document = config_document(Path(args.config))
+        layers.append((f"--config {args.config}", read_config(Path(args.config), document)))
+        block = production_block(document)
+        if block is not None:
+            source = f"--config {args.config} production"
+            production.append((source, production_values(block, f"{args.config}: production")))
     layers.append(("flags", shape_flags(args)))
-    return Declarations(tuple(layers))
+    if getattr(args, "at", None):
+        from sptrace.checks.production import parse_at
+
+        production.append(("--at", parse_at(args.at)))
+    return Declarations(tuple(layers), tuple(production))
 
 
-def read_config(path: Path) -> ShapeValues:
-    """A config file's ModelShape fields (YAML, which JSON is a subset of)."""
+def config_document(path: Path) -> object:
+    """A config file as YAML reads it (JSON is a subset of YAML)."""
     import yaml
 
-    from sptrace.vocab.shape import ModelShape, config_values
-
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except OSError as exc:
         raise UsageError(f"{path}: {exc.strerror or exc}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: not YAML or JSON ({str(exc).splitlines()[0]})") from None
+
+
+def read_config(path: Path, document: object = None) -> ShapeValues:
+    """A config file's ModelShape fields (YAML, which JSON is a subset of); ``document``: the file
+    already read (config_document)."""
+    from sptrace.vocab.shape import ModelShape, config_values
+
+    data = config_document(path) if document is None else document
     values = config_values(data, str(path))
     try:  # its values' types and ranges, checked now
         ModelShape().override(f"--config {path}", **values)

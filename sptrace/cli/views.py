@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sptrace.cli.common import add_load_flags, add_shape_flags, declarations, load_options, log
+from sptrace.cli.common import add_at_flag, add_load_flags, add_shape_flags, declarations, load_options, log
 from sptrace.vocab.errors import UsageError
 from sptrace.vocab.units import count
 
@@ -21,6 +21,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8050)
     p.add_argument("--debug", action="store_true", help="Dash debug mode (loopback only; never on unless asked)")
     add_shape_flags(p)
+    add_at_flag(p)
     add_load_flags(p)
     p.set_defaults(func=cmd_dash)
 
@@ -28,6 +29,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="run directories or trace files")
     p.add_argument("--html", required=True, help="the HTML file to write (atomically)")
     add_shape_flags(p)
+    add_at_flag(p)
     add_load_flags(p)
     p.set_defaults(func=cmd_report)
 

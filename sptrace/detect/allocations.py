@@ -38,13 +38,14 @@ from sptrace.detect.pack_copies import PackCopies, PackCopy
 from sptrace.detect.producers import producing_collective
 from sptrace.detect.provenance import Origin, Provenance
 from sptrace.detect.shapes import infer_shape
+from sptrace.detect.source_frames import SOURCE_COLUMNS, MakerLines, source_cells
 from sptrace.load.trace import RankTrace
 from sptrace.vocab import markers
 
 RETAINED_COLUMNS = [
     "rank", "module", "layer", "shape", "dtype", "nbytes", "storage_bytes", "storage_ptr", "source", "alloc_op",
     "producer", "saved_by", "holder", "evidence", "alloc_ns", "free_ns", "freed_in", "kind", "step", "micro_batch",
-    "boundary", "origin", "origin_text", "collective", "call_key",
+    "boundary", "origin", "origin_text", "collective", "call_key", *SOURCE_COLUMNS,
 ]  # fmt: skip
 
 
@@ -88,6 +89,10 @@ class RetainedRow(TypedDict, total=False):
     collective: str | None
     """The collective call it was one of the exact tensors of (sptrace.detect.handed), if any."""
     call_key: str | None
+    made_file: str | None  # where it was made (sptrace.detect.source_frames.SOURCE_COLUMNS)
+    made_line: int | None
+    made_function: str | None
+    made_exact: bool | None
     """That call's place in its forward (sptrace.detect.call_fates), the same on every rank."""
 
 
@@ -127,6 +132,7 @@ class Retention:
     has_records: bool
     has_memory: bool
     has_census: bool = False
+    has_stacks: bool = False  # it shows source lines: Python stacks, or sptrace.instrument's records
     """sptrace.instrument's census of Python-held storages is in the trace (at some boundary)."""
     layers_seen: set[int] = field(default_factory=set)
     """Layers the trace shows running (markers, python stacks, attributed tensors)."""
@@ -171,6 +177,7 @@ def detect_retained(
     slack = CUDA_SLACK if cuda else 0
     handed = HandedTensors(ledger, collectives, element_size, slack, ops) if not ledger.empty else None
     origins = Provenance(ledger, ops, collectives, hidden, handed, PackCopies(idx.python, ops))
+    makers = MakerLines(idx)
     at_address = AddressIndex(ledger)
     backend_rows = idx.is_x & idx.by_name.prefix(BACKEND_THREADS)
     backend_ranges = Intervals.of(idx.table, backend_rows)
@@ -180,6 +187,7 @@ def detect_retained(
         has_memory=not ledger.empty, boundaries=bounds,
     )  # fmt: skip
     out.layers_seen = layers_seen(idx)
+    out.has_stacks = makers.has_stacks
     if not bounds:
         out.shapes_seen = shapes_seen(cpu, forward_start_ns(trace), None)
         out.tensors = empty_frame(RETAINED_COLUMNS)
@@ -237,6 +245,7 @@ def detect_retained(
             holder, origin = _offloaded_record(rec, b, made, at_address, origins, out.has_memory)
         call = handed.of(found[0]) if handed is not None and found is not None else None
         saved_by = _op_name(ops, ts, tid) if own_event else None
+        made_at = makers.of(rec.source_ptr if rec.kind == "offloaded" else rec.storage_ptr, alloc, b)
         rows.append({
             "rank": trace.rank, "module": rec.module, "layer": idx.layer_of(rec.module), "shape": rec.shape,
             "dtype": rec.dtype, "nbytes": rec.nbytes, "storage_bytes": rec.storage_nbytes or rec.nbytes,
@@ -248,7 +257,7 @@ def detect_retained(
             "free_ns": None if alloc is None else alloc.free_ns,
             "freed_in": None if alloc is None else rules.freed_in(alloc.free_ns), "kind": rec.kind,
             "collective": call.collective if call is not None else None,
-            "call_key": None if found is None else keys.get((k, found[0])), **where(b),
+            "call_key": None if found is None else keys.get((k, found[0])), **where(b), **source_cells(made_at),
         })  # fmt: skip
     if not ledger.empty:
         held = _census_of(bounds, censuses)
@@ -272,8 +281,11 @@ def detect_retained(
                 if copy is not None:
                     row = _offloaded(row, copy, source)
                 origin = origins.of_row(row_number, row["producer"], b.forward_ns)
+                what = at_address.record(source) if copy is not None and source is not None else rec
+                made_at = makers.of(int(what.addr), what, b)
                 rows.append({"rank": trace.rank, **row, **where(b), "origin": origin.kind,
-                             "origin_text": origin.text, "call_key": keys.get((k, row_number))})  # fmt: skip
+                             "origin_text": origin.text, "call_key": keys.get((k, row_number)),
+                             **source_cells(made_at)})  # fmt: skip
     if out.has_records and not out.has_memory:
         out.notes.append(
             "no [memory] events: only tensors autograd saved through saved_tensors_hooks are seen (not those "

@@ -111,6 +111,7 @@ def _run_section(
         parts.append(plot(figures.memory_over_step(a, max_points=MEMORY_POINTS)))
         parts.append(_findings_table("sharding findings", a.sharding.findings))
         parts += [html_p(f"note: {n}") for n in a.sharding.notes]
+        parts += _projection(a)
     for r in a.reports.values():  # the registered checks (the run's own two are drawn above)
         if r.name not in ("collectives", "sharding"):
             parts.append(_findings_table(f"{r.title} ({r.name}) findings", list(r.findings)))
@@ -129,6 +130,26 @@ def _run_section(
         parts.append(f'<p class="warning">{html.escape(w)}</p>')
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _projection(a: RunAnalysis) -> list[str]:
+    """The kept bytes at the production shape (--at, a production: block), where one is declared."""
+    p = a.projection
+    if p is None:
+        return []
+    korthikanti = (human_bytes(p.korthikanti_per_layer) if p.korthikanti_per_layer is not None
+                   else f"unknown, {p.korthikanti_why}")  # fmt: skip
+    parts = [
+        html_h3(f"kept for backward at production size: {p.headline()}"),
+        html_p(f"Korthikanti et al. at this shape: {korthikanti} per layer and rank. Each dimension of each kept "
+               "tensor is scaled by what it is (B, S, S/P, H, F/P, a/P, d); a tensor whose dimensions cannot be "
+               "named is carried as measured and listed."),
+        render_html_table(p.rank_rows(), "per rank, the boundary that kept the most: measured and at production"),
+    ]  # fmt: skip
+    if p.fails:
+        parts.append(render_html_table(p.fail_rows(), "each FAIL's bytes over a 1/P shard, at production"))
+    parts += [html_p(f"note: {n}") for n in p.notes]
+    return parts
 
 
 def _critical_path(a: RunAnalysis) -> list[str]:
@@ -255,7 +276,7 @@ def _findings_table(title: str, findings: list[Finding]) -> str:
         return f"<h3>{html.escape(title)}</h3><p>none</p>"
     rows = "".join(
         f"<tr><td>{html.escape(f.severity)}</td><td>{html.escape(f.code)}</td><td>{html.escape(f.where)}</td>"
-        f"<td>{html.escape(f.message)}</td></tr>"
+        f"<td>{html.escape(f.message + f.origin_text())}</td></tr>"
         for f in findings[:300]
     )
     head = "<tr><th>severity</th><th>code</th><th>ranks</th><th>finding</th></tr>"

@@ -31,7 +31,10 @@ def render_junit(report: ShardingReport, run: str | None = None, seconds: float 
         if bad:
             failures += 1
             text = quoteattr("; ".join(f.text() for f in bad))
-            cases.append(f'    <testcase classname="sptrace.sharding" name={name}><failure message={text}/></testcase>')
+            source = next((f.source for f in bad if f.source is not None), None)  # where the first stray was made
+            at = "" if source is None else f' file={quoteattr(source.file)} line="{source.line}"'
+            cases.append(f'    <testcase classname="sptrace.sharding" name={name}{at}><failure message={text}/>'
+                         "</testcase>")  # fmt: skip
         else:
             cases.append(f'    <testcase classname="sptrace.sharding" name={name}/>')
     verdict = report.verdict

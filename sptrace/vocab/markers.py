@@ -23,6 +23,7 @@ MODULE = "sptrace.module::"
 COMM = "sptrace.comm::"
 SAVED = "sptrace.saved::"
 RELEASED = "sptrace.released::"
+MADE = "sptrace.made::"
 PHASES = ("forward", "backward", "optimizer")
 
 
@@ -150,3 +151,24 @@ class ReleasedCensus:
             except ValueError:
                 return None
         return cls(entries)
+
+
+def made_marker(ptr: int, line: int, function: str, file: str) -> str:
+    """Where the tensor at one storage was made, as sptrace.instrument saw it (made_lines reads it
+    back): ``sptrace.made::0x7f..@52@forward@model.py``, the file last (it may hold any character
+    but the prefix)."""
+    return f"{MADE}{ptr:#x}@{line}@{function}@{file}"
+
+
+def made_lines(name: str) -> dict[int, tuple[str, int, str]]:
+    """storage pointer -> (file, line, function) of an event's records (sptrace.instrument writes
+    a forward's records in one event, each starting with MADE), well-formed ones only."""
+    out: dict[int, tuple[str, int, str]] = {}
+    for chunk in name.split(MADE)[1:] if name.startswith(MADE) else ():
+        parts = chunk.rstrip(" ").split("@", 3)
+        if len(parts) == 4:
+            try:
+                out.setdefault(int(parts[0], 16), (parts[3], int(parts[1]), parts[2]))
+            except ValueError:
+                continue
+    return out

@@ -101,6 +101,8 @@ def config_values(data: object, source: str) -> ShapeValues:
     for key, value in data.items():
         name = str(key).replace("-", "_")
         name = ALIASES.get(name, name)
+        if name == "production":  # the shape to project to (sptrace.checks.projection), not the run's
+            continue
         if name not in FIELDS:
             unknown.append(str(key))
         elif value is not None:
@@ -114,9 +116,12 @@ def config_values(data: object, source: str) -> ShapeValues:
 @dataclass(frozen=True)
 class Declarations:
     """What the user declared beside run.json, in order (a later layer wins): a config file's
-    values, then the flags. Each value keeps its source for the model's provenance."""
+    values, then the flags. Each value keeps its source for the model's provenance.
+    ``production``: the shape to project the kept bytes to, in the same order (a config file's
+    ``production:`` block, then ``--at``; sptrace.checks.projection)."""
 
     layers: tuple[tuple[str, ShapeValues], ...]
+    production: tuple[tuple[str, ShapeValues], ...] = ()
 
     def apply(self, model: ModelShape) -> ModelShape:
         for source, values in self.layers:

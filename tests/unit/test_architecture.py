@@ -17,7 +17,7 @@ PACKAGES = {"sptrace": ROOT / "sptrace", "sptrace.dashboards": ROOT / "dashboard
 STAGES: tuple[tuple[str, ...], ...] = (
     ("vocab",),
     ("jsonable", "fileio", "cachedir", "costmodel"),
-    ("census", "offloading", "instrumentation"),
+    ("census", "offloading", "makers", "instrumentation"),
     ("load",),
     ("detect",),
     ("run",),
@@ -29,7 +29,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("export", "export_events", "export_tracks"),
     ("report",),
     ("dashboards",),
-    ("cli", "launch", "profiling", "__main__", "sptrace"),
+    ("cli", "launch", "profiling", "__main__", "sptrace", "testing"),
 )
 """The stages, first to last, as docs/architecture.md draws them: a unit is a top-level module or
 package of sptrace (``sptrace`` is the package's own __init__, which re-exports lazily)."""

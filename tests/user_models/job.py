@@ -650,6 +650,43 @@ def sleepy_rank(root: Path) -> None:
     })  # fmt: skip
 
 
+def source_lines(root: Path) -> None:
+    """The four stray forms of tests.user_models.source_forms, each profiled bare (plain
+    torch.profiler with stacks) and under sptrace.instrument (profile_step), and the first form once
+    more without stacks: what the source lines of `sptrace check`'s FAILs are checked against."""
+    import sptrace
+    from tests.user_models import source_forms
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = shard_of(torch.randn(S, B, H), rank, world, dim=0)
+    for form in source_forms.FORMS:
+        for how in ("bare", "instrumented", *(("no_stack",) if form == "saved" else ())):
+            torch.manual_seed(7)
+            model = source_forms.Model(H, form)
+            opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+            def step(_: object = None, model: source_forms.Model = model, opt: torch.optim.SGD = opt) -> None:
+                model(x).square().mean().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                model.forget()
+
+            out = root / "source_lines" / f"{form}_{how}"
+            if how == "instrumented":
+                with sptrace.instrument(model):
+                    sptrace.profile_step(step, out, warmup=1, steps=1)
+            elif how == "bare":
+                profiled(out, step)
+            else:
+                step()
+                dist.barrier()
+                with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
+                    step()
+                out.mkdir(parents=True, exist_ok=True)
+                prof.export_chrome_trace(str(out / f"rank{rank}.json"))
+                dist.barrier()
+
+
 SCENARIOS = {
     "tp_sp_native": tp_sp_native,
     "tp_sp_instrumented": tp_sp_instrumented,
@@ -667,6 +704,7 @@ SCENARIOS = {
     "two_steps": two_steps,
     "slow_rank": slow_rank,
     "sleepy_rank": sleepy_rank,
+    "source_lines": source_lines,
     # last: their groups stay in every later trace's process groups, where the other scenarios'
     # checks read P from "the run's only process group"
     "ring_isend": ring_isend,
