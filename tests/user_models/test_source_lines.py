@@ -107,3 +107,19 @@ def test_a_trace_without_stacks_says_how_to_record_them(user_runs, capsys, tmp_p
     assert all("no source line: the trace has no Python stacks; profile with with_stack=True" in x for x in fails)
     code, out = check(user_runs, "saved_no_stack", capsys, tmp_path / "c", "json")
     assert all(f["source"] is None and "with_stack=True" in f["no_source"] for f in json.loads(out)["findings"])
+
+
+def test_the_html_report_and_the_memory_table_show_the_line(user_runs, tmp_path):
+    from sptrace.dashboards.pages.memory import tensor_rows
+
+    from sptrace.analysis import analyse_run
+    from sptrace.report.html import render_html
+
+    run = user_runs / "source_lines" / "hook_instrumented"
+    a = analyse_run(run, flags={"batch": 2, "seq": 64, "hidden": 48, "sp_size": 8}, load_options={"workers": 1})
+    where = f"{MODEL_FILE}:{STATEMENT['hook']} in forward()"
+    rows = tensor_rows(a)
+    full = rows[(rows["class"] == "full") & rows["holder"].isin(["model", "autograd"])]
+    assert len(full) == 8 and set(full["made_at"]) == {where}, full[["rank", "made_at"]]
+    page = render_html([(run, a)])
+    assert f"made at {where}, kept by layers.1.scaled" in page
