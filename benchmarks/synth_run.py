@@ -2,6 +2,13 @@
 large job's traces have and plain copies lack, written one rank file at a time.
 
     python benchmarks/synth_run.py OUT --ranks 10000 [--source RUN] [--seed 0]
+    python benchmarks/synth_run.py OUT --ranks 8 --repeat 800 --source RUN   # ranks of 800 windows each
+
+``--repeat N`` makes each rank N times longer: the source's profiled window repeated N times on
+shifted clocks (``repeated``), with every id renumbered (external, record-function, correlation,
+Python, autograd sequence, event index, flow ids, collective sequence numbers) and each
+``ProfilerStep#k`` renamed, so that the rank is one longer valid trace of N times the steps. It is
+written copy by copy: memory holds one copy of one rank's events.
 
 Disk: the source's size times N/W (the corpus DLRM run: about 0.8 MB a rank, so 1024 ranks take
 about 0.8 GB and 10,000 about 7.8 GB); memory: the source's W traces, decoded once, and one rank
@@ -142,6 +149,83 @@ def perturbed(events: list[Event], anchors: tuple[int | None, int | None], delay
     return out
 
 
+ID_KEYS = (
+    "External id",
+    "Record function id",
+    "correlation",
+    "Sequence number",
+    "Python id",
+    "Python parent id",
+    "Ev Idx",
+    "Seq",
+    "seq",
+    "Collective seq",
+)
+"""Event args that number something within a trace (renumbered per copy by ``repeated``)."""
+_STEP = "ProfilerStep#"
+
+
+def repeated(events: list[Event], copies: int) -> list[list[Event]]:
+    """The rank's window ``copies`` times, one list of events per copy: copy k shifted by k windows
+    (the window's span and a gap of 1 % of it), each id of ID_KEYS and each flow id moved past the
+    previous copies' (by one more than its largest value), each ``ProfilerStep#s`` renamed to
+    ``s + k * steps``; events without a time (metadata) in copy 0 alone."""
+    timed = [e for e in events if isinstance(e.get("ts"), (int, float))]
+    start = min(float(e["ts"]) for e in timed)
+    end = max(float(e["ts"]) + float(e.get("dur", 0) or 0) for e in timed)
+    period = (end - start) * 1.01 + 1.0
+    stride = {k: 1 + max((int(e["args"][k]) for e in events if isinstance(e.get("args"), dict)
+                          and isinstance(e["args"].get(k), int)), default=0) for k in ID_KEYS}  # fmt: skip
+    flow_stride = 1 + max((int(e["id"]) for e in events if isinstance(e.get("id"), int)), default=0)
+    step_numbers = [int(str(e["name"])[len(_STEP):]) for e in timed if str(e.get("name", "")).startswith(_STEP)
+                    and str(e["name"])[len(_STEP):].isdigit()]  # fmt: skip
+    steps = max(step_numbers) - min(step_numbers) + 1 if step_numbers else 0
+    out = []
+    for k in range(copies):
+        copy = []
+        for e in events if k == 0 else timed:
+            if k == 0:
+                copy.append(e)
+                continue
+            new = dict(e)
+            t = float(e["ts"]) + k * period
+            new["ts"] = round(t, 3) if isinstance(e["ts"], float) else round(t)
+            if isinstance(e.get("id"), int):
+                new["id"] = e["id"] + k * flow_stride
+            args = e.get("args")
+            if isinstance(args, dict) and any(key in args for key in ID_KEYS):
+                new["args"] = {key: (v + k * stride[key] if key in stride and isinstance(v, int) and v >= 0 else v)
+                               for key, v in args.items()}  # fmt: skip
+            name = str(e.get("name", ""))
+            if steps and name.startswith(_STEP) and name[len(_STEP) :].isdigit():
+                new["name"] = f"{_STEP}{int(name[len(_STEP) :]) + k * steps}"
+            copy.append(new)
+        out.append(copy)
+    return out
+
+
+def write_lengthened(source: Path, copies: int, out: Path) -> None:
+    """Each rank of ``source`` with its window repeated ``copies`` times (``repeated``), into ``out``."""
+    files, _ = find_traces(Path(source))
+    out.mkdir(parents=True)
+    if (Path(source) / RUN_FILE).is_file():
+        shutil.copy(Path(source) / RUN_FILE, out / RUN_FILE)
+    encoder = msgspec.json.Encoder()
+    for f in files:
+        doc = read_document(f)
+        head = {k: v for k, v in doc.items() if k != "traceEvents"}
+        name = f.name.removesuffix(".gz")
+        with open(out / name, "wb") as sink:
+            sink.write(json.dumps(head)[:-1].encode() + b', "traceEvents": [')
+            first = True
+            for copy in repeated(doc["traceEvents"], copies):
+                body = encoder.encode(copy)[1:-1]
+                if body:
+                    sink.write(body if first else b"," + body)
+                    first = False
+            sink.write(b"]}")
+
+
 def synthesize(source: Path, n: int, out: Path, plan: Plan = Plan()) -> Planted:
     """Write an n-rank run to ``out`` (created) from the source run's W rank traces (n a multiple of W)."""
     files, _ = find_traces(Path(source))
@@ -210,11 +294,19 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, required=True, help="ranks to write, a multiple of the source's")
     ap.add_argument("--source", type=Path, help="the run to replicate (default: DLRM from the corpus)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=1, help="repeat each rank's window N times (a rank N times longer)")
     args = ap.parse_args()
     source = args.source or default_source()
     if source is None:
         print("no source run: pass --source (or put the corpus beside the checkout)", file=sys.stderr)
         return 2
+    if args.repeat > 1:
+        if args.ranks != len(find_traces(source)[0]):
+            print("--repeat lengthens the source's own ranks: pass --ranks W, its rank count", file=sys.stderr)
+            return 2
+        write_lengthened(source, args.repeat, args.out)
+        print(f"{args.out}: {args.ranks} ranks, each {args.repeat} windows long")
+        return 0
     planted = synthesize(source, args.ranks, args.out, Plan(seed=args.seed))
     print(f"{args.out}: {args.ranks} ranks, stragglers {planted.stragglers}")
     return 0

@@ -42,6 +42,9 @@ class Finding:
     """For a kept tensor: the module, and the autograd node, that kept it."""
     no_source: str | None = None
     """Why there is no ``source``, and how to get one (a trace without Python stacks)."""
+    boundaries: tuple[tuple[int | None, int], ...] = ()
+    """For a kept tensor: each boundary (step, micro-batch) it was kept at, where the run has
+    several (the message says them in short: 'steps 1-862')."""
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -70,6 +73,8 @@ class Finding:
         }  # fmt: skip
         if self.holder is not None:
             out["holder"], out["evidence"] = self.holder, self.evidence
+        if self.boundaries:
+            out["boundaries"] = [{"step": step, "micro_batch": micro} for step, micro in self.boundaries]
         if self.source is not None or self.saver is not None or self.no_source is not None:
             out["source"] = None if self.source is None else self.source.to_dict()
             out["saver"], out["no_source"] = self.saver, self.no_source
@@ -82,7 +87,7 @@ def merge_ranks(findings: Iterable[Finding]) -> list[Finding]:
     merged: dict[tuple, Finding] = {}
     for f in findings:
         key = (f.severity, f.check, f.code, f.message, f.layer, f.module, f.page, f.holder, f.evidence, f.source,
-               f.saver)  # fmt: skip
+               f.saver, f.boundaries)  # fmt: skip
         if key in merged:
             ranks = tuple(sorted(set(merged[key].ranks) | set(f.ranks)))
             merged[key] = replace(merged[key], ranks=ranks)

@@ -15,25 +15,24 @@ What the verdict covered (ranks, layers, boundaries) is sptrace.checks.sharding_
 
 from __future__ import annotations
 
-import fnmatch
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import pandas as pd
 
-from sptrace.checks.findings import Finding, Verdict, merge_ranks
+from sptrace.checks.findings import Finding, Verdict
 from sptrace.checks.sharding import CLASSES, JUDGED, Judge
 from sptrace.checks.sharding_coverage import Coverage, coverage_of, covered_text
+from sptrace.checks.sharding_findings import held_text, kept_findings
 from sptrace.checks.sharding_peers import settle_by_peers
 from sptrace.detect.allocations import Retention
 from sptrace.detect.holders import HOLDERS, KEEPERS
-from sptrace.detect.source_frames import source_of, source_texts
+from sptrace.detect.source_frames import source_texts
 from sptrace.jsonable import records
 from sptrace.vocab.jsontypes import JSONObject
 from sptrace.vocab.shape import ModelShape
-from sptrace.vocab.units import count, human_bytes, rank_text
+from sptrace.vocab.units import count, rank_text
 
 
 @dataclass
@@ -118,18 +117,7 @@ def check_sharding(
     saved = settle_by_peers(saved, retained, could_be_full)  # (what no holder would leave undecided)
     saved["decides"] = [_decides(h, c) for h, c in zip(saved["holder"], saved["class"])]
     saved["group"] = [_group(h, c, d) for h, c, d in zip(saved["holder"], saved["class"], saved["decides"])]
-    findings: list[Finding] = []
-    kept = saved[saved["decides"] != "settled"].rename(columns={"class": "cls"})[list(_Saved._fields)]
-    for rec in map(_Saved._make, kept.itertuples(index=False, name=None)):
-        if rec.cls != "full" and not (strict and rec.decides == "unjudged"):
-            continue
-        if rec.decides == "undecided-holder":
-            continue
-        module = rec.module or "<unknown module>"
-        if any(fnmatch.fnmatchcase(module, pattern) for pattern in allow):
-            continue
-        findings.append(_finding(rec, judge, stacks=any(r.has_stacks for r in retained)))
-    findings = merge_ranks(findings)
+    findings = kept_findings(saved, judge, allow, strict, stacks=any(r.has_stacks for r in retained))
     layers = _layer_table(saved, expected_per_layer)
     caller_notes = notes
     notes = list(dict.fromkeys(n for r in retained for n in r.notes))
@@ -183,82 +171,6 @@ def _group(holder: object, cls: str, decides: str) -> str:
     return "sharded" if cls in ("seq-sharded", "head-sharded") else "other"
 
 
-class _Saved(NamedTuple):
-    """The columns of a retained tensor's row (RETAINED_COLUMNS, its class, why and what it
-    decides) that its finding reads."""
-
-    rank: int
-    layer: float | None
-    """NaN where the tensor is in no layer"""
-    module: str | None
-    shape: tuple[int, ...] | list[int] | None
-    nbytes: int
-    storage_bytes: int
-    cls: str
-    why: str
-    holder: str | None
-    evidence: str | None
-    alloc_op: str | None
-    dtype: str | None
-    boundary: str | None
-    decides: str
-    freed_in: str | None
-    saved_by: str | None
-    made_file: str | None
-    made_line: float | None
-    made_function: str | None
-    made_exact: bool | None
-
-
-def _finding(rec: _Saved, judge: Judge, stacks: bool) -> Finding:
-    module = rec.module or "<unknown module>"
-    node = rec.freed_in if isinstance(rec.freed_in, str) else rec.saved_by if isinstance(rec.saved_by, str) else None
-    origin_fields = {
-        "source": source_of(rec),
-        "saver": f"{module} ({node})" if node else module,
-        "no_source": None if stacks else NO_SOURCE,
-    }
-    shape = "x".join(map(str, rec.shape)) if isinstance(rec.shape, (tuple, list)) else f"{rec.nbytes} bytes"
-    layer = int(rec.layer) if rec.layer is not None and rec.layer == rec.layer else None
-    where = _boundary(rec)
-    held = f"{_held(rec.holder)}: {rec.evidence}" if rec.holder else ""
-    if rec.cls != "full":
-        return Finding(
-            "error", "sharding", f"{rec.cls}-tensor",
-            f"{module} keeps a [{shape}] tensor across the forward/backward boundary{where} that cannot be judged "
-            f"(--strict; {held}): {rec.why}",
-            (int(rec.rank),), layer, module, page="memory", holder=rec.holder, evidence=rec.evidence, **origin_fields,
-        )  # fmt: skip
-    storage = int(rec.storage_bytes)
-    excess = storage - storage / judge.model.sp_size
-    origin = [held] if held else []
-    if rec.alloc_op:
-        origin.append(f"allocated by {rec.alloc_op}")
-    dtype = f"{rec.dtype} " if rec.dtype else ""
-    return Finding(
-        "error", "sharding", "full-size-save",
-        f"{module} keeps a full-sequence [{shape}] {dtype}tensor across the forward/backward boundary{where} "
-        f"({human_bytes(storage)}, {human_bytes(excess)} more than a 1/{judge.model.sp_size} shard"
-        + (f"; {'; '.join(origin)}" if origin else "") + f"): {rec.why}",
-        (int(rec.rank),), layer, module, page="memory", holder=rec.holder, evidence=rec.evidence, **origin_fields,
-    )  # fmt: skip
-
-
-NO_SOURCE = ("no source line: the trace has no Python stacks; profile with with_stack=True (sptrace.profile_step's "
-             "default), or run the model under sptrace.instrument")  # fmt: skip
-
-
-def _held(holder: str) -> str:
-    """'held by autograd', 'offloaded' (a pack hook's copy kept in the saved tensor's place)."""
-    return "offloaded" if holder == "offloaded" else f"held by {holder}"
-
-
-def _boundary(rec: _Saved) -> str:
-    """' of step 3, micro-batch 1' where the trace has several boundaries, else ''."""
-    label = rec.boundary
-    return f" of {label}" if isinstance(label, str) and label else ""
-
-
 def _layer_table(saved: pd.DataFrame, expected_per_layer: float | None) -> pd.DataFrame:
     """Per rank and layer, the boundary (step, micro-batch) that kept the most: what the step's
     own holders (autograd, the model) keep, and the full-size part of it."""
@@ -287,7 +199,7 @@ def _conclude(
     errors = [f for f in findings if f.severity == "error"]
     judged = saved[saved["decides"] != "undecided-holder"]
     by_holder = saved["holder"].value_counts()
-    held = ", ".join(f"{int(by_holder[h])} {_held(h)}" for h in ("autograd", "model", "offloaded", "backend",
+    held = ", ".join(f"{int(by_holder[h])} {held_text(h)}" for h in ("autograd", "model", "offloaded", "backend",
                                                                   "parameter") if by_holder.get(h, 0))  # fmt: skip
     summary = (
         f"{count(len(judged), 'tensor')} alive at the boundary judged on {covered_text(coverage)} "
@@ -296,8 +208,10 @@ def _conclude(
     )
     if errors:
         full = [f for f in errors if f.code == "full-size-save"]
+        at = {b for f in full for b in f.boundaries}
         what = (
             f"{len(full)} full-size {'tensor' if len(full) == 1 else 'tensors'} kept for backward"
+            + (f" (at {len(at)} boundaries)" if len(at) > 1 else "")
             if full
             else f"{len(errors)} unjudgeable {'tensor' if len(errors) == 1 else 'tensors'} (--strict)"
         )

@@ -24,6 +24,8 @@ from sptrace.vocab.errors import UsageError
 from sptrace.vocab.units import count, human_bytes, rank_ranges
 
 if TYPE_CHECKING:  # the analysis (pandas) is imported when a command runs, not to parse flags
+    import pandas as pd
+
     from sptrace.analysis import RunAnalysis
     from sptrace.checks.projection import Projection
     from sptrace.checks.sharding_verdict import ShardingReport
@@ -85,6 +87,16 @@ def run(args: argparse.Namespace) -> int:
     return worst([report.verdict, *(r.verdict for r in others)])
 
 
+def most_kept(kept: pd.DataFrame) -> tuple[float, str]:
+    """The most bytes one boundary kept of ``kept`` (one rank's rows), and that boundary's label:
+    what a rank holds at once, never a sum over boundaries."""
+    if kept.empty:
+        return 0.0, ""
+    label = kept["boundary"].fillna("")
+    per = kept.groupby(label, sort=False)["storage_bytes"].sum()
+    return float(per.max()), str(per.idxmax())
+
+
 def render_text(analysis: RunAnalysis, report: ShardingReport) -> str:
     m = report.model
     sources = sorted(set(m.provenance.values()))
@@ -95,17 +107,20 @@ def render_text(analysis: RunAnalysis, report: ShardingReport) -> str:
     ]
     classes = ("seq-sharded", "head-sharded", "full", "ambiguous", "other", "unknown")
     cells = {}
+    several = report.saved["boundary"].notna().any()  # several boundaries: say where each rank kept the most
     for rank in sorted(analysis.run.ranks):  # the ranks that have a trace; missing ones are a verdict
         mine = report.saved[report.saved["rank"] == rank]
         kept = mine[mine["holder"].isin(("autograd", "model"))]  # what the step keeps, by class
         tally = kept["class"].value_counts()
         held = mine["holder"].value_counts()
+        most, where = most_kept(kept)
         cells[rank] = (str(len(mine)), *(str(tally.get(c, 0)) for c in classes),
                        str(held.get("backend", 0) + held.get("parameter", 0)), str(held.get("undecided", 0)),
-                       human_bytes(float(kept["storage_bytes"].sum())))  # fmt: skip
+                       human_bytes(most), *((where,) if several else ()))  # fmt: skip
     rows = [[rank_ranges(ranks), *row] for ranks, row in by_rank_set(cells)]
     if len(report.saved):  # a table of zeros says nothing the verdict does not
-        lines += fixed_width(["ranks", "alive", *classes, "backend", "no holder", "kept"], rows, left={0})
+        head = ["ranks", "alive", *classes, "backend", "no holder", "kept", *(("at",) if several else ())]
+        lines += fixed_width(head, rows, left={0, len(head) - 1} if several else {0})
     if not report.layers.empty:
         layer = report.layers.groupby("layer").agg(
             most=("measured_bytes", "max"), least=("measured_bytes", "min"), expected=("expected_bytes", "first"),

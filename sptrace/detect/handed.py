@@ -29,6 +29,7 @@ and collectives, not allocations; torch's memory profiler needs the live profile
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from sptrace.detect import forms
+from sptrace.detect.alive import AliveBySize
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.intervals import EventRow, Intervals
 from sptrace.detect.provenance import FACTORIES, made_to_fill
@@ -83,6 +85,11 @@ class HandedTensors:
         self._free = ledger["free_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
         self._bytes = ledger["bytes"].to_numpy(dtype=np.int64)
         self._tid = ledger["tid"].to_numpy(dtype=np.float64, na_value=np.nan)
+        self._sizes = AliveBySize(self._alloc, self._free, self._bytes)
+        self._by_alloc = np.argsort(self._alloc, kind="stable")
+        self._alloc_sorted = self._alloc[self._by_alloc]
+        self._claimed_calls: list[int] = []
+        """When each claimed row's call started, sorted (``_since``)."""
         self._element_size = element_size
         self._slack = slack
         self._roles: tuple[str, ...] = ()
@@ -157,34 +164,26 @@ class HandedTensors:
                 self._claim(max(fits, key=lambda r: self._alloc[r]), Handed(role, name, start, end, tid))
 
     def _claim(self, row: int, handed: Handed) -> None:
-        if handed.role in self._roles:
-            self.by_row.setdefault(row, handed)
+        if handed.role in self._roles and row not in self.by_row:
+            self.by_row[row] = handed
+            bisect.insort(self._claimed_calls, handed.call_ns)
 
     # ---- finding allocations ---------------------------------------------------------------
-    def _fits(self, nbytes: int) -> np.ndarray:
-        return (self._bytes >= nbytes) & (self._bytes <= nbytes + self._slack)
-
-    def _alive_before(self, start: int, tid: int | None) -> np.ndarray:
-        mask = (self._alloc < start) & (np.isnan(self._free) | (self._free >= start))
-        if tid is not None:
-            mask &= self._tid == tid
-        return mask
-
     def _latest_alive(self, nbytes: int, start: int, tid: int | None, fresh: bool = False) -> int | None:
         """The latest allocation on ``tid`` alive at ``start`` that fits ``nbytes``: for a buffer
         the call fills (``fresh``), among the buffers made to be filled that no other call claimed;
         for one it reads, any but the call's own buffers, whatever another call did with it (a ring
         sends the block the previous receive filled: that block is the send's input, and stays the
         receive's)."""
-        hit = np.flatnonzero(self._fits(nbytes) & self._alive_before(start, tid))
         claimed = self.by_row
-
-        def candidate(row: int) -> bool:
-            if fresh:
-                return row not in claimed and self._made_to_fill(row)
-            return row not in claimed or claimed[row].call_ns != start
-
-        return next((int(h) for h in hit[np.argsort(self._alloc[hit], kind="stable")[::-1]] if candidate(int(h))), None)
+        for row in self._sizes.latest_alive(nbytes, nbytes + self._slack, start):
+            if tid is not None and self._tid[row] != tid:
+                continue
+            if fresh and row not in claimed and self._made_to_fill(row):
+                return row
+            if not fresh and (row not in claimed or claimed[row].call_ns != start):
+                return row
+        return None
 
     def _untouched(self, row: int, start: int, tid: int | None) -> bool:
         """Did nothing but bare allocators and communication run on ``tid`` between ledger row
@@ -210,19 +209,29 @@ class HandedTensors:
         """A list all-gather's output pieces: the allocations of one piece's bytes alive at the
         call, made since the previous call on the thread (``[torch.empty_like(x) for _ in
         range(P)]`` runs right before the call)."""
-        hit = np.flatnonzero(self._fits(nbytes) & self._alive_before(start, tid))
-        return [int(h) for h in hit if int(h) not in self.by_row and self._alloc[h] >= self._since(start, tid)
-                and self._made_to_fill(int(h))]  # fmt: skip
+        since = self._since(start)
+        rows = []
+        for row in self._sizes.latest_alive(nbytes, nbytes + self._slack, start):
+            if self._alloc[row] < since:
+                break
+            if (tid is None or self._tid[row] == tid) and row not in self.by_row and self._made_to_fill(row):
+                rows.append(row)
+        return sorted(rows)
 
-    def _since(self, start: int, tid: int | None) -> int:
-        claimed = [self.by_row[r].call_ns for r in self.by_row if self.by_row[r].call_ns < start]
-        return max(claimed, default=0)
+    def _since(self, start: int) -> int:
+        """When the latest claimed call before ``start`` began (0: none)."""
+        k = bisect.bisect_left(self._claimed_calls, start)
+        return self._claimed_calls[k - 1] if k else 0
 
     def _made_inside(self, start: int, end: int, tid: int | None) -> list[int]:
-        mask = (self._alloc >= start) & (self._alloc <= end) & (np.isnan(self._free) | (self._free > end))
+        order = self._by_alloc
+        times = self._alloc_sorted
+        rows = order[int(np.searchsorted(times, start, side="left")) : int(np.searchsorted(times, end, side="right"))]
+        free = self._free[rows]
+        keep = np.isnan(free) | (free > end)
         if tid is not None:
-            mask &= self._tid == tid
-        return [int(r) for r in np.flatnonzero(mask)]
+            keep &= self._tid[rows] == tid
+        return sorted(int(r) for r in rows[keep])
 
     def _element_size_of(self, name: str, event: EventRow) -> int | None:
         for t in load_list(event.get("input_types")):

@@ -86,13 +86,6 @@ class RankIndex:
         last = len(seqs) - 1 - np.unique(seqs[::-1], return_index=True)[1]
         self._forward_rows = forward[np.sort(last)]
         self._forward_at = {int(s): i for i, s in enumerate(seqs[np.sort(last)])}
-        first_bwd = {}
-        for i in range(len(self.steps) or 1):
-            lo, hi = (self.steps.start[i], self.steps.end[i]) if len(self.steps) else (-(2**62), 2**62)
-            inside = (self.backward_nodes.start >= lo) & (self.backward_nodes.start <= hi)
-            if inside.any():
-                first_bwd[i] = int(self.backward_nodes.start[inside].min())
-        self.first_backward = first_bwd
         self._python_parents: dict[int, int] | None = None
 
     def rows(self, positions: np.ndarray) -> list[EventRow]:
@@ -188,14 +181,50 @@ class RankIndex:
             return "optimizer"
         if self.backward_nodes.innermost(start, end, tid) is not None:
             return "backward"
-        step_idx = 0
-        if len(self.steps):
-            idx = self.steps.enclosing(start, start)
-            step_idx = int(idx[-1]) if len(idx) else -1
-        first = self.first_backward.get(step_idx)
-        if first is not None and start >= first:
-            return "backward"
-        return "forward"
+        return "backward" if self.in_backward(np.array([start]))[0] else "forward"
+
+    @cached_property
+    def _iterations(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each backward's start, in time order, and when the next forward's first op that autograd
+        records starts after that backward's end (+inf for none): the span that is backward
+        (sptrace.detect.boundaries: sptrace.phase markers, else autograd's own links)."""
+        from sptrace.detect.boundaries import find_boundaries  # (it reads this index)
+
+        first = self.events["ts_ns"].min()
+        bounds = sorted(find_boundaries(self, int(first) if pd.notna(first) else 0), key=lambda b: b.backward_ns)
+        starts = np.array([b.backward_ns for b in bounds], dtype=np.int64)
+        ends = np.array([b.backward_end_ns for b in bounds], dtype=np.int64)
+        forward_ops = np.sort(self.forward_by_seq["ts_ns"].dropna().to_numpy(dtype=np.int64))
+        if not len(forward_ops):
+            return starts, np.full(len(starts), np.inf)
+        k = np.searchsorted(forward_ops, ends, side="right")
+        next_forward = np.where(k < len(forward_ops), forward_ops[np.minimum(k, len(forward_ops) - 1)], np.inf)
+        return starts, next_forward.astype(np.float64)
+
+    def _step_positions(self, times: np.ndarray) -> np.ndarray:
+        """The ProfilerStep range each time falls in (its position in ``steps``; -1 for none)."""
+        steps = self.steps
+        order = np.argsort(steps.start, kind="stable")
+        i = np.searchsorted(steps.start[order], times, side="right") - 1
+        inside = (i >= 0) & (times <= steps.end[order][np.maximum(i, 0)])
+        return np.where(inside, order[np.maximum(i, 0)], -1)
+
+    def in_backward(self, times: np.ndarray) -> np.ndarray:
+        """For each time, is it in its iteration's backward: from a backward's start until the
+        next forward's first op (the gradient sync after the last node included), within one
+        ProfilerStep where the trace marks steps? A window of several iterations without markers
+        is split at each forward, not labelled backward from its first backward on."""
+        starts, next_forward = self._iterations
+        times = np.asarray(times, dtype=np.int64)
+        if not len(starts):
+            return np.zeros(len(times), dtype=bool)
+        j = np.searchsorted(starts, times, side="right") - 1
+        at = np.maximum(j, 0)
+        out = (j >= 0) & (times < next_forward[at])
+        if len(self.steps):  # a backward of another step (or of no step) is not this time's
+            mine = self._step_positions(times)
+            out &= (mine >= 0) & (mine == self._step_positions(starts)[at])
+        return out
 
     def module_of(self, start: int, end: int, tid: int) -> tuple[str | None, str | None, str]:
         """(module, role, how) for work done in [start, end] on thread tid."""

@@ -1,7 +1,8 @@
 """Containment queries over trace ranges ("which annotation encloses this op?").
 
 Hand-written because the question is interval nesting per thread with "innermost wins", which
-neither pandas nor pyarrow answer directly; the sets involved are small (markers, collectives)."""
+neither pandas nor pyarrow answer directly. A small set is scanned; a large one (a rank's ops and
+Python frames) is indexed per thread (sptrace.detect.nesting)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ from functools import cached_property
 
 import numpy as np
 import pandas as pd
+
+from sptrace.detect.nesting import Nesting
+
+_INDEXED = 256
+"""Queries on a set larger than this go through its nesting index (after _SCANS scans): a scan of a
+small set costs less than the index's sweep."""
+_SCANS = 256
 
 
 class Intervals:
@@ -96,10 +104,26 @@ class Intervals:
     def _at(self, i: int) -> int:
         return i if self._rows is None else int(self._rows[i])
 
+    @cached_property
+    def _nesting(self) -> Nesting:
+        """The per-thread index of a large set's ranges (sptrace.detect.nesting)."""
+        return Nesting(self.start, self.end, self.tid)
+
+    def _indexed(self) -> bool:
+        """Answer from the index? Once a large set has been asked more than _SCANS times: its sweep
+        costs about a microsecond a range (a few hundred scans of the set), which a set asked a few
+        times (sptrace info's) never earns back."""
+        if len(self.start) <= _INDEXED:
+            return False
+        asked = self.__dict__["_asked"] = self.__dict__.get("_asked", 0) + 1
+        return asked > _SCANS
+
     def enclosing(self, start: int, end: int, tid: int | None = None) -> np.ndarray:
         """Indices of the ranges containing [start, end], outermost first."""
         if not len(self.start):
             return np.empty(0, dtype=np.int64)
+        if self._indexed():
+            return self._nesting.enclosing(int(start), int(end), None if tid is None else int(tid))
         mask = (self.start <= start) & (end <= self.end)
         if tid is not None:
             mask &= self.tid == tid
@@ -111,9 +135,11 @@ class Intervals:
         return int(idx[-1]) if len(idx) else None
 
     def inside(self, start: int, end: int, tid: int | None = None) -> np.ndarray:
-        """Indices of the ranges that lie within [start, end]."""
+        """Indices of the ranges that lie within [start, end], ascending."""
         if not len(self.start):
             return np.empty(0, dtype=np.int64)
+        if self._indexed():
+            return self._nesting.inside(int(start), int(end), None if tid is None else int(tid))
         mask = (start <= self.start) & (self.end <= end)
         if tid is not None:
             mask &= self.tid == tid

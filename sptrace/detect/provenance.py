@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
+from sptrace.detect.alive import AliveBySize
 from sptrace.detect.args import is_shape, load_list
 from sptrace.detect.intervals import EventRow, Intervals
 
@@ -137,16 +139,23 @@ class Provenance:
     def source(self, before_ns: int, nbytes: int, tid: int | None, since_ns: int) -> int | None:
         """The ledger row of the latest allocation of exactly ``nbytes`` made on ``tid`` in
         [since_ns, before_ns)."""
-        return self._latest(self._bytes == nbytes, before_ns, tid, since_ns)
+        return self._latest(nbytes, nbytes, before_ns, tid, since_ns)
 
-    def _latest(self, sized: np.ndarray, before_ns: int, tid: int | None, since_ns: int) -> int | None:
-        """The ledger row of the latest allocation among ``sized`` made on ``tid`` in
-        [since_ns, before_ns)."""
-        mask = sized & (self._alloc < before_ns) & (self._alloc >= since_ns)
-        if tid is not None:
-            mask &= self._tid == tid
-        hit = np.flatnonzero(mask)
-        return int(hit[np.argmax(self._alloc[hit])]) if len(hit) else None
+    @cached_property
+    def _sizes(self) -> AliveBySize:
+        return AliveBySize(self._alloc, self._free, self._bytes)
+
+    def _latest(self, low: int, high: int, before_ns: int, tid: int | None, since_ns: int) -> int | None:
+        """The ledger row of the latest allocation of ``low`` to ``high`` bytes made on ``tid`` in
+        [since_ns, before_ns) (of several made at that time, the first row)."""
+        found: int | None = None
+        for row in self._sizes.latest_made(low, high, before_ns):
+            made = self._alloc[row]
+            if made < since_ns or (found is not None and made != self._alloc[found]):
+                break
+            if tid is None or self._tid[row] == tid:
+                found = row
+        return found
 
     # ---- origins -----------------------------------------------------------------------------
     def of_row(self, row: int, producer: str | None, since_ns: int, depth: int = 0) -> Origin:
@@ -196,7 +205,7 @@ class Provenance:
             if copy.an_input:  # an op saves its inputs: the latest of those bytes made before it
                 found = self.source(copy.saver_start_ns, nbytes, tid, since_ns)
             else:  # else its output, made inside it before the hook ran
-                found = self._latest(self._bytes == nbytes, int(self._alloc[row]), tid, copy.saver_start_ns)
+                found = self._latest(nbytes, nbytes, int(self._alloc[row]), tid, copy.saver_start_ns)
             if found is not None and found != row:
                 return copy, found
         return copy, None
@@ -251,7 +260,7 @@ class Provenance:
         if name not in _COPIES:
             return None
         nbytes = numel * elem
-        return self._latest((self._bytes > nbytes) & (self._bytes <= 4 * nbytes), start, tid, since)
+        return self._latest(nbytes + 1, 4 * nbytes, start, tid, since)
 
     def _tid_of(self, row: int) -> int | None:
         tid = self._tid[row]
@@ -317,12 +326,8 @@ class Provenance:
 
     def _alive_of(self, nbytes: int, before_ns: int, tid: int | None) -> list[int]:
         """Ledger rows of ``nbytes`` made on ``tid`` before ``before_ns`` and alive then, oldest first."""
-        free = self._free
-        mask = (self._bytes == nbytes) & (self._alloc < before_ns) & (np.isnan(free) | (free >= before_ns))
-        if tid is not None:
-            mask &= self._tid == tid
-        hit = np.flatnonzero(mask)
-        return [int(h) for h in hit[np.argsort(self._alloc[hit], kind="stable")]]
+        rows = [r for r in self._sizes.latest_alive(nbytes, nbytes, before_ns) if tid is None or self._tid[r] == tid]
+        return rows[::-1]
 
     def _matmul(
         self, name: str, dims: list[object], types: list[object], start: int, tid: int | None, since_ns: int, depth: int

@@ -262,8 +262,8 @@ def _close_gaps(
 
 def phases_at(idx: RankIndex, starts: np.ndarray, phases: list[str]) -> list[str]:
     """Each stretch's phase: the sptrace.phase marker around its start, else its range's
-    (backward node, optimizer), else forward before the step's first backward node and backward
-    after."""
+    (backward node, optimizer), else backward in its iteration's backward (RankIndex.in_backward)
+    and forward before."""
     marks = idx.phase_markers
     out = list(phases)
     if len(marks):
@@ -274,27 +274,8 @@ def phases_at(idx: RankIndex, starts: np.ndarray, phases: list[str]) -> list[str
         for k, j in enumerate(i.tolist()):
             if j >= 0 and starts[k] < me[j]:
                 out[k] = names[j]
-    first = _first_backward(idx, starts)
+    backward = idx.in_backward(starts)
     for k, p in enumerate(out):
         if p == "forward" or not p:
-            out[k] = "backward" if starts[k] >= first[k] else "forward"
-    return out
-
-
-def _first_backward(idx: RankIndex, starts: np.ndarray) -> np.ndarray:
-    """For each time, when the first backward node of its ProfilerStep ran (the trace's only
-    step when it marks none); +inf where that step has none."""
-    out = np.full(len(starts), np.inf)
-    steps = idx.steps
-    if not len(steps):
-        if 0 in idx.first_backward:
-            out[:] = idx.first_backward[0]
-        return out
-    order = np.argsort(steps.start, kind="stable")
-    i = np.searchsorted(steps.start[order], starts, side="right") - 1
-    inside = (i >= 0) & (starts <= steps.end[order][np.maximum(i, 0)])
-    for k in np.flatnonzero(inside).tolist():
-        first = idx.first_backward.get(int(order[i[k]]))
-        if first is not None:
-            out[k] = first
+            out[k] = "backward" if backward[k] else "forward"
     return out
