@@ -185,16 +185,26 @@ class RankIndex:
 
     @cached_property
     def _iterations(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each backward's start, in time order, and when the next forward's first op that autograd
-        records starts after that backward's end (+inf for none): the span that is backward
-        (sptrace.detect.boundaries: sptrace.phase markers, else autograd's own links)."""
+        """Each backward's start, in time order, and when the next forward starts after that
+        backward's end (+inf for none): the span that is backward (sptrace.detect.boundaries:
+        sptrace.phase markers, else autograd's own links). The next forward starts at the first op
+        after the end that either made an autograd node some backward visits or is not a
+        communication op: a send of the gradients after the last node (a pipeline stage's, a
+        hand-rolled gradient sync) carries a sequence number too, and is still this backward's."""
         from sptrace.detect.boundaries import find_boundaries  # (it reads this index)
 
         first = self.events["ts_ns"].min()
         bounds = sorted(find_boundaries(self, int(first) if pd.notna(first) else 0), key=lambda b: b.backward_ns)
         starts = np.array([b.backward_ns for b in bounds], dtype=np.int64)
         ends = np.array([b.backward_end_ns for b in bounds], dtype=np.int64)
-        forward_ops = np.sort(self.forward_by_seq["ts_ns"].dropna().to_numpy(dtype=np.int64))
+        forward = self.forward_by_seq
+        visited = self.backward_nodes.column("seq_num").to_numpy(dtype=float, na_value=np.nan)
+        linked = np.isin(forward["seq_num"].to_numpy(dtype=np.int64), visited[~np.isnan(visited)].astype(np.int64))
+        ops = collective_kinds.by_op()
+        names = self.events["name"].iloc[self._forward_rows].to_numpy()
+        communicates = np.fromiter((isinstance(n, str) and n in ops for n in names), bool, len(names))
+        begins = forward["ts_ns"].to_numpy(dtype=np.int64)[linked | ~communicates]
+        forward_ops = np.sort(begins)
         if not len(forward_ops):
             return starts, np.full(len(starts), np.inf)
         k = np.searchsorted(forward_ops, ends, side="right")
