@@ -17,6 +17,7 @@ record, which is why such a tensor's free can be missing from a trace.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -39,6 +40,7 @@ from sptrace.detect.producers import producing_collective
 from sptrace.detect.provenance import Origin, Provenance
 from sptrace.detect.shapes import infer_shape
 from sptrace.detect.source_frames import SOURCE_COLUMNS, MakerLines, source_cells
+from sptrace.detect.windows import containing, latest_containing
 from sptrace.load.trace import RankTrace
 from sptrace.vocab import markers
 
@@ -192,9 +194,11 @@ def detect_retained(
         out.shapes_seen = shapes_seen(cpu, forward_start_ns(trace), None)
         out.tensors = empty_frame(RETAINED_COLUMNS)
         return out
-    for b in bounds:
-        out.shapes_seen |= shapes_seen(cpu, b.forward_ns, b.backward_ns, out.shape_dtypes)
-    out.weight_widths = forward_weight_widths(ev, idx, is_op, bounds, hidden)
+    forwards = np.array([b.forward_ns for b in bounds], dtype=np.int64)
+    backwards = np.array([b.backward_ns for b in bounds], dtype=np.int64)
+    window_ends = np.array([b.window_end_ns for b in bounds], dtype=np.int64)
+    out.shapes_seen |= shapes_seen(cpu, forwards, backwards, out.shape_dtypes)
+    out.weight_widths = forward_weight_widths(ev, idx, is_op, forwards, backwards, hidden)
     many_steps = len({b.step for b in bounds}) > 1
     many_micro = any(b.micro_batch > 0 for b in bounds)
 
@@ -215,12 +219,12 @@ def detect_retained(
         for name, ts, tid in zip(map(str, records["name"]), records["ts_ns"], records["tid"])
         for rec in markers.SavedTensor.all_from_marker(name)
     ]  # one record per event, or a forward's records in one event (written when it returns)
-    for rec, ts, tid, own_event in saves:
+    save_windows = latest_containing(np.array([ts for _, ts, _, _ in saves], dtype=np.int64), forwards, window_ends)
+    for (rec, ts, tid, own_event), k in zip(saves, save_windows.tolist()):
         # weights are not activations; data without autograd history ("input") still costs memory
         if rec.kind == "param":
             continue
-        k = _window_of(bounds, ts)
-        if k is None:
+        if k < 0:
             continue  # a save after its boundary is recomputation in backward: not kept across it
         b = bounds[k]
         if rec.storage_ptr:
@@ -265,27 +269,29 @@ def detect_retained(
         made, freed = at_address.alloc, at_address.free
         in_backward = within(idx.backward_nodes, made) | within(_backward_phases(idx), made)
         own = Intervals.of(idx.table, (is_op & idx.by_name.prefix(_COLLECTIVE_PREFIXES)) | backend_rows)
-        for k, b in enumerate(bounds):
-            alive = (made >= b.forward_ns) & (made < b.window_end_ns) & ~in_backward
-            alive &= np.isnan(freed) | (freed >= b.backward_ns)
-            for row_number in np.flatnonzero(alive).tolist():
-                if row_number in covered:
-                    continue
-                rec = at_address.record(row_number)
-                call = handed.of(row_number) if handed is not None else None
-                row = _retained_from_memory(rec, b, idx, ops, collectives, own, rules, call, slack, element_size,
-                                            held.get(b))  # fmt: skip
-                if row is None:  # a backend's own buffer inside a c10d call or its worker's annotation
-                    continue
-                copy, source = origins.copy_source(row_number, b.forward_ns)
-                if copy is not None:
-                    row = _offloaded(row, copy, source)
-                origin = origins.of_row(row_number, row["producer"], b.forward_ns)
-                what = at_address.record(source) if copy is not None and source is not None else rec
-                made_at = makers.of(int(what.addr), what, b)
-                rows.append({"rank": trace.rank, **row, **where(b), "origin": origin.kind,
-                             "origin_text": origin.text, "call_key": keys.get((k, row_number)),
-                             **source_cells(made_at)})  # fmt: skip
+        made_rows, made_in = containing(made, forwards, window_ends)
+        keep = ~in_backward[made_rows]
+        made_rows, made_in = made_rows[keep], made_in[keep]
+        kept = np.isnan(freed[made_rows]) | (freed[made_rows] >= backwards[made_in])  # alive at the boundary
+        for row_number, k in zip(made_rows[kept].tolist(), made_in[kept].tolist()):
+            b = bounds[k]
+            if row_number in covered:
+                continue
+            rec = at_address.record(row_number)
+            call = handed.of(row_number) if handed is not None else None
+            row = _retained_from_memory(rec, b, idx, ops, collectives, own, rules, call, slack, element_size,
+                                        held.get(b))  # fmt: skip
+            if row is None:  # a backend's own buffer inside a c10d call or its worker's annotation
+                continue
+            copy, source = origins.copy_source(row_number, b.forward_ns)
+            if copy is not None:
+                row = _offloaded(row, copy, source)
+            origin = origins.of_row(row_number, row["producer"], b.forward_ns)
+            what = at_address.record(source) if copy is not None and source is not None else rec
+            made_at = makers.of(int(what.addr), what, b)
+            rows.append({"rank": trace.rank, **row, **where(b), "origin": origin.kind,
+                         "origin_text": origin.text, "call_key": keys.get((k, row_number)),
+                         **source_cells(made_at)})  # fmt: skip
     if out.has_records and not out.has_memory:
         out.notes.append(
             "no [memory] events: only tensors autograd saved through saved_tensors_hooks are seen (not those "
@@ -331,23 +337,27 @@ def _census_of(bounds: list[Boundary], censuses: pd.DataFrame) -> dict[Boundary,
     (sptrace.instrument's ``sptrace.released::`` event, written when the backward that consumes
     the forward ends): the first one after the boundary that no earlier boundary took."""
     taken = sorted((int(ts), str(name)) for name, ts in zip(censuses["name"], censuses["ts_ns"]) if pd.notna(ts))
+    times = [ts for ts, _ in taken]
+    next_free = list(range(len(taken) + 1))  # k -> the first census at or after k no boundary took
+
+    def first_free(k: int) -> int:
+        root = k
+        while next_free[root] != root:
+            root = next_free[root]
+        while next_free[k] != root:  # (path halving keeps each lookup near constant)
+            next_free[k], k = root, next_free[k]
+        return root
+
     out: dict[Boundary, markers.ReleasedCensus] = {}
-    used: set[int] = set()
     for b in sorted(bounds, key=lambda b: b.backward_ns):
-        k = next((k for k, (ts, _) in enumerate(taken) if k not in used and ts >= b.backward_ns), None)
-        if k is None:
+        k = first_free(bisect.bisect_left(times, b.backward_ns))
+        if k == len(taken):
             continue
-        used.add(k)
+        next_free[k] = k + 1
         census = markers.ReleasedCensus.from_marker(taken[k][1])
         if census is not None:
             out[b] = census
     return out
-
-
-def _window_of(bounds: list[Boundary], ts: int) -> int | None:
-    """The boundary whose forward window holds ``ts`` (the latest forward started before it)."""
-    hit = [k for k, b in enumerate(bounds) if b.forward_ns <= ts < b.window_end_ns]
-    return hit[-1] if hit else None
 
 
 def _backward_phases(idx: RankIndex) -> Intervals:

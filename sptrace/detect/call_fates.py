@@ -11,6 +11,7 @@ import pandas as pd
 from sptrace.detect.boundaries import Boundary
 from sptrace.detect.handed import HandedTensors
 from sptrace.detect.holders import HolderRules
+from sptrace.detect.windows import containing
 
 CALL_FATE_COLUMNS = ["step", "micro_batch", "key", "fate"]
 """``Retention.call_fates``: for every tensor a collective call of a forward was handed or
@@ -35,28 +36,32 @@ def call_fates(
     calls = sorted(handed.by_row.items(), key=lambda item: (item[1].call_ns, item[0]))
     keys: dict[tuple[int, int], str] = {}
     fates: list[tuple[int | None, int, str, str]] = []
-    for k, b in enumerate(bounds):
-        ordinal: dict[str, int] = {}
-        seen: dict[tuple[str, int], int] = {}
-        roles: dict[tuple[str, int, str], int] = {}
-        for row, call in calls:
-            if not b.forward_ns <= call.call_ns < b.window_end_ns:
-                continue
-            n = seen.get((call.collective, call.call_ns))
-            if n is None:
-                n = seen[(call.collective, call.call_ns)] = ordinal.get(call.collective, 0)
-                ordinal[call.collective] = n + 1
-            j = roles.get((call.collective, n, call.role), 0)
-            roles[(call.collective, n, call.role)] = j + 1
-            key = f"{call.collective}#{n}:{call.role}#{j}"
-            keys[(k, row)] = key
-            if lost[row]:
-                fate = "released"
-            elif np.isnan(free[row]):
-                fate = "unknown"
-            elif free[row] < b.backward_ns:
-                fate = "released"
-            else:
-                fate = "released" if rules.backend_annotation(int(free[row]), free_tid[row]) is not None else "kept"
-            fates.append((b.step, b.micro_batch, key, fate))
+    at, window = containing(np.array([call.call_ns for _, call in calls], dtype=np.int64),
+                            np.array([b.forward_ns for b in bounds], dtype=np.int64),
+                            np.array([b.window_end_ns for b in bounds], dtype=np.int64))  # fmt: skip
+    current = -1
+    for position, k in zip(at.tolist(), window.tolist()):  # each window's calls, in time order
+        if k != current:
+            current, b = k, bounds[k]
+            ordinal: dict[str, int] = {}
+            seen: dict[tuple[str, int], int] = {}
+            roles: dict[tuple[str, int, str], int] = {}
+        row, call = calls[position]
+        n = seen.get((call.collective, call.call_ns))
+        if n is None:
+            n = seen[(call.collective, call.call_ns)] = ordinal.get(call.collective, 0)
+            ordinal[call.collective] = n + 1
+        j = roles.get((call.collective, n, call.role), 0)
+        roles[(call.collective, n, call.role)] = j + 1
+        key = f"{call.collective}#{n}:{call.role}#{j}"
+        keys[(k, row)] = key
+        if lost[row]:
+            fate = "released"
+        elif np.isnan(free[row]):
+            fate = "unknown"
+        elif free[row] < b.backward_ns:
+            fate = "released"
+        else:
+            fate = "released" if rules.backend_annotation(int(free[row]), free_tid[row]) is not None else "kept"
+        fates.append((b.step, b.micro_batch, key, fate))
     return keys, pd.DataFrame(fates, columns=CALL_FATE_COLUMNS)

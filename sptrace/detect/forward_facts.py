@@ -11,22 +11,26 @@ import numpy as np
 import pandas as pd
 
 from sptrace.detect.args import is_shape, load_list
-from sptrace.detect.boundaries import Boundary
 from sptrace.detect.columns import take_columns
 from sptrace.detect.index import RankIndex
 from sptrace.detect.weights import MATMULS, widths_of_frame
+from sptrace.detect.windows import in_any
 from sptrace.vocab import dtypes
 
 
 def shapes_seen(
-    cpu: pd.DataFrame, fwd: int, bwd: int | None, dtypes_of: dict[tuple[int, ...], set[str]] | None = None
-) -> set[tuple[int, ...]]:
-    """Every tensor shape the window's ops took; ``dtypes_of`` (shape -> element types) collects
+    cpu: pd.DataFrame, fwd: int | np.ndarray, bwd: int | np.ndarray | None,
+    dtypes_of: dict[tuple[int, ...], set[str]] | None = None,
+) -> set[tuple[int, ...]]:  # fmt: skip
+    """Every tensor shape the window's ops took (or the windows' ops: ``fwd`` and ``bwd`` arrays of
+    each forward's start and its backward's); ``dtypes_of`` (shape -> element types) collects
     the type each shape was taken with, where the op records one per argument."""
     ts = cpu["ts_ns"].to_numpy(dtype=np.int64, na_value=0)
-    inside = cpu["ts_ns"].notna().to_numpy() & (ts >= fwd)  # a missing time is in no window
-    if bwd is not None:
-        inside &= ts < bwd
+    present = cpu["ts_ns"].notna().to_numpy()  # a missing time is in no window
+    if bwd is None:
+        inside = present & (ts >= fwd)
+    else:
+        inside = present & in_any(ts, np.atleast_1d(fwd), np.atleast_1d(bwd))
     dims, types = cpu["input_dims"].to_numpy()[inside], cpu["input_types"].to_numpy()[inside]
     # (no JSON text, no shapes: a missing value, NA or NaN, is no str)
     pairs = {(d, t): None for d, t in zip(dims.tolist(), types.tolist()) if isinstance(d, str)}
@@ -61,16 +65,14 @@ def _arg_shapes(text: str, kinds_text: str | None) -> tuple[tuple[Shape, ...], t
 
 
 def forward_weight_widths(
-    ev: pd.DataFrame, idx: RankIndex, is_op: np.ndarray, bounds: list[Boundary], hidden: int | None
-) -> dict[int, str]:
-    """sptrace.detect.weights' widths, of the matmuls inside the forwards (a backward's matmuls
-    take gradients and activations, not weights)."""
+    ev: pd.DataFrame, idx: RankIndex, is_op: np.ndarray, forwards: np.ndarray, backwards: np.ndarray,
+    hidden: int | None,
+) -> dict[int, str]:  # fmt: skip
+    """sptrace.detect.weights' widths, of the matmuls inside the forwards (each from ``forwards``
+    to its ``backwards``: a backward's matmuls take gradients and activations, not weights)."""
     mm = take_columns(ev, is_op & idx.by_name.one_of(MATMULS), ["name", "ts_ns", "input_dims"])
     ts = mm["ts_ns"].to_numpy(dtype=np.int64, na_value=-1)
-    inside = np.zeros(len(mm), dtype=bool)
-    for b in bounds:
-        inside |= (ts >= b.forward_ns) & (ts < b.backward_ns)
-    return widths_of_frame(mm[inside], hidden)
+    return widths_of_frame(mm[in_any(ts, forwards, backwards)], hidden)
 
 
 def layers_seen(idx: RankIndex) -> set[int]:
