@@ -17,7 +17,6 @@ record, which is why such a tensor's free can be missing from a trace.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -38,6 +37,7 @@ from sptrace.detect.library_joins import LibraryJoins
 from sptrace.detect.pack_copies import PackCopies, PackCopy
 from sptrace.detect.producers import producing_collective
 from sptrace.detect.provenance import Origin, Provenance
+from sptrace.detect.released_census import census_of_boundaries
 from sptrace.detect.shapes import infer_shape
 from sptrace.detect.source_frames import SOURCE_COLUMNS, MakerLines, source_cells
 from sptrace.detect.windows import containing, latest_containing
@@ -264,7 +264,7 @@ def detect_retained(
             "call_key": None if found is None else keys.get((k, found[0])), **where(b), **source_cells(made_at),
         })  # fmt: skip
     if not ledger.empty:
-        held = _census_of(bounds, censuses)
+        held = census_of_boundaries(bounds, censuses)
         out.has_census = bool(held)
         made, freed = at_address.alloc, at_address.free
         in_backward = within(idx.backward_nodes, made) | within(_backward_phases(idx), made)
@@ -330,34 +330,6 @@ def _offloaded(row: RetainedRow, copy: PackCopy, source: int | None) -> Retained
     return {**row, "shape": copy.shape, "dtype": copy.dtype or copy.source_dtype or row["dtype"], "holder": kind,
             "evidence": f"{copy.describe()}, {why}" + (f" ({row['evidence']})" if held else ""),
             "source": "memory events + a pack hook's copy"}  # fmt: skip
-
-
-def _census_of(bounds: list[Boundary], censuses: pd.DataFrame) -> dict[Boundary, markers.ReleasedCensus]:
-    """Each boundary's census of who released the buffers its forward's collectives filled
-    (sptrace.instrument's ``sptrace.released::`` event, written when the backward that consumes
-    the forward ends): the first one after the boundary that no earlier boundary took."""
-    taken = sorted((int(ts), str(name)) for name, ts in zip(censuses["name"], censuses["ts_ns"]) if pd.notna(ts))
-    times = [ts for ts, _ in taken]
-    next_free = list(range(len(taken) + 1))  # k -> the first census at or after k no boundary took
-
-    def first_free(k: int) -> int:
-        root = k
-        while next_free[root] != root:
-            root = next_free[root]
-        while next_free[k] != root:  # (path halving keeps each lookup near constant)
-            next_free[k], k = root, next_free[k]
-        return root
-
-    out: dict[Boundary, markers.ReleasedCensus] = {}
-    for b in sorted(bounds, key=lambda b: b.backward_ns):
-        k = first_free(bisect.bisect_left(times, b.backward_ns))
-        if k == len(taken):
-            continue
-        next_free[k] = k + 1
-        census = markers.ReleasedCensus.from_marker(taken[k][1])
-        if census is not None:
-            out[b] = census
-    return out
 
 
 def _backward_phases(idx: RankIndex) -> Intervals:
