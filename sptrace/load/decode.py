@@ -219,8 +219,10 @@ def decode_native(path: Path, data: bytes) -> tuple[JSONObject, pa.Table] | None
     if _kineto is None:
         return None
     columns = _kineto.decode(data)
-    if columns is None:
-        return None
+    return None if columns is None else _native_table(path, columns)
+
+
+def _native_table(path: Path, columns: dict[str, Any]) -> tuple[JSONObject, pa.Table] | None:
     try:
         return _from_native(path, columns)
     except (_Declined, msgspec.DecodeError, UnicodeDecodeError):  # (e.g. metadata holding 1e999)
@@ -233,8 +235,11 @@ def decode_trace(path: Path) -> tuple[JSONObject, pa.Table]:
     The native decoder reads what Kineto writes and declines anything else (it returns None),
     which then takes the msgspec paths: both give the same table (tests/load/test_native.py)."""
     data = read_bytes(path)
-    if native_decoder() and (decoded := decode_native(path, data)) is not None:
-        return decoded
+    if native_decoder() and _kineto is not None and (columns := _kineto.decode(data)) is not None:
+        del data  # the columns hold copies: the text goes before the table is built (a rank's peak)
+        if (decoded := _native_table(path, columns)) is not None:
+            return decoded
+        data = read_bytes(path)  # declined after all: the other paths read it again
     try:
         top = _TYPED_TOP.decode(data)
         if top.traceEvents is not None:
@@ -689,13 +694,13 @@ def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]
     kind_rows = {p: slice(int(bounds[k]), int(bounds[k + 1])) for k, p in enumerate(_PHASES)}
 
     def ints(key: str) -> np.ndarray:
-        raw = out.get(key)
+        raw = out.pop(key, None)  # (each buffer is dropped once its column is built: the load's peak)
         return np.full(n, _ABSENT, dtype=np.int64) if raw is None else np.frombuffer(raw, dtype=np.int64)[order]
 
     def int_column(key: str) -> pa.Array:
         values = ints(key)
         if key in ("pid", "tid", "id") and f"{key}_s" in out:  # strings: "Spans", "stream 7"
-            codes, tokens = out[f"{key}_s"]
+            codes, tokens = out.pop(f"{key}_s")
             parsed = [_int64(_to_int(_ANY.decode(t))) for t in tokens]
             lut = np.array([_ABSENT if v is None else v for v in parsed] + [_ABSENT], dtype=np.int64)
             codes = np.frombuffer(codes, dtype=np.int32)[order]
@@ -707,8 +712,9 @@ def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]
         ``_texts`` reads a kind's str values)."""
         if key not in out:
             return pa.nulls(n, pa.string())
-        buffer, tokens = out[key]
+        buffer, tokens = out.pop(key)
         codes = np.frombuffer(buffer, dtype=np.int32)[order]
+        del buffer
         values = [decode(t) for t in tokens]
         if falsy_kinds:
             truthy = np.array([bool(v) for v in values] + [False])
