@@ -200,9 +200,7 @@ class RankIndex:
         forward = self.forward_by_seq
         visited = self.backward_nodes.column("seq_num").to_numpy(dtype=float, na_value=np.nan)
         linked = np.isin(forward["seq_num"].to_numpy(dtype=np.int64), visited[~np.isnan(visited)].astype(np.int64))
-        ops = collective_kinds.by_op()
-        names = self.events["name"].iloc[self._forward_rows].to_numpy()
-        communicates = np.fromiter((isinstance(n, str) and n in ops for n in names), bool, len(names))
+        communicates = self.by_name.one_of(collective_kinds.by_op())[self._forward_rows]
         begins = forward["ts_ns"].to_numpy(dtype=np.int64)[linked | ~communicates]
         forward_ops = np.sort(begins)
         if not len(forward_ops):

@@ -1,6 +1,8 @@
 """Which boundary each of sptrace.instrument's release censuses (``sptrace.released::`` events)
-belongs to: the first census after a boundary that no earlier boundary took, found by bisect and
-a next-free index (a window of hundreds of boundaries is not a scan of the censuses per boundary)."""
+belongs to: the first census after a boundary that no earlier boundary took, found by bisect (a
+window of hundreds of boundaries is not a scan of the censuses per boundary). Boundaries taken in
+the order of their backwards take censuses in time order, so the first one left at or after a
+boundary is the later of its bisect and the one after the last taken."""
 
 from __future__ import annotations
 
@@ -18,22 +20,13 @@ def census_of_boundaries(bounds: list[Boundary], censuses: pd.DataFrame) -> dict
     the forward ends): the first one after the boundary that no earlier boundary took."""
     taken = sorted((int(ts), str(name)) for name, ts in zip(censuses["name"], censuses["ts_ns"]) if pd.notna(ts))
     times = [ts for ts, _ in taken]
-    next_free = list(range(len(taken) + 1))  # k -> the first census at or after k no boundary took
-
-    def first_free(k: int) -> int:
-        root = k
-        while next_free[root] != root:
-            root = next_free[root]
-        while next_free[k] != root:  # (path halving keeps each lookup near constant)
-            next_free[k], k = root, next_free[k]
-        return root
-
     out: dict[Boundary, markers.ReleasedCensus] = {}
+    free = 0  # boundaries in time order take censuses in time order: those before ``free`` are taken
     for b in sorted(bounds, key=lambda b: b.backward_ns):
-        k = first_free(bisect.bisect_left(times, b.backward_ns))
+        k = max(bisect.bisect_left(times, b.backward_ns), free)
         if k == len(taken):
             continue
-        next_free[k] = k + 1
+        free = k + 1
         census = markers.ReleasedCensus.from_marker(taken[k][1])
         if census is not None:
             out[b] = census
