@@ -123,6 +123,7 @@ def child(args: argparse.Namespace) -> int:
     from sptrace.load import decode
     from sptrace.vocab.errors import TraceError
     from tests.load.test_native import events, kineto_trace
+    from tests.load.test_native_pieces import in_pieces, plain  # (through decode._kineto: the sanitized build)
 
     decode._kineto = native  # decode_native's column conversion runs on the sanitized buffers too
     path = Path(args.keep)
@@ -134,6 +135,9 @@ def child(args: argparse.Namespace) -> int:
             decode.decode_native(path, data)
         except TraceError:
             pass  # read, and found wanting (an event without ts ...), as the msgspec path says
+        cuts = sorted(rng.randint(0, len(data)) for _ in range(rng.randint(1, 6)))
+        if plain(in_pieces(data, cuts)) != plain(native.decode(data)):
+            raise AssertionError(f"fuzz_native: read in pieces at {cuts}, {path} decodes otherwise than whole")
 
     deadline = time.monotonic() + args.seconds
     rng = random.Random(args.seed)
@@ -159,7 +163,7 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-PLANT_AFTER = "    s.end = s.p + view.len;\n"
+PLANT_AFTER = "    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;\n"
 PLANT = (
     "    if (view.len % 5 == 3) {\n"
     "        char *c = malloc(view.len); memcpy(c, view.buf, view.len); c[view.len] = 1; free(c);\n"

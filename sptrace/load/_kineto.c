@@ -9,14 +9,20 @@
  * time with an exponent or more than three significant decimals, an int beyond 64 bits, invalid
  * UTF-8), and the caller then takes that path, which reads the trace or says what is wrong.
  *
+ * It reads a document in pieces as it inflates (`Decoder.feed`), so that a rank's text is never held
+ * whole: each piece is parsed up to its last complete event, and the rest waits for the next piece.
+ * What it keeps of the text (distinct tokens) it copies. `decode(data)` reads one whole document.
+ *
  * Output (a dict): "n" events in file order; "ph" (int8 codes X=0 i=1 s=2 f=3 M=4); "ts", "dur"
  * and integer fields as int64 bytes with INT64_MIN for absent or null; string and raw-JSON fields
- * as (int32 codes, [distinct JSON tokens]) with -1 for absent or null; "meta" the [(row, args
+ * as (int32 codes, [distinct JSON tokens]) with -1 for absent or null (the values are buffers the
+ * caller reads with numpy, owned by the decoder's memory, never copied); "meta" the [(row, args
  * token)] of M events; "top" the [(key, value token)] of the top-level object but traceEvents.
  * A column no event carries is absent from the dict. The caller decodes distinct tokens only.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,8 +52,16 @@ typedef struct {
     const char *out; /* name in the output dict */
     int kind;
     void *data; /* int64_t* or int32_t*, allocated on first use */
+    size_t filled; /* rows [0, filled) hold a value or absent; the rest is not yet touched */
     Intern intern;
 } Column;
+
+/* the tokens' bytes, copied out of the text in blocks (the text goes piece by piece) */
+typedef struct Block {
+    struct Block *next;
+    size_t used, cap;
+    char data[];
+} Block;
 
 /* event-level columns */
 enum { C_NAME, C_CAT, C_TS, C_DUR, C_PID, C_TID, C_ID, C_BP, C_PID_S, C_TID_S, C_ID_S, N_EVENT_COLS };
@@ -103,7 +117,36 @@ typedef struct {
     Column args[N_ARG_COLS];
     int i_map[N_I_ARGS]; /* I_ARGS[k] -> args column */
     PyObject *meta; /* list of (row, token or None) */
+    Block *blocks;
+    Intern **added; /* the interns a token was added to since the current event began, in order */
+    size_t n_added, cap_added;
 } P;
+
+#define BLOCK_SIZE (1u << 20)
+
+/* a copy of n bytes, kept until the decoder goes */
+static const char *keep(P *s, const char *a, size_t n) {
+    Block *b = s->blocks;
+    if (!b || b->cap - b->used < n) {
+        size_t cap = n > BLOCK_SIZE ? n : BLOCK_SIZE;
+        Block *fresh = malloc(sizeof(Block) + cap);
+        if (!fresh) return NULL;
+        fresh->used = 0;
+        fresh->cap = cap;
+        if (b && n > BLOCK_SIZE) { /* a large token gets its own block, behind the current one */
+            fresh->next = b->next;
+            b->next = fresh;
+        } else {
+            fresh->next = b;
+            s->blocks = fresh;
+        }
+        b = fresh;
+    }
+    char *out = b->data + b->used;
+    memcpy(out, a, n);
+    b->used += n;
+    return out;
+}
 
 /* a hash of a token, 8 bytes a step (names of templated kernels run to hundreds of bytes) */
 static uint64_t hash(const char *s, size_t n) {
@@ -134,14 +177,14 @@ static int intern_grow(Intern *t) {
     return 0;
 }
 
-/* the token's code, added when new; -1 on allocation failure */
-static int32_t intern(Intern *t, const char *s, size_t n) {
+/* the token's code, added (its bytes copied) when new; -1 on allocation failure */
+static int32_t intern(P *s, Intern *t, const char *a, size_t n) {
     if ((t->count + 1) * 2 > t->cap && intern_grow(t) < 0) return -1;
-    uint64_t h = hash(s, n);
+    uint64_t h = hash(a, n);
     size_t j = h & (t->cap - 1);
     while (t->slots[j]) {
         Token *k = &t->tokens[t->slots[j] - 1];
-        if (k->hash == h && k->len == n && memcmp(k->ptr, s, n) == 0) return (int32_t)(t->slots[j] - 1);
+        if (k->hash == h && k->len == n && memcmp(k->ptr, a, n) == 0) return (int32_t)(t->slots[j] - 1);
         j = (j + 1) & (t->cap - 1);
     }
     if (t->count == t->tcap) {
@@ -151,10 +194,32 @@ static int32_t intern(Intern *t, const char *s, size_t n) {
         t->tokens = tokens;
         t->tcap = tcap;
     }
+    if (s->n_added == s->cap_added) {
+        size_t cap = s->cap_added ? s->cap_added * 2 : 64;
+        Intern **added = realloc(s->added, cap * sizeof(Intern *));
+        if (!added) return -1;
+        s->added = added;
+        s->cap_added = cap;
+    }
     if (n > UINT32_MAX || t->count >= INT32_MAX) return -1;
-    t->tokens[t->count] = (Token){s, (uint32_t)n, h};
+    const char *copy = keep(s, a, n);
+    if (!copy) return -1;
+    t->tokens[t->count] = (Token){copy, (uint32_t)n, h};
     t->slots[j] = (uint32_t)(t->count + 1);
+    s->added[s->n_added++] = t;
     return (int32_t)t->count++;
+}
+
+/* forget the tokens added since the event began (it is read again from the next piece): the
+ * latest first, which leaves each probe sequence as it was before they came */
+static void intern_undo(P *s) {
+    while (s->n_added) {
+        Intern *t = s->added[--s->n_added];
+        size_t i = --t->count;
+        size_t j = t->tokens[i].hash & (t->cap - 1);
+        while (t->slots[j] != i + 1) j = (j + 1) & (t->cap - 1);
+        t->slots[j] = 0;
+    }
 }
 
 static size_t width(int kind) { return kind == K_INT ? sizeof(int64_t) : sizeof(int32_t); }
@@ -168,17 +233,21 @@ static void fill_absent(Column *c, size_t from, size_t to) {
     }
 }
 
-/* the column's data, allocated (absent everywhere) on first use */
-static void *column_data(P *s, Column *c) {
+/* row r's cell of column c: the column allocated on first use, the rows before r that no event
+ * wrote marked absent as they are passed (untouched pages cost no memory); NULL when out of memory */
+static void *cell(P *s, Column *c, size_t r) {
     if (!c->data) {
         c->data = malloc(s->cap * width(c->kind));
         if (!c->data) {
             s->fail = 1;
             return NULL;
         }
-        fill_absent(c, 0, s->cap);
     }
-    return c->data;
+    if (c->filled <= r) {
+        fill_absent(c, c->filled, r + 1);
+        c->filled = r + 1;
+    }
+    return (char *)c->data + r * width(c->kind);
 }
 
 static int grow_rows(P *s) {
@@ -195,7 +264,6 @@ static int grow_rows(P *s) {
         void *d = realloc(c->data, cap * width(c->kind));
         if (!d) return -1;
         c->data = d;
-        fill_absent(c, s->cap, cap);
     }
     s->cap = cap;
     return 0;
@@ -402,19 +470,19 @@ static int is_null(P *s) {
     return s->p < s->end && *s->p == 'n' && literal(s, "null", 4);
 }
 
-/* a value into column c at row r: ints (or null), strings (or null), or any JSON as text */
+/* a value into column c at row r: ints (or null), strings (or null), or any JSON as text. The
+ * column is allocated only once a value was read whole (a piece may end inside one: its event is
+ * read again, and a null must leave no column behind) */
 static int put(P *s, Column *c, size_t r) {
     ws(s);
     if (s->p >= s->end) return 0;
     if (is_null(s)) {
         return 1; /* absent and null read the same (msgspec: None), and raw null decodes to None */
     }
-    void *data = column_data(s, c);
-    if (!data) return 0;
     if (c->kind == K_INT) {
-        int64_t v;
-        if (!int_value(s, &v)) return 0;
-        ((int64_t *)data)[r] = v;
+        int64_t v, *d;
+        if (!int_value(s, &v) || !(d = cell(s, c, r))) return 0;
+        *d = v;
         return 1;
     }
     const char *a = s->p;
@@ -424,9 +492,10 @@ static int put(P *s, Column *c, size_t r) {
     } else if (!skip(s, 1)) {
         return 0;
     }
-    int32_t code = intern(&c->intern, a, (size_t)(s->p - a));
+    int32_t code = intern(s, &c->intern, a, (size_t)(s->p - a)), *d;
     if (code < 0) return s->fail = 1, 0;
-    ((int32_t *)data)[r] = code;
+    if (!(d = cell(s, c, r))) return 0;
+    *d = code;
     return 1;
 }
 
@@ -508,14 +577,18 @@ static int field(P *s, int f, size_t r) {
     case C_TS: /* a number or null */
     case C_DUR: {
         if (is_null(s)) return 1;
-        int64_t *d = column_data(s, &s->ev[f]);
-        return d && time_value(s, &d[r]);
+        int64_t v, *d;
+        if (!time_value(s, &v) || !(d = cell(s, &s->ev[f], r))) return 0;
+        *d = v;
+        return 1;
     }
     default: { /* pid, tid, flow id: an int, a string (read by the caller), or null */
         if (*s->p == '"') return put(s, &s->ev[C_PID_S + (f - C_PID)], r);
         if (is_null(s)) return 1;
-        int64_t *d = column_data(s, &s->ev[f]);
-        return d && int_value(s, &d[r]);
+        int64_t v, *d;
+        if (!int_value(s, &v) || !(d = cell(s, &s->ev[f], r))) return 0;
+        *d = v;
+        return 1;
     }
     }
 }
@@ -609,53 +682,158 @@ static int event(P *s) {
     }
     s->p = after;
     if (!named) { /* msgspec's default: "" */
-        int32_t *d = column_data(s, &s->ev[C_NAME]);
-        int32_t code = d ? intern(&s->ev[C_NAME].intern, EMPTY_NAME, 2) : -1;
+        int32_t *d = cell(s, &s->ev[C_NAME], r);
+        int32_t code = d ? intern(s, &s->ev[C_NAME].intern, EMPTY_NAME, 2) : -1;
         if (code < 0) return s->fail = 1, 0;
-        d[r] = code;
+        *d = code;
     }
     s->ph[r] = (int8_t)ph;
     s->n++;
     return 1;
 }
 
-/* ---- the document ----------------------------------------------------------------------- */
+/* ---- the document, piece by piece ------------------------------------------------------ */
 
-static int document(P *s, PyObject *top) {
-    int have_events = 0;
-    if (!expect(s, '{')) return 0;
-    if (!expect(s, '}')) {
-        do {
-            const char *k;
-            size_t n;
-            if (!key(s, &k, &n)) return 0;
-            if (key_is(k, n, "traceEvents")) {
-                if (have_events || !expect(s, '[')) return 0;
-                have_events = 1;
-                if (!expect(s, ']')) {
-                    do {
-                        if (!event(s)) return 0;
-                    } while (expect(s, ','));
-                    if (!expect(s, ']')) return 0;
-                }
-                continue;
-            }
-            ws(s);
-            const char *a = s->p;
-            if (!skip(s, 1)) return 0;
-            PyObject *item = Py_BuildValue("(y#y#)", k, (Py_ssize_t)n, a, (Py_ssize_t)(s->p - a));
-            if (!item || PyList_Append(top, item) < 0) {
-                Py_XDECREF(item);
-                s->fail = 1;
-                return 0;
-            }
-            Py_DECREF(item);
-        } while (expect(s, ','));
-        if (!expect(s, '}')) return 0;
-    }
+/* Where the reading stands between steps. A step reads one unit (the opening brace; a top-level
+ * key with its value; an event; a separator) and the look-ahead that shows the unit is whole; it
+ * changes the state only when the unit was read whole. A unit that fails before the last piece
+ * is read again from its start with the next piece appended; one longer than MAX_UNIT is not
+ * Kineto's, and is declined. */
+enum { D_START, D_KEY, D_AFTER, D_EVENTS, D_END };
+#define MAX_UNIT ((ptrdiff_t)64 << 20)
+
+typedef struct {
+    PyObject_HEAD
+    P s;
+    int state, have_events, declined;
+    PyObject *top; /* list of (key, value token) */
+} Decoder;
+
+/* the next non-space byte is there (it is not consumed) */
+static inline int ahead(P *s) {
     ws(s);
-    return have_events && s->p == s->end;
+    return s->p < s->end;
 }
+
+static int step(Decoder *d) {
+    P *s = &d->s;
+    switch (d->state) {
+    case D_START:
+        if (!expect(s, '{') || !ahead(s)) return 0;
+        if (*s->p == '}') s->p++, d->state = D_END;
+        else d->state = D_KEY;
+        return 1;
+    case D_KEY: {
+        const char *k;
+        size_t n;
+        if (!key(s, &k, &n)) return 0;
+        if (key_is(k, n, "traceEvents")) {
+            if (d->have_events || !expect(s, '[') || !ahead(s)) return 0;
+            d->have_events = 1;
+            if (*s->p == ']') s->p++, d->state = D_AFTER;
+            else d->state = D_EVENTS;
+            return 1;
+        }
+        ws(s);
+        const char *a = s->p;
+        if (!skip(s, 1) || !ahead(s) || (*s->p != ',' && *s->p != '}')) return 0;
+        PyObject *item = Py_BuildValue("(y#y#)", k, (Py_ssize_t)n, a, (Py_ssize_t)(s->p - a));
+        if (!item || PyList_Append(d->top, item) < 0) {
+            Py_XDECREF(item);
+            s->fail = 1;
+            return 0;
+        }
+        Py_DECREF(item);
+        d->state = D_AFTER;
+        return 1;
+    }
+    case D_AFTER:
+        if (!ahead(s)) return 0;
+        if (*s->p == ',') d->state = D_KEY;
+        else if (*s->p == '}') d->state = D_END;
+        else return 0;
+        s->p++;
+        return 1;
+    case D_EVENTS:
+        if (!event(s) || !ahead(s)) return 0;
+        if (*s->p == ']') d->state = D_AFTER;
+        else if (*s->p != ',') return 0;
+        s->p++;
+        return 1;
+    default: /* D_END: nothing but spaces */
+        ws(s);
+        return s->p == s->end;
+    }
+}
+
+/* read [buf, buf + len) as far as its last whole unit; the bytes read, or -1 once declined (for
+ * good) or on error (an exception set). ``last``: no piece follows, so every unit must be whole
+ * and the document complete. */
+static Py_ssize_t feed_bytes(Decoder *d, const char *buf, Py_ssize_t len, int last) {
+    P *s = &d->s;
+    if (d->declined) return -1;
+    s->p = buf;
+    s->end = buf + len;
+    for (;;) {
+        if (d->state == D_END && s->p == s->end) break;
+        const char *mark = s->p;
+        size_t n = s->n;
+        Py_ssize_t n_meta = PyList_GET_SIZE(s->meta), n_top = PyList_GET_SIZE(d->top);
+        s->n_added = 0;
+        if (step(d)) continue;
+        if (s->fail) {
+            d->declined = 1;
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->p = mark; /* the unit is read again from its start, or never */
+        s->n = n;
+        intern_undo(s);
+        if (PyList_SetSlice(s->meta, n_meta, PY_SSIZE_T_MAX, NULL) < 0 ||
+            PyList_SetSlice(d->top, n_top, PY_SSIZE_T_MAX, NULL) < 0) {
+            d->declined = 1;
+            return -1;
+        }
+        if (last || d->state == D_END || s->end - mark > MAX_UNIT) {
+            d->declined = 1;
+            return -1;
+        }
+        break;
+    }
+    if (last && !(d->state == D_END && d->have_events)) {
+        d->declined = 1;
+        return -1;
+    }
+    return (Py_ssize_t)(s->p - buf);
+}
+
+/* ---- output: columns as buffers the decoder allocated, handed over without a copy ---------- */
+
+typedef struct {
+    PyObject_HEAD
+    void *data;
+    Py_ssize_t len;
+} Buffer;
+
+static void buffer_dealloc(Buffer *b) {
+    free(b->data);
+    Py_TYPE(b)->tp_free((PyObject *)b);
+}
+
+static int buffer_get(Buffer *b, Py_buffer *view, int flags) {
+    return PyBuffer_FillInfo(view, (PyObject *)b, b->data, b->len, 1, flags);
+}
+
+static PyBufferProcs BUFFER_PROCS = {(getbufferproc)buffer_get, NULL};
+
+static PyTypeObject BufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sptrace.load._kineto.Buffer",
+    .tp_basicsize = sizeof(Buffer),
+    .tp_dealloc = (destructor)buffer_dealloc,
+    .tp_as_buffer = &BUFFER_PROCS,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "a column's values, read through the buffer protocol (numpy.frombuffer)",
+};
 
 static void release(Column *c) {
     free(c->data);
@@ -665,9 +843,30 @@ static void release(Column *c) {
     c->intern = (Intern){0};
 }
 
+/* the column's first n rows, its memory handed to a Buffer (shrunk to n rows) */
+static PyObject *take(Column *c, size_t n) {
+    if (c->filled < n) {
+        fill_absent(c, c->filled, n);
+        c->filled = n;
+    }
+    size_t size = n * width(c->kind);
+    void *data = size ? realloc(c->data, size) : NULL;
+    if (size && !data) data = c->data; /* (a failed shrink keeps the larger block) */
+    else if (!size) free(c->data);
+    c->data = NULL;
+    Buffer *b = PyObject_New(Buffer, &BufferType);
+    if (!b) {
+        free(data);
+        return NULL;
+    }
+    b->data = data;
+    b->len = (Py_ssize_t)size;
+    return (PyObject *)b;
+}
+
 static int emit(PyObject *out, Column *c, size_t n) {
     if (!c->data) return 0;
-    PyObject *values = PyBytes_FromStringAndSize(c->data, (Py_ssize_t)(n * width(c->kind)));
+    PyObject *values = take(c, n);
     if (!values) return -1;
     PyObject *item = values;
     if (c->kind != K_INT) {
@@ -687,55 +886,131 @@ static int emit(PyObject *out, Column *c, size_t n) {
     return rc;
 }
 
-static PyObject *decode(PyObject *self, PyObject *arg) {
-    (void)self;
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-    P s;
-    memset(&s, 0, sizeof(s));
-    s.p = s.start = view.buf;
-    s.end = s.p + view.len;
-    for (int i = 0; i < N_EVENT_COLS; i++) s.ev[i] = (Column){NULL, EVENT_OUT[i], EVENT_KIND[i], NULL, {0}};
-    for (size_t i = 0; i < N_X_ARGS; i++) s.args[i] = (Column){X_ARGS[i].key, X_ARGS[i].out, X_ARGS[i].kind, NULL, {0}};
+static void clear_state(P *s) {
+    for (int i = 0; i < N_EVENT_COLS; i++) release(&s->ev[i]);
+    for (size_t i = 0; i < N_ARG_COLS; i++) release(&s->args[i]);
+    free(s->ph);
+    s->ph = NULL;
+    free(s->added);
+    s->added = NULL;
+    s->n_added = s->cap_added = 0;
+    while (s->blocks) {
+        Block *next = s->blocks->next;
+        free(s->blocks);
+        s->blocks = next;
+    }
+    Py_CLEAR(s->meta);
+}
+
+/* ---- the Decoder type --------------------------------------------------------------------- */
+
+static int decoder_init(Decoder *d, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, ":Decoder", kwlist)) return -1;
+    clear_state(&d->s);
+    Py_CLEAR(d->top);
+    P *s = &d->s;
+    memset(s, 0, sizeof(*s));
+    for (int i = 0; i < N_EVENT_COLS; i++) s->ev[i] = (Column){NULL, EVENT_OUT[i], EVENT_KIND[i], NULL, 0, {0}};
+    for (size_t i = 0; i < N_X_ARGS; i++)
+        s->args[i] = (Column){X_ARGS[i].key, X_ARGS[i].out, X_ARGS[i].kind, NULL, 0, {0}};
     size_t j = N_X_ARGS; /* i events' own columns follow X's; they share X's "Ev Idx" */
     for (size_t i = 0; i < N_I_ARGS; i++) {
         if (strcmp(I_ARGS[i].out, "ev_idx") == 0) {
-            s.i_map[i] = I_EV_IDX;
+            s->i_map[i] = I_EV_IDX;
             continue;
         }
-        s.args[j] = (Column){I_ARGS[i].key, I_ARGS[i].out, I_ARGS[i].kind, NULL, {0}};
-        s.i_map[i] = (int)j++;
+        s->args[j] = (Column){I_ARGS[i].key, I_ARGS[i].out, I_ARGS[i].kind, NULL, 0, {0}};
+        s->i_map[i] = (int)j++;
     }
-    PyObject *out = NULL, *top = PyList_New(0);
-    s.meta = PyList_New(0);
-    int ok = top && s.meta && document(&s, top);
-    if (ok) {
+    d->state = D_START;
+    d->have_events = d->declined = 0;
+    s->meta = PyList_New(0);
+    d->top = PyList_New(0);
+    return s->meta && d->top ? 0 : -1;
+}
+
+static void decoder_dealloc(Decoder *d) {
+    clear_state(&d->s);
+    Py_CLEAR(d->top);
+    Py_TYPE(d)->tp_free((PyObject *)d);
+}
+
+static PyObject *decoder_feed(Decoder *d, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"data", "last", NULL};
+    Py_buffer view;
+    int last = 0;
+    if (!d->s.meta) return PyErr_Format(PyExc_ValueError, "the decoder was not initialised"), NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|p:feed", kwlist, &view, &last)) return NULL;
+    Py_ssize_t used = feed_bytes(d, view.buf, view.len, last);
+    PyBuffer_Release(&view);
+    if (used < 0 && PyErr_Occurred()) return NULL;
+    return PyLong_FromSsize_t(used);
+}
+
+/* the columns, once the last piece was read whole; None when declined. The decoder is spent. */
+static PyObject *decoder_finish(Decoder *d, PyObject *unused) {
+    (void)unused;
+    P *s = &d->s;
+    PyObject *out = NULL;
+    if (s->meta && !d->declined && d->state == D_END && d->have_events) {
         out = PyDict_New();
         int rc = out ? 0 : -1;
-        PyObject *count = PyLong_FromSize_t(s.n);
-        PyObject *ph = PyBytes_FromStringAndSize((char *)s.ph, (Py_ssize_t)s.n);
+        PyObject *count = PyLong_FromSize_t(s->n);
+        PyObject *ph = PyBytes_FromStringAndSize((char *)s->ph, (Py_ssize_t)s->n);
         if (!count || !ph) rc = -1;
         if (!rc) rc = PyDict_SetItemString(out, "n", count);
         if (!rc) rc = PyDict_SetItemString(out, "ph", ph);
         Py_XDECREF(count);
         Py_XDECREF(ph);
-        if (!rc) rc = PyDict_SetItemString(out, "meta", s.meta);
-        if (!rc) rc = PyDict_SetItemString(out, "top", top);
-        /* each column is freed once copied out, so the copies never all sit beside the columns */
-        for (int i = 0; !rc && i < N_EVENT_COLS; i++) rc = emit(out, &s.ev[i], s.n), release(&s.ev[i]);
-        for (size_t i = 0; !rc && i < N_ARG_COLS; i++) rc = emit(out, &s.args[i], s.n), release(&s.args[i]);
+        if (!rc) rc = PyDict_SetItemString(out, "meta", s->meta);
+        if (!rc) rc = PyDict_SetItemString(out, "top", d->top);
+        for (int i = 0; !rc && i < N_EVENT_COLS; i++) rc = emit(out, &s->ev[i], s->n), release(&s->ev[i]);
+        for (size_t i = 0; !rc && i < N_ARG_COLS; i++) rc = emit(out, &s->args[i], s->n), release(&s->args[i]);
         if (rc) Py_CLEAR(out);
     }
-    for (int i = 0; i < N_EVENT_COLS; i++) release(&s.ev[i]);
-    for (size_t i = 0; i < N_ARG_COLS; i++) release(&s.args[i]);
-    free(s.ph);
-    Py_XDECREF(top);
-    Py_XDECREF(s.meta);
-    PyBuffer_Release(&view);
+    clear_state(s);
+    Py_CLEAR(d->top);
+    d->declined = 1;
     if (out) return out;
     if (PyErr_Occurred()) return NULL;
-    if (s.fail) return PyErr_NoMemory();
-    Py_RETURN_NONE; /* declined: the caller takes the msgspec path */
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef DECODER_METHODS[] = {
+    {"feed", (PyCFunction)(void (*)(void))decoder_feed, METH_VARARGS | METH_KEYWORDS,
+     "feed(data, last=False) -> the bytes read (a tail that holds no whole unit waits: pass it again "
+     "before the next piece), or -1 once the document is declined"},
+    {"finish", (PyCFunction)decoder_finish, METH_NOARGS, "finish() -> dict of columns, or None when declined"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject DecoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sptrace.load._kineto.Decoder",
+    .tp_basicsize = sizeof(Decoder),
+    .tp_dealloc = (destructor)decoder_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Decoder(): a Kineto document read in pieces (feed), then its columns (finish)",
+    .tp_methods = DECODER_METHODS,
+    .tp_init = (initproc)decoder_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* one whole document */
+static PyObject *decode(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Decoder *d = (Decoder *)PyObject_CallNoArgs((PyObject *)&DecoderType);
+    if (!d) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    Py_ssize_t used = feed_bytes(d, view.buf, view.len, 1);
+    PyBuffer_Release(&view);
+    PyObject *out = used < 0 && PyErr_Occurred() ? NULL : decoder_finish(d, NULL);
+    Py_DECREF(d);
+    return out;
 }
 
 static PyMethodDef METHODS[] = {
@@ -749,5 +1024,14 @@ PyMODINIT_FUNC PyInit__kineto(void) {
     for (size_t i = 0; i < N_X_ARGS; i++) X_ARGS[i].len = strlen(X_ARGS[i].key);
     for (size_t i = 0; i < N_I_ARGS; i++) I_ARGS[i].len = strlen(I_ARGS[i].key);
     for (int c = 0; c < 256; c++) PLAIN[c] = c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
-    return PyModule_Create(&MODULE);
+    if (PyType_Ready(&BufferType) < 0 || PyType_Ready(&DecoderType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&MODULE);
+    if (!m) return NULL;
+    Py_INCREF(&DecoderType);
+    if (PyModule_AddObject(m, "Decoder", (PyObject *)&DecoderType) < 0) {
+        Py_DECREF(&DecoderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

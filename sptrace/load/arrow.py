@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 
 try:  # the kernels alone: importing pyarrow.compute wraps ~290 functions in Python, 0.1 s of CPU
-    from pyarrow._compute import CastOptions, SetLookupOptions, call_function
+    from pyarrow._compute import CastOptions, DictionaryEncodeOptions, SetLookupOptions, call_function
 except ImportError:  # pragma: no cover - a pyarrow that moved its private module
-    from pyarrow.compute import CastOptions, SetLookupOptions, call_function
+    from pyarrow.compute import CastOptions, DictionaryEncodeOptions, SetLookupOptions, call_function
 
 _OFFSET_MAX = 2**31 - 1  # pa.string() offsets are int32
 
@@ -98,6 +98,11 @@ def compute(function: str, *args: pa.Array | pa.Scalar) -> pa.Array:
     Array methods such as ``cast`` and ``take`` import pyarrow.compute on first use; the decoder
     and ``sptrace info`` call the kernels here instead (tests/cli/test_lazy_imports.py checks that)."""
     return call_function(function, list(args))
+
+
+def dictionary_encode_nulls(arr: pa.Array) -> pa.DictionaryArray:
+    """``arr`` dictionary-encoded with null as a value of its own (indices without nulls)."""
+    return call_function("dictionary_encode", [arr], DictionaryEncodeOptions("encode"))
 
 
 def cast(arr: pa.Array, target: pa.DataType) -> pa.Array:

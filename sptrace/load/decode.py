@@ -31,7 +31,17 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from sptrace.load.arrow import cast, codes_of, compute, dictionary, from_numpy, string_array, to_numpy
+from sptrace.load.arrow import (
+    cast,
+    codes_of,
+    compute,
+    dictionary,
+    dictionary_encode_nulls,
+    from_numpy,
+    string_array,
+    to_numpy,
+)
+from sptrace.load.pieces import text_pieces
 from sptrace.load.schema import ARG_COLUMNS, SCHEMA, normalise_category
 from sptrace.vocab.errors import TraceError
 from sptrace.vocab.jsontypes import JSONObject
@@ -222,6 +232,25 @@ def decode_native(path: Path, data: bytes) -> tuple[JSONObject, pa.Table] | None
     return None if columns is None else _native_table(path, columns)
 
 
+def native_columns(path: Path) -> dict[str, Any] | None:
+    """The native decoder's columns of the file, read as it inflates (its text is never whole in
+    memory: a rank's load peaks at the columns, not the text beside them), or None where it
+    declines. A tail that holds no whole event waits for the next piece."""
+    assert _kineto is not None
+    decoder = _kineto.Decoder()
+    tail = b""
+    for piece in text_pieces(path):
+        text = tail + piece if tail else piece
+        used = decoder.feed(text)
+        if used < 0:
+            return None
+        tail = text[used:]
+        del text
+    if decoder.feed(tail, last=True) < 0:
+        return None
+    return decoder.finish()
+
+
 def _native_table(path: Path, columns: dict[str, Any]) -> tuple[JSONObject, pa.Table] | None:
     try:
         return _from_native(path, columns)
@@ -234,12 +263,10 @@ def decode_trace(path: Path) -> tuple[JSONObject, pa.Table]:
 
     The native decoder reads what Kineto writes and declines anything else (it returns None),
     which then takes the msgspec paths: both give the same table (tests/load/test_native.py)."""
-    data = read_bytes(path)
-    if native_decoder() and _kineto is not None and (columns := _kineto.decode(data)) is not None:
-        del data  # the columns hold copies: the text goes before the table is built (a rank's peak)
+    if native_decoder() and (columns := native_columns(path)) is not None:
         if (decoded := _native_table(path, columns)) is not None:
             return decoded
-        data = read_bytes(path)  # declined after all: the other paths read it again
+    data = read_bytes(path)  # (declined: the msgspec paths read the whole text)
     try:
         top = _TYPED_TOP.decode(data)
         if top.traceEvents is not None:
@@ -491,13 +518,14 @@ def _categories(raw_cat: pa.Array, ph: pa.Array, name: pa.Array) -> pa.Array:
     code = {c: i for i, c in enumerate(vocabulary)}
     cats = np.array([code[c] for c in mapped] + [-1], dtype=np.int32)[to_numpy(encoded.indices, fill=-1)]
     uncategorised = cats < 0
-    if uncategorised.any():
-        fallback = np.where(
-            codes_of(ph, ["M"]),
-            code["metadata"],
-            np.where(codes_of(name, ["[memory]"]), code["cpu_instant_event"], code["other"]),
-        )
-        cats = np.where(uncategorised, fallback, cats).astype(np.int32)
+    if uncategorised.any():  # (in place, a mask at a time: this runs beside the whole table)
+        metadata = codes_of(ph, ["M"])
+        cats[uncategorised & metadata] = code["metadata"]
+        uncategorised &= ~metadata
+        del metadata
+        memory = codes_of(name, ["[memory]"])
+        cats[uncategorised & memory] = code["cpu_instant_event"]
+        cats[uncategorised & ~memory] = code["other"]
     launch = codes_of(raw_cat, ["async"]) & codes_of(name, ["launch"])
     if launch.any():
         cats[launch] = code["ac2g"]
@@ -509,17 +537,23 @@ def _thread_names(pid: pa.Array, tid: pa.Array, ph: pa.Array, name: pa.Array, me
     rows = np.flatnonzero(codes_of(ph, ["M"]) & codes_of(name, ["thread_name"]))
     if not len(rows):
         return pa.nulls(len(pid), pa.string())
-    pids, tids = to_numpy(pid, fill=_ABSENT), to_numpy(tid, fill=_ABSENT)  # (no event's id is _ABSENT)
+    # each distinct pid and tid once (Arrow's hash encoding, null its own value), then each
+    # distinct pair: int32 codes a row, made in place (this runs beside the whole table)
+    pid_codes = dictionary_encode_nulls(pid)
+    tid_codes = dictionary_encode_nulls(tid)
+    first_pid = to_numpy(pid_codes.dictionary, fill=_ABSENT)  # (no event's id is _ABSENT)
+    first_tid = to_numpy(tid_codes.dictionary, fill=_ABSENT)
+    width = len(first_tid)
+    pair = to_numpy(pid_codes.indices).astype(np.int32 if len(first_pid) * width < 2**31 else np.int64)
+    del pid_codes
+    pair *= width
+    pair += to_numpy(tid_codes.indices)
+    del tid_codes
     names = compute("take", meta, from_numpy(rows)).to_pylist()
-    named = dict(zip(zip(pids[rows].tolist(), tids[rows].tolist()), names))
-    # the last name wins; each distinct (pid, tid) is looked up once (Arrow's hash encoding)
-    pid_codes = compute("dictionary_encode", from_numpy(pids))
-    tid_codes = compute("dictionary_encode", from_numpy(tids))
-    width = len(tid_codes.dictionary)
-    pair = to_numpy(pid_codes.indices).astype(np.int64) * width + to_numpy(tid_codes.indices)
-    pairs = compute("dictionary_encode", from_numpy(pair))
+    named = dict(zip(zip(first_pid[pair[rows] // width].tolist(), first_tid[pair[rows] % width].tolist()), names))
+    pairs = compute("dictionary_encode", from_numpy(pair))  # the last name wins
+    del pair
     distinct = to_numpy(pairs.dictionary)
-    first_pid, first_tid = to_numpy(pid_codes.dictionary), to_numpy(tid_codes.dictionary)
     keys = zip(first_pid[distinct // width].tolist(), first_tid[distinct % width].tolist())
     return compute("take", dictionary([named.get(key) for key in keys]), pairs.indices)
 
