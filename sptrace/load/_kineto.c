@@ -306,6 +306,17 @@ static int utf8_len(const unsigned char *p, const unsigned char *end) {
 
 static unsigned char PLAIN[256]; /* bytes a string holds as they are: not '"', '\\', control or non-ASCII */
 
+/* whether any of 8 bytes is not PLAIN: '"', '\\', a control byte or non-ASCII (a word at a time:
+ * names and keys are most of a trace's bytes) */
+static inline int special8(const unsigned char *p) {
+    const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+    uint64_t w, q, b;
+    memcpy(&w, p, 8);
+    q = w ^ (ones * '"');
+    b = w ^ (ones * '\\');
+    return (((q - ones) & ~q) | ((b - ones) & ~b) | (w - ones * 0x20) | w) & high ? 1 : 0;
+}
+
 static int hexdigit(char c) {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
@@ -317,6 +328,7 @@ static int string(P *s, const char **a, int *escaped) {
     *escaped = 0;
     p++;
     for (;;) {
+        while (end - p >= 8 && !special8(p)) p += 8;
         while (p < end && PLAIN[*p]) p++;
         if (p >= end) return 0;
         unsigned c = *p;
