@@ -129,12 +129,16 @@ def not_found(pathname: str) -> Component:
 
 def create_app(
     paths: list[Path], sweeps: list[Path] | None = None, analyses: list[RunAnalysis] | None = None,
-    options: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None, timeline_points: int | None = None,
 ) -> Dash:  # fmt: skip
     """``paths``: the runs; ``sweeps``: sptrace sweep folders, shown on the Compare page;
     ``analyses``: the runs' analyses when the caller already has them (sptrace demo);
-    ``options``: analyse_run's for every run (the model flags, load options)."""
+    ``options``: analyse_run's for every run (the model flags, load options);
+    ``timeline_points``: the most points the Timeline sends for one view (default
+    sptrace.lane_window.MAX_POINTS)."""
     store = RunStore(paths, sweeps or [], analyses, options)
+    if timeline_points is not None:
+        store.timeline_points = timeline_points
     app = Dash(__name__, title="sptrace", update_title=None, suppress_callback_exceptions=True,
                assets_folder=str(ASSETS), serve_locally=True)  # fmt: skip
     app.layout = dmc.MantineProvider(

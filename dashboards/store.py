@@ -2,6 +2,10 @@
 first use (sptrace.analysis.analyse_run, the same analysis the CLI renders) and kept in memory.
 Pages refer to runs by index, so no path from the browser ever reaches the filesystem.
 
+An analysis is also kept on disk (sptrace.analysis_cache: keyed by the run's files, the options
+and the code), so that a dashboard started again over a run it showed before reads it back in a
+fraction of a second instead of reducing every rank again.
+
 Each app has its own store (nothing module-global), and each run its own lock: the first request
 for a slow run analyses it while requests for the other runs are answered."""
 
@@ -12,7 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from sptrace import analysis_cache
 from sptrace.analysis import PARTS, RunAnalysis, analyse_run
+from sptrace.lane_window import MAX_POINTS
 from sptrace.sweep import Sweep, load_sweep
 from sptrace.vocab.errors import SptraceError
 
@@ -21,6 +27,9 @@ T = TypeVar("T")
 VIEW_PARTS = (*PARTS, "whatif")
 """What the dashboard analyses when the caller names no parts: analyse_run's own, and the replay graphs
 of the Timeline's what-if (built from what the critical path already has: a few ms)."""
+CACHED_OPTIONS = frozenset({"parts", "flags", "load_options"})
+"""The options sptrace.analysis_cache keys: with only these, an analysis is kept on disk and read
+back when the dashboard is started again over the same run (its first page at once)."""
 
 
 class RunStore:
@@ -35,6 +44,8 @@ class RunStore:
         self._cache: dict[tuple[int, str], object] = {(i, "run"): a for i, a in enumerate(analyses or [])}
         self._locks: dict[tuple[int, str], threading.Lock] = {}
         self._guard = threading.Lock()  # held only to look up / create a per-run lock
+        self.timeline_points = MAX_POINTS
+        """The most points the Timeline sends for one view (sptrace.lane_window)."""
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -85,6 +96,8 @@ class RunStore:
 
         def analyse() -> RunAnalysis | SptraceError:
             try:
+                if set(self.analyse_options) <= CACHED_OPTIONS:  # read back when this run was shown before
+                    return analysis_cache.analyse(self.paths[index], **self.analyse_options)  # type: ignore[arg-type]
                 return analyse_run(self.paths[index], **self.analyse_options)
             except SptraceError as exc:  # its message names the file and the problem
                 return exc

@@ -50,16 +50,32 @@ def matched_peers(a: RunAnalysis, frame: pd.DataFrame) -> pd.DataFrame:
         return out
     members = m.members.merge(m.matched[["group", "key", "ranks", "straggler", "algbw_gbps", "busbw_gbps"]],
                               on=["group", "key"], how="inner")  # fmt: skip
-    keyed = frame.reset_index().merge(members, on=["rank", "start_us"], how="left").set_index("index")
-    for i, row in keyed.iterrows():
-        if isinstance(row.get("ranks"), list):
-            others = [r for r in row["ranks"] if r != row["rank"]]
-            out.at[i, "peers"] = rank_text(others, none="no other rank")
-            if pd.notna(row["straggler"]):
-                out.at[i, "straggler"] = f"rank {int(row['straggler'])}"
-            if pd.notna(row["algbw_gbps"]):
-                busbw = f"{row['busbw_gbps']:.2f} GB/s" if pd.notna(row["busbw_gbps"]) else "? (group size unknown)"
-                out.at[i, "algbw"] = f"algbw {row['algbw_gbps']:.2f} GB/s, busbw {busbw}"
+    keyed = frame[["rank", "start_us"]].reset_index().merge(members, on=["rank", "start_us"], how="inner")
+    keyed = keyed.drop_duplicates("index", keep="last").set_index("index")
+    if keyed.empty:
+        return out
+    names: dict[tuple[int, tuple[int, ...]], str] = {}  # a group's ranks but one, named once per rank and group
+    peers, straggler, algbw = [], [], []
+    for rank, ranks, strag, alg, bus in zip(keyed["rank"], keyed["ranks"], keyed["straggler"], keyed["algbw_gbps"],
+                                            keyed["busbw_gbps"]):  # fmt: skip
+        if not isinstance(ranks, list):
+            peers.append("no other rank")
+            straggler.append("-")
+            algbw.append("bandwidth ?")
+            continue
+        key = (int(rank), tuple(ranks))
+        if key not in names:
+            names[key] = rank_text([r for r in ranks if r != rank], none="no other rank")
+        peers.append(names[key])
+        straggler.append(f"rank {int(strag)}" if pd.notna(strag) else "-")
+        if pd.notna(alg):
+            busbw = f"{bus:.2f} GB/s" if pd.notna(bus) else "? (group size unknown)"
+            algbw.append(f"algbw {alg:.2f} GB/s, busbw {busbw}")
+        else:
+            algbw.append("bandwidth ?")
+    out.loc[keyed.index, "peers"] = peers
+    out.loc[keyed.index, "straggler"] = straggler
+    out.loc[keyed.index, "algbw"] = algbw
     return out
 
 

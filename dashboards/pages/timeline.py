@@ -7,7 +7,8 @@ from __future__ import annotations
 from urllib.parse import parse_qs, urlencode
 
 import dash_mantine_components as dmc
-from dash import Dash, Input, NoUpdate, Output, State, ctx, html, no_update
+import plotly.graph_objects as go
+from dash import Dash, Input, NoUpdate, Output, State, ctx, dcc, html, no_update
 from dash.development.base_component import Component
 from sptrace.dashboards.export_route import export_href
 from sptrace.dashboards.pages import whatif_panel
@@ -15,6 +16,7 @@ from sptrace.dashboards.pages.common import ClickData, View, error_box, graph, g
 from sptrace.dashboards.store import RunStore
 
 from sptrace.analysis import RunAnalysis
+from sptrace.lane_window import MAX_POINTS, RESOLUTION
 from sptrace.lanes import events_around, stragglers
 from sptrace.report.timeline import timeline
 from sptrace.vocab.errors import SptraceError
@@ -102,8 +104,8 @@ def render(store: RunStore, view: View) -> list[Component]:
     parts = [
         head, controls,
         dmc.Group([dmc.Text(" · ".join(facts), size="sm", c="dimmed"), export_link(a, view.run, shown)], gap="lg"),
-        graph("timeline-graph", timeline(a, layer=layer, phase=None if layer is not None else phase, ranks=shown,
-                                         max_lanes=MAX_LANES)),
+        graph("timeline-graph", lanes_figure(a, view.run, layer, phase, shown, max_points=store.timeline_points)),
+        dcc.Store(id="timeline-window", data=None),
     ]  # fmt: skip
     parts.append(html.Div(dmc.Text("Click a collective to list the events around it on its rank (read from the "
                                    "run's table cache, that window only).", size="sm", c="dimmed", mt="xs"),
@@ -115,6 +117,40 @@ def render(store: RunStore, view: View) -> list[Component]:
 
         parts += skew_section(a, "timeline")
     return parts
+
+
+def lanes_figure(
+    a: RunAnalysis, run: int, layer: int | None, phase: str | None, shown: list[int] | None,
+    window: tuple[float, float] | None = None, max_points: int = MAX_POINTS,
+) -> go.Figure:  # fmt: skip
+    """The Timeline's figure: the whole step (or the layer's or phase's extent), or ``window`` (ms
+    from the step start) when the user zoomed; at most about MAX_POINTS points either way."""
+    fig = timeline(a, layer=layer, phase=None if layer is not None else phase, ranks=shown, max_lanes=MAX_LANES,
+                   window=window, max_points=max_points, resolution=RESOLUTION)  # fmt: skip
+    # the user's zoom, pan and legend choices survive a fetched window (plotly keeps what the user
+    # changed while uirevision stays the same); another run, layer, phase or rank group starts afresh
+    fig.update_layout(uirevision=f"{run}-{layer}-{phase}-{shown[0] if shown else 'all'}")
+    return fig
+
+
+ZOOMED_OUT = "all"
+
+
+def x_window(relayout: dict[str, object] | None) -> tuple[float, float] | str | None:
+    """The x range a zoom or pan asked for (ms), ZOOMED_OUT for "all the way out" (autorange), or
+    None when the change was not of the x axis (a y zoom, the drag mode, a resize)."""
+    if not relayout:
+        return None
+    if relayout.get("xaxis.autorange"):
+        return ZOOMED_OUT
+    lo, hi = relayout.get("xaxis.range[0]"), relayout.get("xaxis.range[1]")
+    if lo is None and isinstance(relayout.get("xaxis.range"), list):
+        lo, hi = relayout["xaxis.range"][:2]  # type: ignore[index]
+    try:
+        lo_f, hi_f = float(lo), float(hi)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return (lo_f, hi_f) if hi_f > lo_f else None
 
 
 def critical_path_section(a: RunAnalysis) -> list[Component]:
@@ -153,6 +189,38 @@ def register(app: Dash, store: RunStore) -> None:
         window = events_around(a, int(custom[0]), float(custom[12]), float(custom[13]))
         title = f"events on rank {window.rank}, {window.start_ms:.2f} to {window.end_ms:.2f} ms"
         return grid(window.events, "timeline-events", title, height=360)
+
+    @app.callback(
+        Output("timeline-graph", "figure"),
+        Output("timeline-window", "data"),
+        Input("timeline-graph", "relayoutData"),
+        State("timeline-window", "data"),
+        State("url", "search"),
+        State("header-run", "value"),
+        prevent_initial_call=True,
+    )
+    def _window(
+        relayout: dict[str, object] | None, fetched: list[float] | None, search: str | None, run: str | None
+    ) -> tuple[go.Figure | NoUpdate, list[float] | NoUpdate | None]:
+        """A zoom or pan fetches the detail of the range shown (and zooming out, the whole step
+        again): the server sends that window, decimated to its own resolution."""
+        wanted = x_window(relayout)
+        if wanted is None:
+            return no_update, no_update
+        window = None if wanted == ZOOMED_OUT else [float(x) for x in wanted]
+        if window == fetched:
+            return no_update, no_update
+        a = store.get(run)
+        if isinstance(a, SptraceError):
+            return no_update, no_update
+        query = {k: v[-1] for k, v in parse_qs((search or "").lstrip("?")).items()}
+        view = View("timeline", int(run or 0), None, query)
+        layer, phase = zoom(view)
+        groups, index = chosen_group(a, view)
+        shown = groups[index] if index is not None else None
+        figure = lanes_figure(a, view.run, layer, phase, shown, (window[0], window[1]) if window else None,
+                              max_points=store.timeline_points)  # fmt: skip
+        return figure, window
 
     @app.callback(
         Output("url", "search", allow_duplicate=True),

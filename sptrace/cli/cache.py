@@ -1,5 +1,6 @@
 """``sptrace cache info`` / ``sptrace cache clear``: the trace cache (sptrace.load.cache): parsed tables, and
-per-rank summaries (sptrace.run.summaries); and the replayed results (sptrace.cli.result_cache)."""
+per-rank summaries (sptrace.run.summaries); the replayed results (sptrace.cli.result_cache); and the
+dashboard's kept analyses (sptrace.analysis_cache)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sptrace import analysis_cache
     from sptrace.cachedir import default_cache_dir, max_bytes
     from sptrace.cli import result_cache
     from sptrace.load import cache
@@ -42,11 +44,12 @@ def run(args: argparse.Namespace) -> int:
     results_dir = result_cache.directory(directory)
     cap = max_bytes()
     if args.action == "clear":
-        freed = cache.clear(directory) + result_cache.clear(results_dir)
+        freed = cache.clear(directory) + result_cache.clear(results_dir) + analysis_cache.store(directory).clear()
         print(f"{directory}: cleared, {human_bytes(freed)} freed")
         return 0
     entries = cache.entries(directory)
     results = result_cache.entries(results_dir)
+    analyses = analysis_cache.store(directory).entries()
     total = sum(e.bytes for e in entries)
     gone = [e for e in entries if e.source_gone]
     tables = [e for e in entries if e.kind == "table"]
@@ -62,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
             "results": {"entries": len(results), "bytes": sum(e.bytes for e in results),
                         "max_bytes": cap // result_cache.SHARE,
                         "commands": [r.header.get("command", "") for r in reversed(results)]},
+            "analyses": {"entries": len(analyses), "bytes": sum(e.bytes for e in analyses),
+                         "max_bytes": cap // analysis_cache.SHARE},
             "traces": [_record(e) for e in reversed(entries)],
         }, indent=1))  # fmt: skip
         return 0
@@ -74,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"  {len(results)} results, {human_bytes(sum(e.bytes for e in results))} (at most "
           f"{human_bytes(cap // result_cache.SHARE)}): what a collectives, analyze or info printed, replayed when "
           "it is run again on the unchanged run with the same flags and code")  # fmt: skip
+    print(f"  {len(analyses)} analyses, {human_bytes(sum(e.bytes for e in analyses))} (at most "
+          f"{human_bytes(cap // analysis_cache.SHARE)}): a dashboard's whole analysis of a run, read back when it "
+          "shows the unchanged run again")  # fmt: skip
     if other_code:
         print(f"{len(other_code)} summaries written by other sptrace code (never read by this one; dropped as the "
               "cap needs room, or by clear)")  # fmt: skip

@@ -13,7 +13,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from sptrace.analysis import RunAnalysis
-from sptrace.lanes import arrival_skew, collective_bars, matched_peers, on_aligned_clock
+from sptrace.lane_window import MAX_POINTS, RESOLUTION, LaneView, lane_view
+from sptrace.lanes import arrival_skew, matched_peers
 from sptrace.report.theme import COLORS, PHASE_COLORS, empty, figure, kind_color
 from sptrace.vocab.units import human_bytes, rank_text
 
@@ -23,16 +24,20 @@ def timeline(
     *,
     layer: int | None = None,
     phase: str | None = None,
-    max_bars: int = 6000,
     max_lanes: int = 64,
     ranks: list[int] | None = None,
+    window: tuple[float, float] | None = None,
+    max_points: int = MAX_POINTS,
+    resolution: int = RESOLUTION,
 ) -> go.Figure:
     """One lane per rank on clocks aligned across ranks: the step's phases as background bands,
     compute as a thin grey band, each collective as a bar over its transfer (kernels or gloo
     worker), at least 1/400 of the view wide so that every one is visible; the same collective
     linked across ranks, and its straggler (the last rank to arrive) marked. ``layer`` or
-    ``phase`` zooms to the collectives of a layer or to a phase; ``ranks`` picks the lanes
-    (at most ``max_lanes``: past that a lane per rank is neither readable nor fast)."""
+    ``phase`` zooms to the collectives of a layer or to a phase, ``window`` (ms from the step
+    start) to a range; ``ranks`` picks the lanes (at most ``max_lanes``: past that a lane per
+    rank is neither readable nor fast). What is drawn of the window, at most about
+    ``max_points`` points, is sptrace.lane_window's."""
     frame = a.collectives
     if frame.empty and a.compute.empty:
         return empty("timeline")
@@ -49,71 +54,49 @@ def timeline(
         if len(ranks) > max_lanes:
             title = f"the first {max_lanes} of {len(ranks)} ranks"
             ranks = ranks[:max_lanes]
-    if len(ranks) < len(present):
-        frame = frame[frame["rank"].isin(ranks)]
-    lane = {r: i for i, r in enumerate(ranks)}
+    view = lane_view(a, ranks, window=window, layer=layer, phase=phase, max_points=max_points, resolution=resolution)
+    return draw(a, view, title)
 
-    t0 = a.step_zero_us
-    f = collective_bars(a, frame)  # a bar spans when the data moved: raw_start on the rank's clock, bar_start aligned
-    phases = a.phases[a.phases["rank"].isin(ranks)] if len(a.phases) else a.phases
-    phases = phases.assign(s=lambda p: on_aligned_clock(a, p)) if len(phases) else phases
-    lo_parts = [t0]
-    if len(f):
-        lo_parts.append(f["bar_start"].min())
-    if len(phases):
-        lo_parts.append(phases["s"].min())
-    lo = min(lo_parts)
-    hi_parts = []
-    if len(f):
-        hi_parts.append((f["bar_start"] + f["bar_dur"]).max())
-    if len(phases):
-        hi_parts.append((phases["s"] + phases["dur_us"]).max())
-    hi = max(hi_parts) if hi_parts else lo + 1
-    view = (lo, hi)
-    if layer is not None and len(f):
-        sel = f[f["layer"] == layer]
-        if len(sel):
-            view = (sel["bar_start"].min(), (sel["bar_start"] + sel["bar_dur"]).max())
-    elif phase is not None and len(phases):
-        sel = phases[phases["phase"] == phase]
-        if len(sel):
-            view = (sel["s"].min(), (sel["s"] + sel["dur_us"]).max())
-    span = max(view[1] - view[0], 1.0)
-    fig = figure(title, barmode="overlay", height=110 + 46 * len(ranks), showlegend=True)
-    # phases: background bands behind each rank's lane
-    for p in phases.itertuples() if len(phases) else ():
-        y = lane.get(int(p.rank))
-        if y is None:
-            continue
-        fill = PHASE_COLORS.get(p.phase, PHASE_COLORS["step"])
-        fig.add_shape(type="rect", x0=(p.s - t0) / 1e3, x1=(p.s + p.dur_us - t0) / 1e3, y0=y - 0.48, y1=y + 0.48,
-                      fillcolor=fill, line_width=0, layer="below")  # fmt: skip
-        if p.phase != "step" and y == 0:  # named once, above the top lane
-            fig.add_annotation(x=(p.s - t0) / 1e3, y=-0.5, text=p.phase, showarrow=False, xanchor="left",
-                               yanchor="bottom", font={"size": 11, "color": COLORS["gray"]})  # fmt: skip
-    # compute: a thin band at the bottom of each lane
-    if len(a.compute):
-        c = a.compute[a.compute["rank"].isin(ranks)]
-        c = c.assign(s=on_aligned_clock(a, c))
+
+def draw(a: RunAnalysis, view: LaneView, title: str = "") -> go.Figure:
+    """The lanes of ``view`` (sptrace.lane_window.lane_view), every row it holds and nothing else."""
+    lane = {r: i for i, r in enumerate(view.ranks)}
+    t0 = view.t0
+    span = max(view.shown[1] - view.shown[0], 1.0)
+    if view.decimated:
+        c = view.totals.get("collectives", 0)
+        note = (f"{len(view.collectives)} of {c} collectives drawn (the longest in each {view.bucket_us / 1e3:.3g} ms "
+                "of a lane); zoom in for each")  # fmt: skip
+        title = f"{title}: {note}" if title else note
+    fig = figure(title, barmode="overlay", height=110 + 46 * len(view.ranks), showlegend=True)
+    _phases(fig, view, lane, span)
+    if len(view.compute):  # compute: a thin band at the bottom of each lane
+        c = view.compute
+        merged = c["count"].to_numpy() > 1
+        text = np.where(merged, [f"{n} compute spans, {b / 1e3:.2f} ms busy" for n, b in zip(c["count"], c["busy_us"])],
+                        "compute")  # fmt: skip
         fig.add_trace(go.Bar(
-            y=[lane[int(r)] - 0.28 for r in c["rank"]], base=(c["s"] - t0) / 1e3,
-            x=np.maximum(c["dur_us"].astype(float), span / 2000) / 1e3, orientation="h", width=0.12,
-            name="compute", marker={"color": "#adb5bd"}, hovertemplate="compute %{x:.2f} ms<extra></extra>",
+            y=c["rank"].map(lane).to_numpy(dtype=float) - 0.28, base=(c["s"].to_numpy(dtype=float) - t0) / 1e3,
+            x=np.maximum(c["dur_us"].to_numpy(dtype=float), span / 2000) / 1e3, orientation="h", width=0.12,
+            name="compute", marker={"color": "#adb5bd"}, hovertext=text,
+            hovertemplate="%{hovertext} %{x:.2f} ms<extra></extra>",
         ))  # fmt: skip
-    # collectives, with what hover needs: bytes, bandwidth, layer, module and the matched peers
-    if len(f):
-        f = f.sort_values("bar_start").head(max_bars)
+    f = view.collectives
+    if len(f):  # collectives, with what hover needs: bytes, bandwidth, layer, module and the matched peers
         info = matched_peers(a, f)
         for kind, g in f.groupby("kind", sort=False):
             m = info.loc[g.index]
             custom = np.column_stack([
                 g["rank"].astype(int), g["op"].astype(str), g["in_bytes"].map(_bytes_text),
                 g["wire_bytes"].map(_bytes_text), m["algbw"], m["peers"], g["layer"].map(_layer_text),
-                g["module"].fillna("").astype(str), g["phase"].astype(str), g["bar_dur"] / 1e3, g["issue_ms"],
-                m["straggler"], g["raw_start"], g["raw_start"] + g["bar_dur"],
+                g["module"].fillna("").astype(str), g["phase"].astype(str), (g["bar_dur"] / 1e3).round(4),
+                g["issue_ms"].round(4), m["straggler"], g["raw_start"].round(2),
+                (g["raw_start"] + g["bar_dur"]).round(2),
+                g["hidden"].map(lambda n: f"<br>and {n} more in this {view.bucket_us / 1e3:.3g} ms: zoom in" if n
+                                else ""),
             ])  # fmt: skip
             fig.add_trace(go.Bar(
-                y=[lane[int(r)] + 0.08 for r in g["rank"]], base=(g["bar_start"] - t0) / 1e3,
+                y=g["rank"].map(lane).to_numpy(dtype=float) + 0.08, base=(g["bar_start"] - t0) / 1e3,
                 x=np.maximum(g["bar_dur"], span / 400) / 1e3, orientation="h", width=0.5, name=kind,
                 marker={"color": kind_color(kind), "line": {"width": 0}}, customdata=custom,
                 hovertemplate=(
@@ -121,19 +104,46 @@ def timeline(
                     "in %{customdata[2]}, wire %{customdata[3]}, %{customdata[4]}<br>"
                     "layer %{customdata[6]} %{customdata[7]}, %{customdata[8]}<br>"
                     "transfer %{customdata[9]:.2f} ms, issued at %{customdata[10]:.2f} ms<br>"
-                    "matched with %{customdata[5]}; straggler %{customdata[11]}<extra></extra>"
+                    "matched with %{customdata[5]}; straggler %{customdata[11]}%{customdata[14]}<extra></extra>"
                 ),
             ))  # fmt: skip
-        _links_and_stragglers(fig, a, f, lane, t0)
-    _critical_path(fig, a, lane, t0)
+        _links_and_stragglers(fig, view, lane)
+    _critical_path(fig, view, lane)
+    lo, hi = view.shown
+    pad = 0.0 if view.asked else span * 0.01  # a range the user zoomed to is shown as asked
     fig.update_layout(
         xaxis={"title": "ms from the step start (clocks aligned across ranks)",
-               "range": [(view[0] - t0) / 1e3 - span * 0.01 / 1e3, (view[1] - t0) / 1e3 + span * 0.01 / 1e3]},
+               "range": [(lo - pad - t0) / 1e3, (hi + pad - t0) / 1e3]},
         yaxis={"tickvals": list(lane.values()), "ticktext": [f"rank {r}" for r in lane], "autorange": "reversed",
-               "range": [len(ranks) - 0.5, -0.85], "showgrid": False, "zeroline": False},
+               "range": [len(view.ranks) - 0.5, -0.85], "showgrid": False, "zeroline": False},
         legend={"traceorder": "normal"}, hovermode="closest",
+        meta={"points": view.points, "decimated": view.decimated, "bucket_ms": view.bucket_us / 1e3,
+              "window_ms": [(view.lo_us - t0) / 1e3, (view.hi_us - t0) / 1e3],
+              "extent_ms": [(view.extent[0] - t0) / 1e3, (view.extent[1] - t0) / 1e3]},
     )  # fmt: skip
     return fig
+
+
+def _phases(fig: go.Figure, view: LaneView, lane: dict[int, int], span: float) -> None:
+    """Phases: background bands behind each rank's lane (a bar trace per phase, beneath the rest),
+    each named once above the top lane where it is wide enough to read."""
+    p = view.phases
+    if p.empty:
+        return
+    t0 = view.t0
+    for name, g in p.groupby("phase", sort=False):
+        fill = PHASE_COLORS.get(name, PHASE_COLORS["step"])
+        fig.add_trace(go.Bar(
+            y=g["rank"].map(lane).to_numpy(dtype=float), base=(g["s"].to_numpy(dtype=float) - t0) / 1e3,
+            x=g["dur_us"].to_numpy(dtype=float) / 1e3, orientation="h", width=0.96, name=str(name),
+            marker={"color": fill, "line": {"width": 0}}, hoverinfo="skip", showlegend=False,
+        ))  # fmt: skip
+    top = p[(p["rank"] == view.ranks[0]) & (p["phase"] != "step") & (p["dur_us"] >= span / 40)]
+    fig.update_layout(annotations=[
+        {"x": (s - t0) / 1e3, "y": -0.5, "text": name, "showarrow": False, "xanchor": "left", "yanchor": "bottom",
+         "font": {"size": 11, "color": COLORS["gray"]}}
+        for s, name in zip(top["s"].to_numpy(dtype=float), top["phase"])
+    ][:200])  # fmt: skip
 
 
 def _bytes_text(v: float | None) -> str:
@@ -144,35 +154,31 @@ def _layer_text(v: float | None) -> str:
     return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else str(int(v))
 
 
-def _links_and_stragglers(fig: go.Figure, a: RunAnalysis, f: pd.DataFrame, lane: dict[int, int], t0: float) -> None:
-    m = a.matching
-    if m is None or m.members.empty:
-        return
-    members = m.members.merge(f[["rank", "start_us", "bar_start"]], on=["rank", "start_us"], how="inner")
+def _links_and_stragglers(fig: go.Figure, view: LaneView, lane: dict[int, int]) -> None:
+    """A grey line through the ranks of each linked collective, a purple one from a send's start to
+    its receive's end, and a red marker under each straggler (sptrace.lane_window chose them)."""
+    t0 = view.t0
+    links = view.links
     xs: list[float | None] = []
     ys: list[float | None] = []
     px: list[float | None] = []  # send -> receive, from the send's start to the receive's end
     py: list[float | None] = []
-    ends = f.set_index(["rank", "start_us"])["bar_dur"]
-    for (group, _), g in list(members.groupby(["group", "key"], sort=False))[:800]:
-        if len(g) < 2:
-            continue
-        if group == "p2p" and len(g) == 2:
-            send, recv = g.iloc[0], g.iloc[1]  # matching lists the sender first
-            px += [(send["bar_start"] - t0) / 1e3, (recv["bar_start"] + ends.get((recv["rank"], recv["start_us"]), 0.0)
-                                                    - t0) / 1e3, None]  # fmt: skip
-            py += [lane[int(send["rank"])] + 0.08, lane[int(recv["rank"])] + 0.08, None]
-            continue
-        g = g.sort_values("rank")
-        xs += [*((g["bar_start"] - t0) / 1e3), None]
-        ys += [*(lane[int(r)] + 0.08 for r in g["rank"]), None]
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="same collective", hoverinfo="skip",
-                             line={"color": "rgba(73,80,87,0.25)", "width": 1}))  # fmt: skip
+    if len(links):
+        for (_, _), g in links.groupby(["group", "key"], sort=False):
+            if bool(g["p2p"].iloc[0]):
+                send, recv = g.iloc[0], g.iloc[1]
+                px += [(send["bar_start"] - t0) / 1e3, (recv["bar_end"] - t0) / 1e3, None]
+                py += [lane[int(send["rank"])] + 0.08, lane[int(recv["rank"])] + 0.08, None]
+                continue
+            xs += [*((g["bar_start"] - t0) / 1e3), None]
+            ys += [*(lane[int(r)] + 0.08 for r in g["rank"]), None]
+    if xs:
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="same collective", hoverinfo="skip",
+                                 line={"color": "rgba(73,80,87,0.25)", "width": 1}))  # fmt: skip
     if px:
         fig.add_trace(go.Scatter(x=px, y=py, mode="lines", name="send -> receive", hoverinfo="skip",
                                  line={"color": "rgba(190,75,219,0.45)", "width": 1}))  # fmt: skip
-    strag = members.merge(m.matched[["group", "key", "straggler"]], on=["group", "key"])
-    strag = strag[strag["rank"] == strag["straggler"]]
+    strag = view.stragglers
     if len(strag):
         fig.add_trace(go.Scatter(
             x=(strag["bar_start"] - t0) / 1e3, y=[lane[int(r)] - 0.22 for r in strag["rank"]], mode="markers",
@@ -181,17 +187,18 @@ def _links_and_stragglers(fig: go.Figure, a: RunAnalysis, f: pd.DataFrame, lane:
         ))  # fmt: skip
 
 
-def _critical_path(fig: go.Figure, a: RunAnalysis, lane: dict[int, int], t0: float) -> None:
+def _critical_path(fig: go.Figure, view: LaneView, lane: dict[int, int]) -> None:
     """The critical path (sptrace.reduce.critical) as one line through the lanes: along a lane
     while its rank is on the path, across lanes where it moves to the rank that arrived last.
-    Each point's hover names its segment."""
-    path = a.critical_path
-    if path is None or path.segments.empty:
+    Each point's hover names its segment (or, where several merged, the longest of them)."""
+    seg = view.critical
+    if seg.empty:
         return
+    t0 = view.t0
     xs: list[float | None] = []
     ys: list[float | None] = []
     text: list[str | None] = []
-    for s in path.segments.itertuples(index=False):
+    for s in seg.itertuples(index=False):
         y = lane.get(int(s.rank))
         if y is None:  # a rank not shown: the line breaks
             if xs and xs[-1] is not None:
@@ -203,6 +210,8 @@ def _critical_path(fig: go.Figure, a: RunAnalysis, lane: dict[int, int], t0: flo
             str(v) for v in (s.module, s.phase, s.collective) if isinstance(v, str) and v
         )
         label = f"{what}<br>{s.dur_us / 1e3:.3f} ms" + (f", {int(s.waiting)} ranks waited" if s.waiting else "")
+        if s.merged > 1:
+            label += f"<br>({int(s.merged)} segments of rank {int(s.rank)} here: zoom in)"
         for x in (s.start_us, s.start_us + s.dur_us):
             xs.append((x - t0) / 1e3)
             ys.append(y + 0.36)

@@ -242,10 +242,12 @@ def test_timeline_hover_and_visible_collectives(open_page):
     page.wait_for_selector("#timeline-graph .barlayer .point path", timeout=TIMEOUT_MS)
     # every collective bar is at least 2 px wide at the default zoom
     widths = page.evaluate("""() => [...document.querySelectorAll('#timeline-graph .barlayer .trace')]
-        .filter(t => !t.__data__ || t.__data__[0].trace.name !== 'compute')
+        .filter(t => t.__data__ && t.__data__[0].trace.customdata)  // the collectives' bars
         .flatMap(t => [...t.querySelectorAll('.point path')]).map(p => p.getBoundingClientRect().width)""")
     assert len(widths) >= 100 and min(widths) >= 2
-    bar = page.locator("#timeline-graph .barlayer .trace").nth(1).locator(".point path").first
+    first = page.evaluate("""() => [...document.querySelectorAll('#timeline-graph .barlayer .trace')]
+        .findIndex(t => t.__data__ && t.__data__[0].trace.customdata)""")  # a collective's (phases come first)
+    bar = page.locator("#timeline-graph .barlayer .trace").nth(first).locator(".point path").first
     bar.hover(force=True)
     page.wait_for_selector("#timeline-graph .hoverlayer .hovertext", timeout=TIMEOUT_MS)
     hover = page.text_content("#timeline-graph .hoverlayer")  # SVG: no inner_text

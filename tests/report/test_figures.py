@@ -99,12 +99,15 @@ def test_timeline_phases_are_bands_and_zoom(frame):
     )
     a = analysis(frame, offsets={0: 0.0, 1: 50.0}, phases=phases)
     fig = timeline.timeline(a)
-    bands = [s for s in fig.layout.shapes if s.type == "rect"]
-    assert len(bands) == 4 and {s.fillcolor for s in bands} == {theme.PHASE_COLORS["forward"],
-                                                                 theme.PHASE_COLORS["backward"]}  # fmt: skip
-    # phases behind the collectives, on the rank's own lane (not rows of their own)
-    assert all(s.layer == "below" for s in bands) and sorted({round(s.y0 + 0.48) for s in bands}) == [0, 1]
-    assert [t.name for t in fig.data if t.type == "bar"] == ["all_gather", "all_reduce"]
+    # one bar trace per phase, first (beneath the rest), a band as tall as the lane: thousands of
+    # phases stay one trace each, where a layout shape per band cost plotly O(n^2) to add
+    bands = [t for t in fig.data if t.name in ("forward", "backward")]
+    assert [t.name for t in fig.data[:2]] == ["forward", "backward"] and all(t.width == 0.96 for t in bands)
+    assert {t.marker.color for t in bands} == {theme.PHASE_COLORS["forward"], theme.PHASE_COLORS["backward"]}
+    assert sum(len(t.x) for t in bands) == 4 and sorted({round(y) for t in bands for y in t.y}) == [0, 1]
+    assert list(bars(fig, "backward").x) == pytest.approx([0.1, 0.1])  # 100 us each, on the rank's own lane
+    assert [t.name for t in fig.data if t.type == "bar" and t.name not in ("forward", "backward")] == [
+        "all_gather", "all_reduce"]  # fmt: skip
     layer0 = timeline.timeline(a, layer=0).layout.xaxis.range  # the layer's collectives: 11..41 us
     assert layer0[0] < 0.011 < 0.041 < layer0[1] < 0.05
     backward = timeline.timeline(a, phase="backward").layout.xaxis.range  # 250..350 us after the zero at 90
