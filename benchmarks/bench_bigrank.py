@@ -16,8 +16,9 @@ side with the floor (inflating the files), ratios printed.
    - HTA's ``TraceAnalysis(trace_dir=RUN)`` (its parse of every rank), and its temporal breakdown
      where the traces have GPU kernels;
    - TraceLens's ``TreePerfAnalyzer.from_file`` on each rank, where TraceLens is installed.
-3. Prints each row, each tool's wall over the floor's and HTA's over sptrace's, the lines
-   ``check`` printed (a verdict must fit a screen), and issue 51's targets beside them.
+3. Prints each row, each tool's wall over the floor's and HTA's over sptrace's, what
+   ``analyze`` and ``check`` cost past the parse (their CPU less ``info``'s, over ``info``'s: the
+   map, and the checks, per unit of parse), the lines ``check`` printed (a verdict must fit a screen), and issue 51's targets beside them.
 
 Source: an 8-rank run with memory events and a backward (what ``check`` judges). Default: the
 corpus's first such run where one is there, else ``sptrace profile --scheme megatron --steps 1``
@@ -162,7 +163,8 @@ def main() -> int:
 
 
 def report(rows: list[dict], verdicts: dict[int, str]) -> None:
-    print(f"\n{'MB/rank':>8} {'tool':<32}{'wall s':>9}{'cpu s':>9}{'peak MB':>9}{'x floor':>9}{'HTA / this':>11}")
+    print(f"\n{'MB/rank':>8} {'tool':<32}{'wall s':>9}{'cpu s':>9}{'peak MB':>9}{'x floor':>9}{'HTA / this':>11}"
+          f"{'map / parse':>12}")  # fmt: skip
     for r in rows:
         floor = next((b for b in rows if b["MB"] == r["MB"] and b["tool"] == "gzip -dc (floor)"), None)
         hta = next((b for b in rows if b["MB"] == r["MB"] and b["tool"] == "HTA parse"), None)
@@ -172,7 +174,11 @@ def report(rows: list[dict], verdicts: dict[int, str]) -> None:
         over = f"{r['wall'] / floor['wall']:.1f}" if ran and floor and floor["wall"] else ""
         mine = ran and r["tool"].startswith("sptrace")
         vs = f"{hta['wall'] / r['wall']:.1f}" if mine and hta and hta["wall"] else ""
-        print(f"{r['MB']:>8} {r['tool']:<32}{wall:>9}{cpu:>9}{r['rss'] / 2**20:>9.0f}{over:>9}{vs:>11}")
+        # what the map (and the checks) cost past the parse, in CPU: (this - info) / info
+        parse = next((b for b in rows if b["MB"] == r["MB"] and b["tool"] == "sptrace info"), None)
+        beyond = mine and parse and parse["cpu"] and r is not parse and r["cpu"] is not None
+        map_cost = f"{(r['cpu'] - parse['cpu']) / parse['cpu']:.2f}" if beyond else ""
+        print(f"{r['MB']:>8} {r['tool']:<32}{wall:>9}{cpu:>9}{r['rss'] / 2**20:>9.0f}{over:>9}{vs:>11}{map_cost:>12}")
     for mb, text in verdicts.items():
         lines = text.splitlines()
         print(f"\n`sptrace check` at {mb} MB/rank printed {len(lines)} lines ({len(text.encode())} bytes); its last:")
