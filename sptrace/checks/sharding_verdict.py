@@ -175,18 +175,26 @@ def _layer_table(saved: pd.DataFrame, expected_per_layer: float | None) -> pd.Da
     """Per rank and layer, the boundary (step, micro-batch) that kept the most: what the step's
     own holders (autograd, the model) keep, and the full-size part of it."""
     step_kept = saved[saved["layer"].notna() & saved["holder"].isin(KEEPERS)]
-    by_boundary = step_kept.assign(
-        _step=step_kept["step"].astype(float).fillna(-1), _micro=step_kept["micro_batch"].astype(float).fillna(0)
-    )  # fmt: skip
     rows = []
-    for (rank, layer), per_layer in by_boundary.groupby(["rank", "layer"]):
-        worst = max((g for _, g in per_layer.groupby(["_step", "_micro"])), key=lambda g: int(g["storage_bytes"].sum()))
-        rows.append({
-            "rank": int(rank), "layer": int(layer), "saved_tensors": len(worst),
-            "judged": int(worst["class"].isin(JUDGED).sum()), "measured_bytes": int(worst["storage_bytes"].sum()),
-            "full_bytes": int(worst[worst["class"] == "full"]["storage_bytes"].sum()),
-            "expected_bytes": expected_per_layer,
-        })  # fmt: skip
+    if len(step_kept):  # one grouping by (rank, layer, boundary), not one per rank and layer
+        stored = step_kept["storage_bytes"]
+        per = pd.DataFrame({
+            "rank": step_kept["rank"], "layer": step_kept["layer"],
+            "_step": step_kept["step"].astype(float).fillna(-1),
+            "_micro": step_kept["micro_batch"].astype(float).fillna(0),
+            "n": 1, "judged": step_kept["class"].isin(JUDGED), "bytes": stored,
+            "full": stored.where(step_kept["class"] == "full", 0),
+        }).groupby(["rank", "layer", "_step", "_micro"]).sum()  # fmt: skip
+        # each (rank, layer)'s boundary that kept the most (truncated as int() does): the first of equals
+        kept = per["bytes"].astype(float).apply(math.trunc) if per["bytes"].dtype.kind == "f" else per["bytes"]
+        worst = kept.groupby(level=[0, 1], sort=False).idxmax()
+        for (rank, layer, *_), n, judged, measured, full in zip(
+            worst.tolist(), *(per[c].loc[worst.tolist()].tolist() for c in ("n", "judged", "bytes", "full"))
+        ):  # fmt: skip
+            rows.append({
+                "rank": int(rank), "layer": int(layer), "saved_tensors": int(n), "judged": int(judged),
+                "measured_bytes": int(measured), "full_bytes": int(full), "expected_bytes": expected_per_layer,
+            })  # fmt: skip
     return pd.DataFrame(
         rows, columns=["rank", "layer", "saved_tensors", "judged", "measured_bytes", "full_bytes", "expected_bytes"]
     )

@@ -13,10 +13,14 @@ import pandas as pd
 
 from sptrace.detect.nesting import Nesting
 
-_INDEXED = 256
-"""Queries on a set larger than this go through its nesting index (after _SCANS scans): a scan of a
-small set costs less than the index's sweep."""
-_SCANS = 256
+_SCAN_FIXED = 9500
+"""What a scan costs besides its ranges, in ranges: a scan of n ranges costs about as much as one
+of n + _SCAN_FIXED ranges would cost without numpy's per-call overhead (4 us for a few, 25 us for
+50,000, on this project's machines)."""
+_BUILD = 500
+"""What the nesting index's sweep costs per range, in scanned ranges (about 0.2 us a range, 15 us
+set-up: _BUILD_FIXED)."""
+_BUILD_FIXED = 37500
 
 
 class Intervals:
@@ -110,13 +114,16 @@ class Intervals:
         return Nesting(self.start, self.end, self.tid)
 
     def _indexed(self) -> bool:
-        """Answer from the index? Once a large set has been asked more than _SCANS times: its sweep
-        costs about a microsecond a range (a few hundred scans of the set), which a set asked a few
-        times (sptrace info's) never earns back."""
-        if len(self.start) <= _INDEXED:
-            return False
+        """Answer from the index? Once the scans made of the set have cost as much as its sweep
+        would (rent until the rent paid is the price: never more than twice what the best choice,
+        known in advance, would cost): 5 scans of 20 ranges, 125 of 3,000, up to 500 of a huge set.
+        A set asked a few times (sptrace info's) is scanned; one asked for every allocation of a
+        rank (its ops) is indexed early. Both answer the same (tests/detect/test_nesting.py)."""
+        if "_nesting" in self.__dict__:
+            return True
+        n = len(self.start)
         asked = self.__dict__["_asked"] = self.__dict__.get("_asked", 0) + 1
-        return asked > _SCANS
+        return asked * (n + _SCAN_FIXED) > _BUILD * n + _BUILD_FIXED
 
     def enclosing(self, start: int, end: int, tid: int | None = None) -> np.ndarray:
         """Indices of the ranges containing [start, end], outermost first."""
