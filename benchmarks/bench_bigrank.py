@@ -18,7 +18,8 @@ side with the floor (inflating the files), ratios printed.
    - TraceLens's ``TreePerfAnalyzer.from_file`` on each rank, where TraceLens is installed.
 3. Prints each row, each tool's wall over the floor's and HTA's over sptrace's, what
    ``analyze`` and ``check`` cost past the parse (their CPU less ``info``'s, over ``info``'s: the
-   map, and the checks, per unit of parse), the lines ``check`` printed (a verdict must fit a screen), and issue 51's targets beside them.
+   map, and the checks, per unit of parse), the lines ``check`` printed (a verdict must fit a
+   screen), and issue 51's targets beside them.
 
 Source: an 8-rank run with memory events and a backward (what ``check`` judges). Default: the
 corpus's first such run where one is there, else ``sptrace profile --scheme megatron --steps 1``

@@ -860,7 +860,7 @@ static void buffer_dealloc(Buffer *b) {
 }
 
 static int buffer_get(Buffer *b, Py_buffer *view, int flags) {
-    return PyBuffer_FillInfo(view, (PyObject *)b, b->data, b->len, 1, flags);
+    return PyBuffer_FillInfo(view, (PyObject *)b, b->data, b->len, 0, flags); /* (writable: put in order in place) */
 }
 
 static PyBufferProcs BUFFER_PROCS = {(getbufferproc)buffer_get, NULL};
@@ -871,7 +871,7 @@ static PyTypeObject BufferType = {
     .tp_dealloc = (destructor)buffer_dealloc,
     .tp_as_buffer = &BUFFER_PROCS,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "a column's values, read through the buffer protocol (numpy.frombuffer)",
+    .tp_doc = "a column's values, through the buffer protocol (numpy.frombuffer), writable",
 };
 
 static void release(Column *c, size_t cap) {

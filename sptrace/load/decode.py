@@ -22,7 +22,6 @@ import math
 import operator
 import os
 import re
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ from sptrace.load.arrow import (
     string_array,
     to_numpy,
 )
-from sptrace.load.pieces import text_pieces
+from sptrace.load.pieces import PIECE_BYTES, TraceText
 from sptrace.load.schema import ARG_COLUMNS, SCHEMA, normalise_category
 from sptrace.vocab.errors import TraceError
 from sptrace.vocab.jsontypes import JSONObject
@@ -185,34 +184,14 @@ try:  # the native decoder (sptrace/load/_kineto.c), built when a C compiler was
 except ImportError:  # pragma: no cover - installed without a compiler: msgspec alone
     _kineto = None
 
-try:  # ISA-L inflates gzip about 2.5x faster than zlib (benchmarks/bench_load.py)
-    from isal import isal_zlib as _zlib
-except ImportError:  # pragma: no cover - isal is a dependency; zlib is the same API
-    _zlib = zlib
-
 
 # ---- bytes ---------------------------------------------------------------------------------
 
 
 def read_bytes(path: Path) -> bytes:
-    """The file's JSON text, gunzipped when it is gzip (by magic number, not by name)."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
-    if not data:
-        raise TraceError(path, "empty file")
-    if data[:2] == b"\x1f\x8b":
-        try:
-            # wbits=47: gzip or zlib header, auto-detected; decompressobj to detect truncation
-            d = _zlib.decompressobj(wbits=47)
-            out = d.decompress(data)
-            if not d.eof:
-                raise TraceError(path, "truncated gzip stream: the file is incomplete (was it still being written?)")
-            return out
-        except (zlib.error, _zlib.error) as exc:
-            raise TraceError(path, f"corrupt gzip data ({exc})") from None
-    return data
+    """The file's JSON text, whole, gunzipped when it is gzip (by magic number, not by name)."""
+    with TraceText(path) as text:
+        return text.read_all()
 
 
 # ---- decoding ------------------------------------------------------------------------------
@@ -232,22 +211,33 @@ def decode_native(path: Path, data: bytes) -> tuple[JSONObject, pa.Table] | None
     return None if columns is None else _native_table(path, columns)
 
 
-def native_columns(path: Path) -> dict[str, Any] | None:
+def native_columns(path: Path, piece_bytes: int = PIECE_BYTES) -> dict[str, Any] | None:
     """The native decoder's columns of the file, read as it inflates (its text is never whole in
     memory: a rank's load peaks at the columns, not the text beside them), or None where it
-    declines. A tail that holds no whole event waits for the next piece."""
+    declines. One buffer takes every piece: the tail of a piece that holds no whole event moves
+    to its front, and the next bytes are read after it (the buffer grows for a longer event)."""
     assert _kineto is not None
     decoder = _kineto.Decoder()
-    tail = b""
-    for piece in text_pieces(path):
-        text = tail + piece if tail else piece
-        used = decoder.feed(text)
-        if used < 0:
-            return None
-        tail = text[used:]
-        del text
-    if decoder.feed(tail, last=True) < 0:
-        return None
+    buffer = bytearray(piece_bytes)
+    view = memoryview(buffer)
+    kept = 0
+    try:
+        with TraceText(path) as text:
+            while got := text.read_into(view[kept:]):
+                end = kept + got
+                used = decoder.feed(view[:end])
+                if used < 0:
+                    return None
+                kept = end - used
+                view[:kept] = bytes(view[used:end])  # (the tail: less than an event, as a rule)
+                if kept * 2 > len(buffer):
+                    view.release()
+                    buffer.extend(bytes(len(buffer)))
+                    view = memoryview(buffer)
+            if decoder.feed(view[:kept], last=True) < 0:
+                return None
+    finally:
+        view.release()
     return decoder.finish()
 
 
@@ -727,9 +717,22 @@ def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]
     bounds = np.concatenate([[0], np.cumsum(counts)])
     kind_rows = {p: slice(int(bounds[k]), int(bounds[k + 1])) for k, p in enumerate(_PHASES)}
 
+    scratch: dict[type, np.ndarray] = {}
+
+    def in_order(raw: Any, dtype: type) -> np.ndarray:
+        """A decoder buffer's values grouped by phase, in the buffer itself (its pages are already
+        the process's: a new array per column would fault in as many again) through one scratch
+        array per dtype."""
+        values = np.frombuffer(raw, dtype=dtype)
+        if dtype not in scratch:
+            scratch[dtype] = np.empty(n, dtype=dtype)
+        np.take(values, order, out=scratch[dtype])
+        values[...] = scratch[dtype]
+        return values
+
     def ints(key: str) -> np.ndarray:
         raw = out.pop(key, None)  # (each buffer is dropped once its column is built: the load's peak)
-        return np.full(n, _ABSENT, dtype=np.int64) if raw is None else np.frombuffer(raw, dtype=np.int64)[order]
+        return np.full(n, _ABSENT, dtype=np.int64) if raw is None else in_order(raw, np.int64)
 
     def int_column(key: str) -> pa.Array:
         values = ints(key)
@@ -737,7 +740,7 @@ def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]
             codes, tokens = out.pop(f"{key}_s")
             parsed = [_int64(_to_int(_ANY.decode(t))) for t in tokens]
             lut = np.array([_ABSENT if v is None else v for v in parsed] + [_ABSENT], dtype=np.int64)
-            codes = np.frombuffer(codes, dtype=np.int32)[order]
+            codes = in_order(codes, np.int32)
             values = np.where(codes >= 0, lut[codes], values)
         return from_numpy(values, values != _ABSENT)
 
@@ -747,12 +750,11 @@ def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]
         if key not in out:
             return pa.nulls(n, pa.string())
         buffer, tokens = out.pop(key)
-        codes = np.frombuffer(buffer, dtype=np.int32)[order]
+        codes = in_order(buffer, np.int32)
         del buffer
         values = [decode(t) for t in tokens]
         if falsy_kinds:
             truthy = np.array([bool(v) for v in values] + [False])
-            codes = codes.copy()
             for p in falsy_kinds:
                 rows = kind_rows[p]
                 if not truthy[codes[rows]].any():
@@ -791,6 +793,7 @@ def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]
         columns[column] = _as_type(arr, n, arrow_type)
     if "external_id_old" in out:
         columns["external_id"] = compute("coalesce", columns["external_id"], int_column("external_id_old"))
+    scratch.clear()
     meta_codes = np.full(n, -1, dtype=np.int32)
     meta_values: list[str | None] = []
     position = np.empty(n, dtype=np.int64)

@@ -1,5 +1,6 @@
-"""A trace file's JSON text in pieces, inflated as it is read: what lets the native decoder read a
-rank without ever holding its text whole (sptrace/load/_kineto.c, ``Decoder.feed``).
+"""A trace file's JSON text in pieces, inflated as it is read, through one buffer: what lets the
+native decoder read a rank without ever holding its text whole (sptrace/load/_kineto.c,
+``Decoder.feed``), and without a new allocation (and its page faults) per piece.
 
 The same checks as a whole read (``decode.read_bytes``): gzip by its magic number, not by the
 file's name; an empty file, a truncated stream and corrupt data are each one TraceError naming the
@@ -8,55 +9,86 @@ file.
 
 from __future__ import annotations
 
+import gzip
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from sptrace.vocab.errors import TraceError
 
 try:  # ISA-L inflates gzip about 2.5x faster than zlib (benchmarks/bench_load.py)
+    from isal import igzip as _gzip
     from isal import isal_zlib as _zlib
-except ImportError:  # pragma: no cover - isal is a dependency; zlib is the same API
-    _zlib = zlib
 
-READ_BYTES = 1 << 18
-"""Bytes read from the file at a time (compressed, for gzip)."""
+    _CORRUPT: tuple[type[Exception], ...] = (zlib.error, _zlib.error, gzip.BadGzipFile, _zlib.IsalError)
+except ImportError:  # pragma: no cover - isal is a dependency; gzip is the same API
+    _gzip = gzip
+    _CORRUPT = (zlib.error, gzip.BadGzipFile)
+
 PIECE_BYTES = 4 << 20
-"""At most this much inflated text in one piece."""
+"""The text read at a time (inflated, for gzip)."""
 
 
-def text_pieces(path: Path, read_bytes: int = READ_BYTES, piece_bytes: int = PIECE_BYTES) -> Iterator[bytes]:
-    """The file's JSON text, a piece of at most ``piece_bytes`` at a time (plain files: as read)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(read_bytes)
-            if not head:
-                raise TraceError(path, "empty file")
-            if head[:2] != b"\x1f\x8b":
-                while head:
-                    yield head
-                    head = f.read(read_bytes)
-                return
-            yield from _inflated(path, f, head, read_bytes, piece_bytes)
-    except OSError as exc:
-        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+class TraceText:
+    """The JSON text of a trace file, read into the caller's buffer (``read_into``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._file: BinaryIO = open(path, "rb")
+            head = self._file.read(2)
+        except OSError as exc:
+            raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+        if not head:
+            self._file.close()
+            raise TraceError(path, "empty file")
+        self._file.seek(0)
+        self.gzip = head == b"\x1f\x8b"
+        self._text: BinaryIO = _gzip.GzipFile(fileobj=self._file, mode="rb") if self.gzip else self._file
+
+    def read_into(self, view: memoryview) -> int:
+        """Fill ``view`` with the next bytes of text as far as they go; 0 at the end."""
+        with self._problems():
+            return self._text.readinto(view)
+
+    def read_all(self) -> bytes:
+        """The rest of the text, whole."""
+        with self._problems():
+            return self._text.read()
+
+    @contextmanager
+    def _problems(self) -> Iterator[None]:
+        try:
+            yield
+        except gzip.BadGzipFile as exc:
+            raise TraceError(self.path, f"corrupt gzip data ({exc})") from None
+        except OSError as exc:
+            raise TraceError(self.path, f"cannot read: {exc.strerror or exc}") from None
+        except EOFError:
+            raise TraceError(
+                self.path, "truncated gzip stream: the file is incomplete (was it still being written?)"
+            ) from None
+        except _CORRUPT as exc:
+            raise TraceError(self.path, f"corrupt gzip data ({exc})") from None
+
+    def close(self) -> None:
+        if self._text is not self._file:
+            self._text.close()
+        self._file.close()
+
+    def __enter__(self) -> TraceText:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def _inflated(path: Path, f, head: bytes, read_bytes: int, piece_bytes: int) -> Iterator[bytes]:
-    # wbits=47: a gzip or zlib header, detected; the stream must reach its end (else truncated)
-    inflate = _zlib.decompressobj(wbits=47)
-    data = head
-    try:
-        while data and not inflate.eof:
-            while data and not inflate.eof:
-                piece = inflate.decompress(data, piece_bytes)
-                data = inflate.unconsumed_tail
-                if piece:
-                    yield piece
-            data = f.read(read_bytes)
-        if not inflate.eof and (rest := inflate.flush()):  # (output held back at the file's end)
-            yield rest
-    except (zlib.error, _zlib.error) as exc:
-        raise TraceError(path, f"corrupt gzip data ({exc})") from None
-    if not inflate.eof:
-        raise TraceError(path, "truncated gzip stream: the file is incomplete (was it still being written?)")
+def text_pieces(path: Path, piece_bytes: int = PIECE_BYTES) -> Iterator[bytes]:
+    """The file's JSON text, at most ``piece_bytes`` at a time (each piece a copy: for tests and
+    tools; the decoder reads through one buffer, ``TraceText.read_into``)."""
+    buffer = bytearray(piece_bytes)
+    with TraceText(path) as text, memoryview(buffer) as view:
+        while n := text.read_into(view):
+            yield bytes(view[:n])

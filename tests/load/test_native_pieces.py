@@ -124,8 +124,9 @@ def test_any_events_at_any_cuts_read_as_the_whole(evs, with_metadata, indent, da
 
 
 def tiny_pieces(monkeypatch):
-    """Pieces of a few bytes, and no whole read of the text on the native path."""
-    monkeypatch.setattr(decode, "text_pieces", partial(pieces.text_pieces, read_bytes=7, piece_bytes=5))
+    """Pieces of a few bytes (the buffer grows to hold an event), and no whole read of the text on
+    the native path."""
+    monkeypatch.setattr(decode, "native_columns", partial(decode.native_columns, piece_bytes=5))
 
     def whole_read(path):
         raise AssertionError(f"the native path read {path} whole")
@@ -149,17 +150,17 @@ def test_pieces_join_to_the_text(tmp_path):
     text = json.dumps(kineto_trace()).encode() * 3
     path = tmp_path / "t.json.gz"
     path.write_bytes(gzip.compress(text))
-    got = list(pieces.text_pieces(path, read_bytes=64, piece_bytes=100))
+    got = list(pieces.text_pieces(path, piece_bytes=100))
     assert b"".join(got) == text
     assert len(got) > 10 and max(len(p) for p in got) <= 100
     plain_path = tmp_path / "t.json"
     plain_path.write_bytes(text)
-    assert b"".join(pieces.text_pieces(plain_path, read_bytes=64)) == text
+    assert b"".join(pieces.text_pieces(plain_path, piece_bytes=64)) == text
 
 
 def problem(path: Path) -> str:
     with pytest.raises(TraceError) as err:
-        b"".join(pieces.text_pieces(path, read_bytes=16, piece_bytes=32))
+        b"".join(pieces.text_pieces(path, piece_bytes=32))
     return str(err.value)
 
 
@@ -173,3 +174,14 @@ def test_broken_files_are_one_error_naming_the_file(tmp_path):
     assert "empty file" in problem(tmp_path / "empty.json")
     assert "cannot read" in problem(tmp_path / "absent.json")
     assert str(tmp_path / "cut.json.gz") in problem(tmp_path / "cut.json.gz")
+
+
+def test_a_gzip_of_two_members_is_read_whole_on_every_path(tmp_path, monkeypatch):
+    """gzip allows members one after another (``cat a.gz b.gz``): the text is all of them."""
+    text = json.dumps(kineto_trace()).encode()
+    path = tmp_path / "two.json.gz"
+    path.write_bytes(gzip.compress(text[:100]) + gzip.compress(text[100:]))
+    assert decode.read_bytes(path) == text
+    native = decode.decode_trace(path)
+    monkeypatch.setenv("SPTRACE_DECODER", "msgspec")
+    assert native[1].equals(decode.decode_trace(path)[1]) and native[1].num_rows == 12
