@@ -94,11 +94,15 @@ def key_of(path: Path, options: LoadOptions, asked: dict[str, object]) -> str | 
 def _declared(flags: ShapeValues | Declarations | None) -> list[object]:
     """What was declared, each layer with its source: no declaration (None, a command's empty
     flags) is one key, as analyse_run reads them alike."""
+
+    def given(values: ShapeValues) -> list[tuple[str, object]]:  # a flag left out is None: not passed
+        return sorted((k, v) for k, v in values.items() if v is not None)
+
     if isinstance(flags, Declarations):
-        return [[source, sorted(values.items())] for source, values in flags.layers if values] + [
-            ["production", source, sorted(values.items())] for source, values in flags.production
+        return [[source, given(values)] for source, values in flags.layers if given(values)] + [
+            ["production", source, given(values)] for source, values in flags.production
         ]
-    return [["flags", sorted(flags.items())]] if flags else []
+    return [["flags", given(flags)]] if flags and given(flags) else []
 
 
 def _hex(text: str) -> str:

@@ -105,7 +105,8 @@ def render(store: RunStore, view: View) -> list[Component]:
         head, controls,
         dmc.Group([dmc.Text(" · ".join(facts), size="sm", c="dimmed"), export_link(a, view.run, shown)], gap="lg"),
         graph("timeline-graph", lanes_figure(a, view.run, layer, phase, shown, max_points=store.timeline_points)),
-        dcc.Store(id="timeline-window", data=None),
+        dcc.Store(id="timeline-zoom", data=None),  # the x range asked for (the browser's, from each zoom)
+        dcc.Store(id="timeline-window", data=None),  # the x range the figure holds (the server's)
     ]  # fmt: skip
     parts.append(html.Div(dmc.Text("Click a collective to list the events around it on its rank (read from the "
                                    "run's table cache, that window only).", size="sm", c="dimmed", mt="xs"),
@@ -134,23 +135,20 @@ def lanes_figure(
 
 
 ZOOMED_OUT = "all"
-
-
-def x_window(relayout: dict[str, object] | None) -> tuple[float, float] | str | None:
-    """The x range a zoom or pan asked for (ms), ZOOMED_OUT for "all the way out" (autorange), or
-    None when the change was not of the x axis (a y zoom, the drag mode, a resize)."""
-    if not relayout:
-        return None
-    if relayout.get("xaxis.autorange"):
-        return ZOOMED_OUT
-    lo, hi = relayout.get("xaxis.range[0]"), relayout.get("xaxis.range[1]")
-    if lo is None and isinstance(relayout.get("xaxis.range"), list):
-        lo, hi = relayout["xaxis.range"][:2]  # type: ignore[index]
-    try:
-        lo_f, hi_f = float(lo), float(hi)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return (lo_f, hi_f) if hi_f > lo_f else None
+X_RANGE = """function(relayout) {
+    // the x range a zoom or pan asked for (ms), "all" for autorange; nothing for any other relayout (a y
+    // zoom, the drag mode, plotly's own autosize), so that a later autosize never cancels a zoom's fetch
+    const skip = window.dash_clientside.no_update;
+    if (!relayout) return skip;
+    if (relayout['xaxis.autorange']) return 'all';
+    let lo = relayout['xaxis.range[0]'], hi = relayout['xaxis.range[1]'];
+    if (lo === undefined && Array.isArray(relayout['xaxis.range'])) [lo, hi] = relayout['xaxis.range'];
+    lo = Number(lo); hi = Number(hi);
+    return lo === lo && hi === hi && hi > lo ? [lo, hi] : skip;
+}"""
+"""Run in the browser (a clientside callback): the server hears of x changes alone. Were relayoutData
+the server's input, plotly's autosize right after a zoom would supersede the zoom's request, and
+the zoom's detail would never come."""
 
 
 def critical_path_section(a: RunAnalysis) -> list[Component]:
@@ -190,21 +188,23 @@ def register(app: Dash, store: RunStore) -> None:
         title = f"events on rank {window.rank}, {window.start_ms:.2f} to {window.end_ms:.2f} ms"
         return grid(window.events, "timeline-events", title, height=360)
 
+    app.clientside_callback(X_RANGE, Output("timeline-zoom", "data"), Input("timeline-graph", "relayoutData"),
+                            prevent_initial_call=True)  # fmt: skip
+
     @app.callback(
         Output("timeline-graph", "figure"),
         Output("timeline-window", "data"),
-        Input("timeline-graph", "relayoutData"),
+        Input("timeline-zoom", "data"),
         State("timeline-window", "data"),
         State("url", "search"),
         State("header-run", "value"),
         prevent_initial_call=True,
     )
     def _window(
-        relayout: dict[str, object] | None, fetched: list[float] | None, search: str | None, run: str | None
+        wanted: list[float] | str | None, fetched: list[float] | None, search: str | None, run: str | None
     ) -> tuple[go.Figure | NoUpdate, list[float] | NoUpdate | None]:
         """A zoom or pan fetches the detail of the range shown (and zooming out, the whole step
         again): the server sends that window, decimated to its own resolution."""
-        wanted = x_window(relayout)
         if wanted is None:
             return no_update, no_update
         window = None if wanted == ZOOMED_OUT else [float(x) for x in wanted]

@@ -156,33 +156,38 @@ def _layer_text(v: float | None) -> str:
 
 def _links_and_stragglers(fig: go.Figure, view: LaneView, lane: dict[int, int]) -> None:
     """A grey line through the ranks of each linked collective, a purple one from a send's start to
-    its receive's end, and a red marker under each straggler (sptrace.lane_window chose them)."""
+    its receive's end, and a red marker under each straggler (sptrace.lane_window chose them).
+    Each line is one trace, its collectives apart by gaps (NaN)."""
     t0 = view.t0
     links = view.links
-    xs: list[float | None] = []
-    ys: list[float | None] = []
-    px: list[float | None] = []  # send -> receive, from the send's start to the receive's end
-    py: list[float | None] = []
     if len(links):
-        for (_, _), g in links.groupby(["group", "key"], sort=False):
-            if bool(g["p2p"].iloc[0]):
-                send, recv = g.iloc[0], g.iloc[1]
-                px += [(send["bar_start"] - t0) / 1e3, (recv["bar_end"] - t0) / 1e3, None]
-                py += [lane[int(send["rank"])] + 0.08, lane[int(recv["rank"])] + 0.08, None]
-                continue
-            xs += [*((g["bar_start"] - t0) / 1e3), None]
-            ys += [*(lane[int(r)] + 0.08 for r in g["rank"]), None]
-    if xs:
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="same collective", hoverinfo="skip",
-                                 line={"color": "rgba(73,80,87,0.25)", "width": 1}))  # fmt: skip
-    if px:
-        fig.add_trace(go.Scatter(x=px, y=py, mode="lines", name="send -> receive", hoverinfo="skip",
-                                 line={"color": "rgba(190,75,219,0.45)", "width": 1}))  # fmt: skip
+        p2p = links["p2p"].to_numpy(dtype=bool)
+        x = (links["bar_start"].to_numpy(dtype=float) - t0) / 1e3
+        y = links["rank"].map(lane).to_numpy(dtype=float) + 0.08
+        same = links[~p2p]
+        if len(same):  # each collective's members in rank order, then a gap
+            gid = same.groupby(["group", "key"], sort=False).ngroup().to_numpy()
+            last = np.r_[gid[1:] != gid[:-1], True]
+            at = np.arange(len(same)) + np.r_[0, np.cumsum(last)[:-1]]
+            xs, ys = np.full(len(same) + int(last.sum()), np.nan), np.full(len(same) + int(last.sum()), np.nan)
+            xs[at], ys[at] = x[~p2p], y[~p2p]
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="same collective", hoverinfo="skip",
+                                     line={"color": "rgba(73,80,87,0.25)", "width": 1}))  # fmt: skip
+        if p2p.any():  # the sender is listed first: from its start to the receive's end, then a gap
+            end = (links["bar_end"].to_numpy(dtype=float) - t0) / 1e3
+            send, recv = np.flatnonzero(p2p)[0::2], np.flatnonzero(p2p)[1::2]
+            gap = np.full(len(send), np.nan)
+            fig.add_trace(go.Scatter(
+                x=np.column_stack([x[send], end[recv], gap]).ravel(),
+                y=np.column_stack([y[send], y[recv], gap]).ravel(), mode="lines", name="send -> receive",
+                hoverinfo="skip", line={"color": "rgba(190,75,219,0.45)", "width": 1},
+            ))  # fmt: skip
     strag = view.stragglers
     if len(strag):
         fig.add_trace(go.Scatter(
-            x=(strag["bar_start"] - t0) / 1e3, y=[lane[int(r)] - 0.22 for r in strag["rank"]], mode="markers",
-            name="straggler (arrived last)", marker={"symbol": "triangle-down", "size": 8, "color": COLORS["red"]},
+            x=(strag["bar_start"].to_numpy(dtype=float) - t0) / 1e3,
+            y=strag["rank"].map(lane).to_numpy(dtype=float) - 0.22, mode="markers", name="straggler (arrived last)",
+            marker={"symbol": "triangle-down", "size": 8, "color": COLORS["red"]},
             hovertemplate="rank %{y} arrived last<extra></extra>",
         ))  # fmt: skip
 

@@ -12,6 +12,7 @@ import pytest
 
 from sptrace import analysis_cache
 from sptrace.analysis import RunAnalysis
+from sptrace.run.options import LoadOptions
 from sptrace.vocab.shape import Declarations
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "runs" / "megatron"
@@ -39,8 +40,24 @@ def test_an_analysis_is_kept_and_read_back(run: Path, tmp_path: Path, monkeypatc
     assert again is not first
     assert again.facts == first.facts and again.collectives.equals(first.collectives)
     assert again.sharding.verdict.line() == first.sharding.verdict.line()
-    # no declaration is one key, however it is spelled (a command's empty flags, the API's None)
-    assert analysis_cache.analyse(run, load_options=options, flags=Declarations((("flags", {}),))).facts == first.facts
+    # no declaration is one key, however it is spelled (a command's flags left out, the API's None)
+    empty = Declarations((("flags", {"seq": None, "dtype": None}),))
+    assert analysis_cache.analyse(run, load_options=options, flags=empty).facts == first.facts
+
+
+def test_sptrace_dash_reads_back_what_the_api_kept(run: Path) -> None:
+    """`sptrace dash RUN` (its store's options from the command line) and analyse(RUN) share a key:
+    a dashboard started again over a run finds what an earlier one, or a script, kept."""
+    from sptrace.dashboards.store import VIEW_PARTS
+
+    from sptrace.cli import build_parser
+    from sptrace.cli.common import declarations, load_options
+
+    args = build_parser().parse_args(["dash", str(run)])
+    cli = analysis_cache.key_of(run, load_options(args), {"flags": analysis_cache._declared(declarations(args)),
+                                                          "parts": VIEW_PARTS})  # fmt: skip
+    api = analysis_cache.key_of(run, LoadOptions(), {"flags": analysis_cache._declared(None), "parts": VIEW_PARTS})
+    assert cli is not None and cli == api
 
 
 def test_a_changed_run_options_or_a_damaged_entry_is_a_miss(run: Path, tmp_path: Path) -> None:
