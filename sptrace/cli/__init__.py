@@ -12,6 +12,7 @@ from sptrace.cli import (
     cache,
     check,
     collectives,
+    common,
     diff,
     export,
     info,
@@ -73,6 +74,7 @@ def _check_path(args) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    common.CLI_PROCESS = argv is None  # (the command line's own process: sptrace.cli.common.analysis_imports)
     try:
         args = build_parser().parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # what the user typed (sweep --config)

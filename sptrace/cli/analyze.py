@@ -16,6 +16,7 @@ from sptrace.cli.common import (
     add_load_flags,
     add_shape_flags,
     analyse,
+    analysis_imports,
     by_rank_set,
     fixed_width,
     missing,
@@ -61,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--k must be 1 or 2")
     if args.baseline:
         return run_baseline(args, args.format)
-    from sptrace.checks.registry import needed_parts, worst
+    with analysis_imports():
+        from sptrace.checks.registry import needed_parts, worst
 
     parts = ("collectives", "path", *sorted(needed_parts() - {"collectives", "path"}))
     analysis = analyse(args, k=args.k, parts=parts, grad_dtype=args.grad_dtype,

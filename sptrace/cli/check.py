@@ -12,6 +12,7 @@ from sptrace.cli.common import (
     add_load_flags,
     add_shape_flags,
     analyse,
+    analysis_imports,
     by_rank_set,
     emit,
     fixed_width,
@@ -60,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     clock = time.perf_counter()
     # a bad --config, then any of B, S and H declared nowhere, are named before a trace is parsed
-    from sptrace.checks.registry import needed_parts, worst
+    with analysis_imports():
+        from sptrace.checks.registry import needed_parts, worst
 
     parts = ("sharding", *sorted(needed_parts(gate_only=True) - {"sharding"}))  # and what gating checks read
     analysis = analyse(args, allow=tuple(args.allow), strict=args.strict, parts=parts, fail_fast=True)
