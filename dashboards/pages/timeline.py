@@ -104,7 +104,7 @@ def render(store: RunStore, view: View) -> list[Component]:
     parts = [
         head, controls,
         dmc.Group([dmc.Text(" · ".join(facts), size="sm", c="dimmed"), export_link(a, view.run, shown)], gap="lg"),
-        graph("timeline-graph", lanes_figure(a, view.run, layer, phase, shown, max_points=store.timeline_points)),
+        graph("timeline-graph", whole_view(store, a, view.run, layer, phase, shown)),
         dcc.Store(id="timeline-zoom", data=None),  # the x range asked for (the browser's, from each zoom)
         dcc.Store(id="timeline-window", data=None),  # the x range the figure holds (the server's)
     ]  # fmt: skip
@@ -132,6 +132,15 @@ def lanes_figure(
     # changed while uirevision stays the same); another run, layer, phase or rank group starts afresh
     fig.update_layout(uirevision=f"{run}-{layer}-{phase}-{shown[0] if shown else 'all'}")
     return fig
+
+
+def whole_view(
+    store: RunStore, a: RunAnalysis, run: int, layer: int | None, phase: str | None, shown: list[int] | None
+) -> go.Figure:  # fmt: skip
+    """The figure of the whole step (or a layer's or phase's extent), drawn once per run and zoom and
+    kept by the store: coming back to the Timeline, or zooming all the way out, draws no figure again."""
+    key = f"timeline {layer} {phase} {shown[0] if shown else 'all'} {store.timeline_points}"
+    return store.cached(run, key, lambda: lanes_figure(a, run, layer, phase, shown, max_points=store.timeline_points))
 
 
 ZOOMED_OUT = "all"
@@ -218,8 +227,11 @@ def register(app: Dash, store: RunStore) -> None:
         layer, phase = zoom(view)
         groups, index = chosen_group(a, view)
         shown = groups[index] if index is not None else None
-        figure = lanes_figure(a, view.run, layer, phase, shown, (window[0], window[1]) if window else None,
-                              max_points=store.timeline_points)  # fmt: skip
+        if window is None:
+            figure = whole_view(store, a, view.run, layer, phase, shown)
+        else:
+            figure = lanes_figure(a, view.run, layer, phase, shown, (window[0], window[1]),
+                                  max_points=store.timeline_points)  # fmt: skip
         return figure, window
 
     @app.callback(
