@@ -32,7 +32,16 @@ import re
 from pathlib import Path
 
 from sptrace.analysis import RunAnalysis, analyse_run
-from sptrace.cachedir import EntryFormat, EntryHeader, Store, frame, framed_header, sources_digest, unframe
+from sptrace.cachedir import (
+    EntryFormat,
+    EntryHeader,
+    Store,
+    frame,
+    framed_header,
+    run_fingerprint,
+    sources_digest,
+    unframe,
+)
 from sptrace.run.options import LoadOptions, LoadOptionValues
 from sptrace.vocab.shape import Declarations, ShapeValues
 
@@ -54,23 +63,6 @@ NOT_KEYED = frozenset({"executor", "cache", "cache_dir"})
 
 def store(cache_root: Path) -> Store:
     return Store(cache_root / SUBDIR, (ANALYSES,), share=SHARE)
-
-
-def run_fingerprint(run: Path) -> list[list[object]]:
-    """The name, size, mtime_ns and inode of every entry the run's analysis can depend on."""
-    if run.is_dir():
-        files = [run / n for n in sorted(os.listdir(run))]
-    else:
-        files = [run, run.parent / "run.json"]
-    out: list[list[object]] = [[str(run), os.stat(run).st_mtime_ns]]
-    for p in files:
-        try:
-            st = os.stat(p)
-        except FileNotFoundError:
-            out.append([p.name, None])
-            continue
-        out.append([p.name, st.st_size, st.st_mtime_ns, st.st_ino])
-    return out
 
 
 def key_of(path: Path, options: LoadOptions, asked: dict[str, object]) -> str | None:

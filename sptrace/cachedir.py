@@ -336,3 +336,19 @@ def sweep_temporaries(directory: Path, max_age_s: float = 3600) -> None:
                 tmp.unlink(missing_ok=True)
         except FileNotFoundError:
             pass
+
+
+def run_fingerprint(run: Path) -> list[list[object]]:
+    """The name, size, mtime_ns and inode of every entry a run's kept answer can depend on: of
+    every entry of its folder (traces, ``run.json``, a file added or removed), or of the trace file
+    and the ``run.json`` beside it. OSError when the run cannot be read."""
+    files = [run / n for n in sorted(os.listdir(run))] if run.is_dir() else [run, run.parent / "run.json"]
+    out: list[list[object]] = [[str(run), os.stat(run).st_mtime_ns]]
+    for p in files:
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            out.append([p.name, None])
+            continue
+        out.append([p.name, st.st_size, st.st_mtime_ns, st.st_ino])
+    return out

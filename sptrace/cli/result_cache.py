@@ -52,6 +52,7 @@ from sptrace.cachedir import (
     default_cache_dir,
     frame,
     framed_header,
+    run_fingerprint,
     sources_digest,
     unframe,
 )
@@ -111,7 +112,7 @@ def key_of(args: argparse.Namespace) -> str | None:
         baseline = getattr(args, "baseline", None)  # analyze --baseline: that run's files count too
         inputs = {
             "path": [str(run), str(run.resolve())],
-            "run": [_fingerprint(run), baseline and _fingerprint(Path(baseline))],
+            "run": [run_fingerprint(run), baseline and run_fingerprint(Path(baseline))],
             "config": config and hashlib.sha256(Path(config).read_bytes()).hexdigest(),
         }
     except (OSError, ValueError):
@@ -125,24 +126,6 @@ def key_of(args: argparse.Namespace) -> str | None:
 
 def _hex(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _fingerprint(run: Path) -> list[list[object]]:
-    """The name, size, mtime_ns and inode of every entry the run's result can depend on."""
-    if run.is_dir():
-        names = sorted(os.listdir(run))
-        files = [run / n for n in names]
-    else:
-        files = [run, run.parent / "run.json"]
-    out: list[list[object]] = [[str(run), os.stat(run).st_mtime_ns]]
-    for p in files:
-        try:
-            st = os.stat(p)
-        except FileNotFoundError:
-            out.append([p.name, None])
-            continue
-        out.append([p.name, st.st_size, st.st_mtime_ns, st.st_ino])
-    return out
 
 
 def _printed(data: bytes) -> tuple[Printed, int]:

@@ -42,7 +42,8 @@ SUMMARY_VERSION = 1
 how a dependency behaves, say); code changes in the digested sources invalidate by themselves."""
 
 NOT_SUMMARIZED = frozenset({"cli", "report", "checks", "analysis.py", "sweep.py", "launch.py", "profiling.py",
-                            "instrumentation.py", "fileio.py", "__main__.py"})  # fmt: skip
+                            "instrumentation.py", "fileio.py", "__main__.py", "lane_window.py",
+                            "analysis_cache.py"})  # fmt: skip
 """Top-level parts of the package a rank's summary never runs (the reduce, the renderers, the
 launchers): their edits keep the summaries."""
 
