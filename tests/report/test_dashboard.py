@@ -277,6 +277,7 @@ def test_two_apps_in_one_process_share_nothing(profiled, broken):
 
 
 def test_a_slow_run_blocks_no_other(monkeypatch, tmp_path):
+    from sptrace import analysis_cache
     from sptrace.dashboards import store as store_module
 
     release = threading.Event()
@@ -288,6 +289,7 @@ def test_a_slow_run_blocks_no_other(monkeypatch, tmp_path):
         return f"analysis of {path.name}"
 
     monkeypatch.setattr(store_module, "analyse_run", analyse)
+    monkeypatch.setattr(analysis_cache, "analyse_run", analyse)  # (the store reads kept analyses through it)
     s = RunStore([tmp_path / "slow", tmp_path / "quick"])
     slow = threading.Thread(target=s.get, args=(0,))
     slow.start()
