@@ -28,16 +28,14 @@ import hashlib
 import json
 import os
 import pickle
-import re
 from pathlib import Path
 
 from sptrace.analysis import RunAnalysis, analyse_run
 from sptrace.cachedir import (
-    EntryFormat,
     EntryHeader,
     Store,
     frame,
-    framed_header,
+    keyed_answers,
     run_fingerprint,
     sources_digest,
     unframe,
@@ -51,12 +49,7 @@ SUBDIR = "analyses"
 SHARE = 4
 """The analyses may hold a quarter of the cache's cap."""
 _MAGIC = b"sptrace-analysis\n"
-ANALYSES = EntryFormat(
-    "analysis",
-    ".analysis",
-    re.compile(r"^(?P<slot>[0-9a-f]{16})-(?P<version>[0-9a-f]{16})-(?P<crc>[0-9a-f]{8})\.analysis$"),
-    framed_header(_MAGIC),
-)
+ANALYSES = keyed_answers("analysis", _MAGIC)
 NOT_KEYED = frozenset({"executor", "cache", "cache_dir"})
 """Load options that choose where the work runs or where caches live, never what it finds."""
 

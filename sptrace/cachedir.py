@@ -109,6 +109,14 @@ class EntryFormat:
     """The entry's header; OSError or ValueError when it cannot be read."""
 
 
+def keyed_answers(kind: str, magic: bytes) -> EntryFormat:
+    """The entries of kept answers (results, analyses): named ``slot-version-crc.KIND``, where the
+    slot is what was asked and the version what it was asked of (the run's files, the code), each
+    a 16-hex digest, and a framed header behind ``magic``."""
+    pattern = re.compile(rf"^(?P<slot>[0-9a-f]{{16}})-(?P<version>[0-9a-f]{{16}})-(?P<crc>[0-9a-f]{{8}})\.{kind}$")
+    return EntryFormat(kind, f".{kind}", pattern, framed_header(magic))
+
+
 @dataclass(frozen=True)
 class Entry:
     """One entry of a store, as ``sptrace cache info`` lists it."""

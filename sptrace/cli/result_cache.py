@@ -37,7 +37,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,12 +45,11 @@ from typing import TextIO
 
 from sptrace.cachedir import (
     Entry,
-    EntryFormat,
     EntryHeader,
     Store,
     default_cache_dir,
     frame,
-    framed_header,
+    keyed_answers,
     run_fingerprint,
     sources_digest,
     unframe,
@@ -71,12 +69,7 @@ MAX_OUTPUT = 32 * 2**20
 """A larger output (``collectives --format json`` of thousands of ranks) is not kept: reading it
 back saves little against printing it, and it would crowd the cap."""
 _MAGIC = b"sptrace-result\n"
-RESULTS = EntryFormat(
-    "result",
-    ".result",
-    re.compile(r"^(?P<slot>[0-9a-f]{16})-(?P<version>[0-9a-f]{16})-(?P<crc>[0-9a-f]{8})\.result$"),
-    framed_header(_MAGIC),
-)
+RESULTS = keyed_answers("result", _MAGIC)
 """An entry's name: the command's slot (its options, path, config and environment), the version of
 its inputs (the run's files and the code) and its bytes' CRC-32. Keeping a result deletes the
 slot's other versions: results of a run's older files or older code are never read again. Its

@@ -277,8 +277,9 @@ def test_two_apps_in_one_process_share_nothing(profiled, broken):
 
 
 def test_a_slow_run_blocks_no_other(monkeypatch, tmp_path):
-    from sptrace import analysis_cache
     from sptrace.dashboards import store as store_module
+
+    from sptrace import analysis_cache
 
     release = threading.Event()
 
