@@ -170,7 +170,10 @@ def test_report_plots_render_offline(megatron_report):
             page.wait_for_function(f"document.querySelectorAll('div.plotly-graph-div .main-svg').length >= {n}",
                                    timeout=30_000)  # fmt: skip
             assert n == 6 and page.locator(".plotly-graph-div.error").count() == 0
-            bar = page.locator("#plot0 .trace.bars").nth(1).locator(".point").first
+            first = page.evaluate("""() => [...document.querySelectorAll('#plot0 .trace.bars')]
+                .findIndex(t => t.__data__ && t.__data__[0].trace.customdata)""")  # a collective's (phases first)
+            assert first >= 0
+            bar = page.locator("#plot0 .trace.bars").nth(first).locator(".point").first
             hover = page.locator("#plot0 .hoverlayer .hovertext").first
             # a move that lands while plotly still lays the figure out is lost (as clicks are,
             # tests/browser): move off and onto the bar again, up to three times
