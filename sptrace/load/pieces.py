@@ -83,12 +83,3 @@ class TraceText:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def text_pieces(path: Path, piece_bytes: int = PIECE_BYTES) -> Iterator[bytes]:
-    """The file's JSON text, at most ``piece_bytes`` at a time (each piece a copy: for tests and
-    tools; the decoder reads through one buffer, ``TraceText.read_into``)."""
-    buffer = bytearray(piece_bytes)
-    with TraceText(path) as text, memoryview(buffer) as view:
-        while n := text.read_into(view):
-            yield bytes(view[:n])
