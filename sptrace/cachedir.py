@@ -31,6 +31,11 @@ _SOURCES = ("*.py", "*.c")
 built extension follows its source)."""
 
 
+def trace_prefix(path: Path) -> str:
+    """The name prefix of every entry made from the trace at ``path``: its resolved path's digest."""
+    return hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:20]
+
+
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
     return Path(base) / "sptrace"

@@ -3,6 +3,7 @@ Errors are raised as ``SptraceError`` and turned into one line and an exit code 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -50,8 +51,6 @@ def _arrow_memory_pool() -> None:
     """jemalloc for Arrow's buffers where the build has it and the user chose no pool: a table
     built from a 50 MB trace spends about 0.15 s less system time in page faults than with
     mimalloc, pyarrow's default on Linux (benchmarks/bench_load.py, section 4)."""
-    import os
-
     if "ARROW_DEFAULT_MEMORY_POOL" in os.environ:
         return
     import pyarrow as pa
@@ -65,16 +64,51 @@ def _arrow_memory_pool() -> None:
 def _check_path(args) -> None:
     """A run path that is not there (the run, diff's two, a --baseline) is said at once, before
     pandas is imported."""
-    import os
-
     for name in ("path", "base", "new", "baseline"):
         path = getattr(args, name, None)
         if isinstance(path, str) and not os.path.exists(path):
             raise TraceError(path, "no such file or directory")
 
 
+READS_AHEAD = ("info", "analyze", "check", "collectives", "export", "whatif")
+"""The commands whose first work is to map the run at their PATH, here, one rank after another:
+its first rank is read ahead (``_read_ahead``)."""
+
+
+def _read_ahead(args) -> None:
+    """The run's first rank decoded on a thread while the command imports numpy, pyarrow and
+    pandas (sptrace.load.native), where it will be decoded here: the map runs in this process,
+    and the cache holds nothing of that rank (else it may answer, and the reading is wasted)."""
+    if args.command not in READS_AHEAD or args.executor != "local":
+        return
+    from pathlib import Path
+
+    from sptrace.load.files import RunFiles
+
+    try:
+        files = RunFiles.scan(args.path).files
+    except SptraceError:
+        return  # (the command says it, as it would have)
+    if not files:
+        return
+    if not args.no_cache:
+        from sptrace.cachedir import default_cache_dir, trace_prefix
+
+        directory = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+        if next(directory.glob(trace_prefix(files[0]) + "*"), None) is not None:
+            return
+    from sptrace.load.native import read_ahead
+
+    read_ahead(files[0])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     common.CLI_PROCESS = argv is None  # (the command line's own process: sptrace.cli.common.analysis_imports)
+    if argv is None:
+        # sptrace multiplies no matrices: OpenBLAS's threads, which numpy starts one a core as it
+        # is imported and which spin a while, only cost CPU (a third of `sptrace info`'s on 2
+        # cores). The user's own setting wins; worker processes and reference ranks inherit it.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         args = build_parser().parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # what the user typed (sweep --config)
@@ -85,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = result_cache.replay(kept, key)
             if code is not None:
                 return code
+        _read_ahead(args)
         if getattr(args, "command", None) not in ("model", "cache"):
             _arrow_memory_pool()
         if key is None:
@@ -100,10 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("sptrace: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `sptrace collectives RUN | head`: the reader left, not an error
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    finally:
+        if "sptrace.load.native" in sys.modules:  # (a read-ahead nobody took: the command went on without it)
+            sys.modules["sptrace.load.native"].drop_read_ahead()
 
 
 __all__ = ["build_parser", "main"]

@@ -134,6 +134,21 @@ static ArgSpec I_ARGS[] = {
 #define N_ARG_COLS (N_X_ARGS + N_I_ARGS - 1) /* ev_idx shared */
 #define I_EV_IDX (N_X_ARGS - 1)
 
+/* Tokens a document holds once or a few times (an M event's args, a top-level key and value),
+ * noted in C as they are read, copied (``keep``): a piece is read without calling Python, so with
+ * the GIL released (another thread imports or maps meanwhile), and they become Python objects in
+ * ``finish``. */
+typedef struct {
+    size_t row;         /* an M event's row; unused for a top-level key */
+    const char *a, *b;  /* the token (a key: with b, its value's) */
+    size_t a_len, b_len;
+} Note;
+
+typedef struct {
+    Note *items;
+    size_t count, cap;
+} Noted;
+
 typedef struct {
     const char *p, *start, *end;
     int fail;
@@ -142,13 +157,14 @@ typedef struct {
     Column ev[N_EVENT_COLS];
     Column args[N_ARG_COLS];
     int i_map[N_I_ARGS]; /* I_ARGS[k] -> args column */
-    PyObject *meta; /* list of (row, token or None) */
+    Noted meta; /* (row, args token) of each M event */
     Block *blocks;
     Intern **added; /* the interns a token was added to since the current event began, in order */
     size_t n_added, cap_added;
 } P;
 
 #define BLOCK_SIZE (1u << 20)
+
 
 /* a copy of n bytes, kept until the decoder goes */
 static const char *keep(P *s, const char *a, size_t n) {
@@ -175,6 +191,20 @@ static const char *keep(P *s, const char *a, size_t n) {
 }
 
 /* a hash of a token, 8 bytes a step (names of templated kernels run to hundreds of bytes) */
+/* one more token (two for a key and its value), copied; 0 when out of memory */
+static int note(P *s, Noted *l, size_t row, const char *a, size_t a_len, const char *b, size_t b_len) {
+    if (l->count == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        Note *items = realloc(l->items, cap * sizeof(Note));
+        if (!items) return s->fail = 1, 0;
+        l->items = items, l->cap = cap;
+    }
+    const char *ka = keep(s, a, a_len), *kb = b_len ? keep(s, b, b_len) : NULL;
+    if (!ka || (b_len && !kb)) return s->fail = 1, 0;
+    l->items[l->count++] = (Note){row, ka, kb, a_len, b_len};
+    return 1;
+}
+
 static uint64_t hash(const char *s, size_t n) {
     uint64_t h = 0x9E3779B97F4A7C15ULL ^ n, w;
     for (; n >= 8; s += 8, n -= 8) {
@@ -591,16 +621,7 @@ static int ph_code(const char *a, size_t n) { /* the token, quotes included */
 static const char EMPTY_NAME[] = "\"\"";
 
 /* an M event's args token (the caller reads its name or labels) */
-static int meta(P *s, size_t r, const char *a) {
-    PyObject *item = Py_BuildValue("(ny#)", (Py_ssize_t)r, a, (Py_ssize_t)(s->p - a));
-    if (!item || PyList_Append(s->meta, item) < 0) {
-        Py_XDECREF(item);
-        s->fail = 1;
-        return 0;
-    }
-    Py_DECREF(item);
-    return 1;
-}
+static int meta(P *s, size_t r, const char *a) { return note(s, &s->meta, r, a, (size_t)(s->p - a), NULL, 0); }
 
 /* one event field's value into row r (the fields ph decides on are read once ph is known) */
 static int field(P *s, int f, size_t r) {
@@ -743,8 +764,8 @@ enum { D_START, D_KEY, D_AFTER, D_EVENTS, D_END };
 typedef struct {
     PyObject_HEAD
     P s;
-    int state, have_events, declined;
-    PyObject *top; /* list of (key, value token) */
+    int state, have_events, declined, busy, ready;
+    Noted top; /* (key, value token) of each top-level key but traceEvents */
 } Decoder;
 
 /* the next non-space byte is there (it is not consumed) */
@@ -775,13 +796,7 @@ static int step(Decoder *d) {
         ws(s);
         const char *a = s->p;
         if (!skip(s, 1) || !ahead(s) || (*s->p != ',' && *s->p != '}')) return 0;
-        PyObject *item = Py_BuildValue("(y#y#)", k, (Py_ssize_t)n, a, (Py_ssize_t)(s->p - a));
-        if (!item || PyList_Append(d->top, item) < 0) {
-            Py_XDECREF(item);
-            s->fail = 1;
-            return 0;
-        }
-        Py_DECREF(item);
+        if (!note(s, &d->top, 0, k, n, a, (size_t)(s->p - a))) return 0;
         d->state = D_AFTER;
         return 1;
     }
@@ -806,43 +821,38 @@ static int step(Decoder *d) {
 
 /* read [buf, buf + len) as far as its last whole unit; the bytes read, or -1 once declined (for
  * good) or on error (an exception set). ``last``: no piece follows, so every unit must be whole
- * and the document complete. */
+ * and the document complete. Called with the GIL, which it releases while it reads. */
 static Py_ssize_t feed_bytes(Decoder *d, const char *buf, Py_ssize_t len, int last) {
     P *s = &d->s;
     if (d->declined) return -1;
     s->p = buf;
     s->end = buf + len;
+    PyThreadState *unlocked = PyEval_SaveThread(); /* (nothing below calls Python) */
+    int declined = 0, no_memory = 0;
     for (;;) {
         if (d->state == D_END && s->p == s->end) break;
         const char *mark = s->p;
         size_t n = s->n;
-        Py_ssize_t n_meta = PyList_GET_SIZE(s->meta), n_top = PyList_GET_SIZE(d->top);
+        size_t n_meta = s->meta.count, n_top = d->top.count;
         s->n_added = 0;
         if (step(d)) continue;
         if (s->fail) {
-            d->declined = 1;
-            PyErr_NoMemory();
-            return -1;
+            declined = no_memory = 1;
+            break;
         }
         s->p = mark; /* the unit is read again from its start, or never */
         s->n = n;
         intern_undo(s);
-        if (PyList_SetSlice(s->meta, n_meta, PY_SSIZE_T_MAX, NULL) < 0 ||
-            PyList_SetSlice(d->top, n_top, PY_SSIZE_T_MAX, NULL) < 0) {
-            d->declined = 1;
-            return -1;
-        }
-        if (last || d->state == D_END || s->end - mark > MAX_UNIT) {
-            d->declined = 1;
-            return -1;
-        }
+        s->meta.count = n_meta, d->top.count = n_top;
+        declined = last || d->state == D_END || s->end - mark > MAX_UNIT;
         break;
     }
-    if (last && !(d->state == D_END && d->have_events)) {
-        d->declined = 1;
-        return -1;
-    }
-    return (Py_ssize_t)(s->p - buf);
+    if (last && !(d->state == D_END && d->have_events)) declined = 1;
+    PyEval_RestoreThread(unlocked);
+    if (!declined) return (Py_ssize_t)(s->p - buf);
+    d->declined = 1;
+    if (no_memory) PyErr_NoMemory();
+    return -1;
 }
 
 /* ---- output: columns as buffers the decoder allocated, handed over without a copy ---------- */
@@ -932,6 +942,26 @@ static int emit(PyObject *out, Column *c, size_t n, size_t cap) {
     return rc;
 }
 
+static void forget(Noted *l) {
+    free(l->items);
+    *l = (Noted){NULL, 0, 0};
+}
+
+/* the notes, as Python sees them: (row, token) of M events, (key, value) of top-level keys */
+static int emit_notes(PyObject *out, const char *name, const Noted *l, int keyed) {
+    PyObject *list = PyList_New((Py_ssize_t)l->count);
+    for (size_t i = 0; list && i < l->count; i++) {
+        const Note *t = &l->items[i];
+        PyObject *item = keyed ? Py_BuildValue("(y#y#)", t->a, (Py_ssize_t)t->a_len, t->b, (Py_ssize_t)t->b_len)
+                               : Py_BuildValue("(ny#)", (Py_ssize_t)t->row, t->a, (Py_ssize_t)t->a_len);
+        if (!item) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    int rc = list ? PyDict_SetItemString(out, name, list) : -1;
+    Py_XDECREF(list);
+    return rc;
+}
+
 static void clear_state(P *s) {
     for (int i = 0; i < N_EVENT_COLS; i++) release(&s->ev[i], s->cap);
     for (size_t i = 0; i < N_ARG_COLS; i++) release(&s->args[i], s->cap);
@@ -945,7 +975,7 @@ static void clear_state(P *s) {
         free(s->blocks);
         s->blocks = next;
     }
-    Py_CLEAR(s->meta);
+    forget(&s->meta);
 }
 
 /* ---- the Decoder type --------------------------------------------------------------------- */
@@ -953,8 +983,9 @@ static void clear_state(P *s) {
 static int decoder_init(Decoder *d, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwds, ":Decoder", kwlist)) return -1;
+    if (d->busy) return PyErr_Format(PyExc_RuntimeError, "the decoder is reading a piece in another thread"), -1;
     clear_state(&d->s);
-    Py_CLEAR(d->top);
+    forget(&d->top);
     P *s = &d->s;
     memset(s, 0, sizeof(*s));
     for (int i = 0; i < N_EVENT_COLS; i++) s->ev[i] = (Column){NULL, EVENT_OUT[i], EVENT_KIND[i], NULL, 0, {0}};
@@ -971,14 +1002,13 @@ static int decoder_init(Decoder *d, PyObject *args, PyObject *kwds) {
     }
     d->state = D_START;
     d->have_events = d->declined = 0;
-    s->meta = PyList_New(0);
-    d->top = PyList_New(0);
-    return s->meta && d->top ? 0 : -1;
+    d->ready = 1;
+    return 0;
 }
 
 static void decoder_dealloc(Decoder *d) {
     clear_state(&d->s);
-    Py_CLEAR(d->top);
+    forget(&d->top);
     Py_TYPE(d)->tp_free((PyObject *)d);
 }
 
@@ -986,9 +1016,12 @@ static PyObject *decoder_feed(Decoder *d, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"data", "last", NULL};
     Py_buffer view;
     int last = 0;
-    if (!d->s.meta) return PyErr_Format(PyExc_ValueError, "the decoder was not initialised"), NULL;
+    if (!d->ready) return PyErr_Format(PyExc_ValueError, "the decoder was not initialised"), NULL;
+    if (d->busy) return PyErr_Format(PyExc_RuntimeError, "the decoder is reading a piece in another thread"), NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|p:feed", kwlist, &view, &last)) return NULL;
+    d->busy = 1;
     Py_ssize_t used = feed_bytes(d, view.buf, view.len, last);
+    d->busy = 0;
     PyBuffer_Release(&view);
     if (used < 0 && PyErr_Occurred()) return NULL;
     return PyLong_FromSsize_t(used);
@@ -999,7 +1032,8 @@ static PyObject *decoder_finish(Decoder *d, PyObject *unused) {
     (void)unused;
     P *s = &d->s;
     PyObject *out = NULL;
-    if (s->meta && !d->declined && d->state == D_END && d->have_events) {
+    if (d->busy) return PyErr_Format(PyExc_RuntimeError, "the decoder is reading a piece in another thread"), NULL;
+    if (d->ready && !d->declined && d->state == D_END && d->have_events) {
         out = PyDict_New();
         int rc = out ? 0 : -1;
         PyObject *count = PyLong_FromSize_t(s->n);
@@ -1009,15 +1043,15 @@ static PyObject *decoder_finish(Decoder *d, PyObject *unused) {
         if (!rc) rc = PyDict_SetItemString(out, "ph", ph);
         Py_XDECREF(count);
         Py_XDECREF(ph);
-        if (!rc) rc = PyDict_SetItemString(out, "meta", s->meta);
-        if (!rc) rc = PyDict_SetItemString(out, "top", d->top);
+        if (!rc) rc = emit_notes(out, "meta", &s->meta, 0);
+        if (!rc) rc = emit_notes(out, "top", &d->top, 1);
         for (int i = 0; !rc && i < N_EVENT_COLS; i++) rc = emit(out, &s->ev[i], s->n, s->cap), release(&s->ev[i], s->cap);
         for (size_t i = 0; !rc && i < N_ARG_COLS; i++)
             rc = emit(out, &s->args[i], s->n, s->cap), release(&s->args[i], s->cap);
         if (rc) Py_CLEAR(out);
     }
     clear_state(s);
-    Py_CLEAR(d->top);
+    forget(&d->top);
     d->declined = 1;
     if (out) return out;
     if (PyErr_Occurred()) return NULL;

@@ -14,7 +14,6 @@ trace is gone are dropped.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -24,7 +23,17 @@ from typing import TYPE_CHECKING, BinaryIO, cast
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from sptrace.cachedir import Entry, EntryFormat, EntryHeader, Store, default_cache_dir, frame, framed_header, unframe
+from sptrace.cachedir import (
+    Entry,
+    EntryFormat,
+    EntryHeader,
+    Store,
+    default_cache_dir,
+    frame,
+    framed_header,
+    trace_prefix,
+    unframe,
+)
 from sptrace.load.schema import SCHEMA_VERSION
 
 if TYPE_CHECKING:
@@ -65,9 +74,8 @@ def store(cache_dir: Path | None = None) -> Store:
 
 def _key(path: Path) -> tuple[str, str]:
     """(prefix for this trace, prefix for this version of it)."""
-    resolved = path.resolve()
-    st = resolved.stat()
-    prefix = hashlib.sha1(str(resolved).encode()).hexdigest()[:20]
+    st = path.resolve().stat()
+    prefix = trace_prefix(path)
     return prefix, f"{prefix}-{st.st_size}-{st.st_mtime_ns}-v{SCHEMA_VERSION}-"
 
 

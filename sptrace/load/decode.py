@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,7 +39,8 @@ from sptrace.load.arrow import (
     string_array,
     to_numpy,
 )
-from sptrace.load.pieces import PIECE_BYTES, TraceText
+from sptrace.load.native import _kineto, native_columns, native_decoder
+from sptrace.load.pieces import TraceText
 from sptrace.load.schema import ARG_COLUMNS, SCHEMA, normalise_category
 from sptrace.vocab.errors import TraceError
 from sptrace.vocab.jsontypes import JSONObject
@@ -179,12 +179,6 @@ class _Times(msgspec.Struct, gc=False):
 _TIMES = msgspec.json.Decoder(list[_Times])
 _ANY = msgspec.json.Decoder()
 
-try:  # the native decoder (sptrace/load/_kineto.c), built when a C compiler was at hand
-    from sptrace.load import _kineto
-except ImportError:  # pragma: no cover - installed without a compiler: msgspec alone
-    _kineto = None
-
-
 # ---- bytes ---------------------------------------------------------------------------------
 
 
@@ -197,48 +191,12 @@ def read_bytes(path: Path) -> bytes:
 # ---- decoding ------------------------------------------------------------------------------
 
 
-def native_decoder() -> bool:
-    """Whether traces go through the native decoder first: it is built, and SPTRACE_DECODER is
-    not ``msgspec`` (which benchmarks and tests use to compare the two)."""
-    return _kineto is not None and os.environ.get("SPTRACE_DECODER", "") != "msgspec"
-
-
 def decode_native(path: Path, data: bytes) -> tuple[JSONObject, pa.Table] | None:
     """The native decoder's reading of ``data``, or None where it declines."""
     if _kineto is None:
         return None
     columns = _kineto.decode(data)
     return None if columns is None else _native_table(path, columns)
-
-
-def native_columns(path: Path, piece_bytes: int = PIECE_BYTES) -> dict[str, Any] | None:
-    """The native decoder's columns of the file, read as it inflates (its text is never whole in
-    memory: a rank's load peaks at the columns, not the text beside them), or None where it
-    declines. One buffer takes every piece: the tail of a piece that holds no whole event moves
-    to its front, and the next bytes are read after it (the buffer grows for a longer event)."""
-    assert _kineto is not None
-    decoder = _kineto.Decoder()
-    buffer = bytearray(piece_bytes)
-    view = memoryview(buffer)
-    kept = 0
-    try:
-        with TraceText(path) as text:
-            while got := text.read_into(view[kept:]):
-                end = kept + got
-                used = decoder.feed(view[:end])
-                if used < 0:
-                    return None
-                kept = end - used
-                view[:kept] = bytes(view[used:end])  # (the tail: less than an event, as a rule)
-                if kept * 2 > len(buffer):
-                    view.release()
-                    buffer.extend(bytes(len(buffer)))
-                    view = memoryview(buffer)
-            if decoder.feed(view[:kept], last=True) < 0:
-                return None
-    finally:
-        view.release()
-    return decoder.finish()
 
 
 def _native_table(path: Path, columns: dict[str, Any]) -> tuple[JSONObject, pa.Table] | None:

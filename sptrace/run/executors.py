@@ -107,9 +107,11 @@ def _processes(
     ctx = multiprocessing.get_context("spawn")
     size = batch_size(len(items), workers)
     waiting = deque(items[i : i + size] for i in range(0, len(items), size))
-    helpers = min(workers, len(waiting)) - 1
+    helpers = min(workers, len(waiting)) - 1  # (counting this process's batch, still waiting)
     in_flight: dict[Future, Sequence[Item]] = {}
-    here: deque[Item] = deque()  # (this process's batch, mapped a rank at a time: the pool is fed between ranks)
+    # this process's batch, mapped a rank at a time (the pool is fed between ranks): the first
+    # one, which sptrace.cli may have begun reading (sptrace.load.native.read_ahead)
+    here: deque[Item] = deque(waiting.popleft())
     with ProcessPoolExecutor(max_workers=max(helpers, 1), mp_context=ctx) as pool:
         while waiting or in_flight or here:
             while helpers and waiting and len(in_flight) < 2 * helpers:  # (one running, one queued, each)

@@ -40,3 +40,5 @@ def test_two_workers_are_this_process_and_one_spawned_each_mapping_a_share():
     pids = {pid for _, (_, pid) in got}
     assert os.getpid() in pids
     assert len(pids) == 2
+    here = {item for item, (_, pid) in got if pid == os.getpid()}
+    assert set(range(8)) <= here  # the first batch: the rank sptrace.cli reads ahead is read here
