@@ -7,9 +7,12 @@ read exactly as the msgspec path does (``decode_native``, ``_from_native``).
 Then msgspec decodes the events straight into typed Structs; no dict per event is ever
 built, which is most of the time and memory a json/orjson parse spends (measured in
 benchmarks/bench_load.py). Only the args sptrace analyses are declared; the rest is skipped by
-the decoder. A trace whose fields have unexpected types (a foreign writer, a string where Kineto
-writes an int) fails typed validation and takes the tolerant path: untyped msgspec decode and
-the same column extraction, field by field.
+the decoder. It too reads the text in pieces, a chunk of events at a time
+(sptrace.load.event_chunks), each chunk's Structs turned into columns and dropped before the
+next piece is read; a document it cannot cut (a broken one, as a rule) is read whole, as it
+always was, which says what is wrong. A trace whose fields have unexpected types (a foreign
+writer, a string where Kineto writes an int) fails typed validation and takes the tolerant path:
+untyped msgspec decode and the same column extraction, field by field.
 
 Hand-written because no library turns Kineto's event list into typed columns: HTA's parser
 builds Python dicts, rounds nanoseconds and drops events without ``dur``.
@@ -40,6 +43,7 @@ from sptrace.load.arrow import (
     string_array,
     to_numpy,
 )
+from sptrace.load.event_chunks import EventChunks, Unstreamable
 from sptrace.load.pieces import PIECE_BYTES, TraceText
 from sptrace.load.schema import ARG_COLUMNS, SCHEMA, normalise_category
 from sptrace.vocab.errors import TraceError
@@ -161,13 +165,14 @@ METADATA_KEYS = (
     "cuda_driver_version", "cupti_version", "hip_runtime_version", "roctracer_version",
     "rocprofiler_version", "documentation",
 )  # fmt: skip
+_Event = _X | _I | _S | _F | _M
 _Top = msgspec.defstruct(
     "_Top",
-    [("traceEvents", list[_X | _I | _S | _F | _M] | None, None)]
-    + [(key, msgspec.Raw, msgspec.Raw()) for key in METADATA_KEYS],
+    [("traceEvents", list[_Event] | None, None)] + [(key, msgspec.Raw, msgspec.Raw()) for key in METADATA_KEYS],
     gc=False,
 )
 _TYPED_TOP = msgspec.json.Decoder(_Top)
+_TYPED_EVENTS = msgspec.json.Decoder(list[_Event])
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
@@ -256,14 +261,51 @@ def decode_trace(path: Path) -> tuple[JSONObject, pa.Table]:
     if native_decoder() and (columns := native_columns(path)) is not None:
         if (decoded := _native_table(path, columns)) is not None:
             return decoded
-    data = read_bytes(path)  # (declined: the msgspec paths read the whole text)
+    try:
+        return _decode_streamed(path)
+    except msgspec.ValidationError:  # unexpected types: the whole text's typed decode fails alike
+        return _decode_tolerant(path, read_bytes(path))
+    except Unstreamable:
+        return _decode_whole(path)
+
+
+def _decode_streamed(path: Path, piece_bytes: int = PIECE_BYTES) -> tuple[JSONObject, pa.Table]:
+    """The typed decode of the text in pieces (``EventChunks``): each chunk's Structs become
+    columns and are dropped before the next piece is read, so that the load peaks at about the
+    table rather than at the text and all its Structs beside it (benchmarks/bench_load.py).
+
+    Raises ``Unstreamable`` wherever ``_decode_whole`` could say something else (a broken document,
+    a time to read as text, a metadata value msgspec rejects): it is the one that says it, as before."""
+    chunks = EventChunks(path, _TYPED_EVENTS, _TYPED_TOP, piece_bytes)
+    pieces = [_chunk_columns(path, events) for events in chunks]
+    pieces.append(_chunk_columns(path, chunks.tail.traceEvents))
+    head, tail = chunks.head, chunks.tail  # (a key written before and after the events: the last, as ever)
+    try:
+        metadata = {key: _ANY.decode(raw) for key in METADATA_KEYS if (raw := getattr(tail, key) or getattr(head, key))}
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # (a value msgspec rejects: 1e999)
+        raise Unstreamable(str(exc)) from exc
+    return metadata, _assemble(path, pieces)
+
+
+def _chunk_columns(path: Path, events: list[Any]) -> dict[type, tuple[dict[str, pa.Array], int]]:
+    """``_kind_columns`` of one chunk. What it finds wrong (a time beyond 64 bits, or to read as
+    text) the whole text's reading says, in the order it always found it."""
+    try:
+        return _kind_columns(path, events)
+    except (_NeedsExactTime, TraceError, UnicodeDecodeError) as exc:
+        raise Unstreamable(str(exc)) from exc
+
+
+def _decode_whole(path: Path) -> tuple[JSONObject, pa.Table]:
+    """The typed decode of the whole text; the tolerant one where types are unexpected."""
+    data = read_bytes(path)
     try:
         top = _TYPED_TOP.decode(data)
         if top.traceEvents is not None:
             metadata = {k: _ANY.decode(raw) for k in METADATA_KEYS if (raw := getattr(top, k))}
             events = top.traceEvents
             del top, data  # the Structs' Raw fields keep the bytes alive only as long as needed
-            return metadata, _table_from_structs(path, events)
+            return metadata, _assemble(path, [_kind_columns(path, events)])
     except (msgspec.ValidationError, _NeedsExactTime):
         pass  # unexpected types somewhere: the tolerant path below says what is wrong, if anything
     except msgspec.DecodeError as exc:  # (ValidationError is a DecodeError: order matters)
@@ -484,9 +526,10 @@ _ENCODER = msgspec.json.Encoder()
 
 def _texts(values: Sequence[Any], n: int) -> pa.Array:
     """A string column (dictionary-encoded) from str or Raw values; a Raw's JSON text is
-    decoded once per distinct value."""
+    decoded once per distinct value. "" is kept: whether a kind's column of "" and nulls alone
+    is null is decided over all the kind's events (``_empty_strings_as_nulls``)."""
     if not any(values):
-        return pa.nulls(n, type=pa.string())
+        return dictionary(values) if "" in values else pa.nulls(n, type=pa.string())
     if isinstance(next(v for v in values if v), msgspec.Raw):
         raw = [bytes(v) if v else None for v in values]
         text = {b: _raw_text(msgspec.Raw(b)) for b in dict.fromkeys(raw) if b is not None}
@@ -648,30 +691,44 @@ def _meta_text(args: JSONObject) -> str | None:
     return value if isinstance(value, str) or value is None else str(value)
 
 
-def _table_from_structs(path: Path, events: list[Any]) -> pa.Table:
-    """Columns from the decoded Structs. Memory: ``events`` is emptied, and each kind's
-    Structs are dropped as soon as its columns exist, the largest kind (X) last, so the peak
-    is about the Structs plus one kind's columns (benchmarks/bench_load.py measures it)."""
+_Columns = dict[str, pa.Array]
+
+
+def _kind_columns(path: Path, events: list[Any]) -> dict[type, tuple[_Columns, int]]:
+    """Each kind's columns (and rows) from decoded Structs, the kinds in ``_KINDS`` order, those
+    absent left out. Memory: ``events`` is emptied, and each kind's Structs are dropped as soon as
+    its columns exist, the largest kind (X) last, so the peak is about the Structs plus one kind's
+    columns (benchmarks/bench_load.py measures it)."""
     n = len(events)
     codes = np.fromiter(map(_KIND_CODE.__getitem__, map(type, events)), dtype=np.int8, count=n)
-    groups: list[tuple[type, list[Any] | None]] = []
+    groups: dict[type, list[Any]] = {}
     for code, kind in enumerate(_KINDS):
         idx = np.flatnonzero(codes == code)
         if len(idx):
-            groups.append((kind, list(_take(events, idx))))
+            groups[kind] = list(_take(events, idx))
     events.clear()  # the Structs now live only in their group
     del codes
-    parts: list[tuple[str, dict[str, pa.Array], int]] = [("", {}, 0)] * len(groups)
-    for k in sorted(range(len(groups)), key=lambda k: groups[k][0] is _X):
-        kind, group = groups[k]
-        assert group is not None
+    parts: dict[type, tuple[_Columns, int]] = dict.fromkeys(groups, ({}, 0))
+    for kind in sorted(groups, key=lambda kind: kind is _X):
+        group = groups.pop(kind)  # (this kind's Structs go with its last reference, below)
         cols = _group_columns(kind, group)
         cols["ts"] = _us_to_ns(cols["ts"], path, "ts", False)
         if "dur" in cols:
             cols["dur"] = _us_to_ns(cols["dur"], path, "dur", False)
-        parts[k] = (_PH[kind], cols, len(group))
-        groups[k] = (kind, None)  # free this kind's Structs
+        parts[kind] = (cols, len(group))
         del group
+    return parts
+
+
+def _assemble(path: Path, pieces: list[dict[type, tuple[_Columns, int]]]) -> pa.Table:
+    """The table from the columns of consecutive runs of events (``_kind_columns`` of each, in
+    file order): rows grouped by phase (X, i, s, f, M), in file order within each group. Each
+    column is concatenated at once, its pieces dropped as it is, so the peak is about the table."""
+    kinds = [(kind, [piece[kind] for piece in pieces if kind in piece]) for kind in _KINDS]
+    kinds = [(kind, runs) for kind, runs in kinds if runs]
+    for _, runs in kinds:
+        _empty_strings_as_nulls(runs)
+    runs = [run for _, kind_runs in kinds for run in kind_runs]
     columns: dict[str, pa.Array] = {}
     names = ["name", "raw_cat", "pid", "tid", "flow_id", "flow_bp", "ts", "dur"] + [c for c, _, _ in ARG_COLUMNS]
     for column in names:
@@ -679,19 +736,37 @@ def _table_from_structs(path: Path, events: list[Any]) -> pa.Table:
             arrow_type = pa.int64()
         else:
             arrow_type = SCHEMA.field(column).type
-        chunks = [cols.pop(column, None) for _, cols, _ in parts]
-        # dictionary columns stay encoded: concat_arrays unifies the kinds' dictionaries
-        arrays = [_as_type(c, m, arrow_type) for c, (_, _, m) in zip(chunks, parts)]
-        del chunks
+        # dictionary columns stay encoded: concat_arrays unifies the dictionaries, in order
+        arrays = [_as_type(cols.pop(column, None), m, arrow_type) for cols, m in runs]
         key = {"ts": "ts_ns", "dur": "dur_ns"}.get(column, column)
         columns[key] = pa.concat_arrays(arrays) if arrays else pa.nulls(0, arrow_type)
+        del arrays
+    counts = [sum(m for _, m in kind_runs) for _, kind_runs in kinds]
     columns["ph"] = pa.DictionaryArray.from_arrays(
-        from_numpy(np.repeat(np.arange(len(parts), dtype=np.int32), [m for _, _, m in parts])),
-        string_array([ph for ph, _, _ in parts]),
+        from_numpy(np.repeat(np.arange(len(kinds), dtype=np.int32), counts)),
+        string_array([_PH[kind] for kind, _ in kinds]),
     )
-    del parts
-    # rows come grouped by phase (X, i, s, f, M), in file order within each group
+    del pieces[:], runs, kinds
     return _finish(path, columns)
+
+
+_STR_COLUMNS = ("flow_bp", "coll_name", "coll_dtype", "pg_desc")
+
+
+def _empty_strings_as_nulls(runs: list[tuple[_Columns, int]]) -> None:
+    """A kind's string field that none of its events fills with more than "" is null throughout
+    (as the native decoder reads it: ``falsy_kinds``); decided over the kind's every run, since a
+    run of "" alone may be followed by one with text (``_texts`` keeps "" for this)."""
+    for column in _STR_COLUMNS:
+        if column in runs[0][0] and not any(_has_text(cols[column]) for cols, _ in runs):
+            for cols, _ in runs:
+                del cols[column]  # (``_assemble`` fills an absent column with nulls)
+
+
+def _has_text(arr: pa.Array) -> bool:
+    if arr.null_count == len(arr):
+        return False
+    return any((arr.dictionary if pa.types.is_dictionary(arr.type) else arr).to_pylist())
 
 
 class _Declined(Exception):
@@ -702,7 +777,7 @@ _PHASES = ("X", "i", "s", "f", "M")  # the native decoder's ph codes
 
 
 def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]:
-    """The table from the native decoder's columns (file order), as ``_table_from_structs``
+    """The table from the native decoder's columns (file order), as ``_assemble``
     builds it: rows grouped by phase (X, i, s, f, M), in file order within each group, and each
     dictionary in order of first appearance."""
     n = out["n"]
