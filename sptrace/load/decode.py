@@ -269,7 +269,13 @@ def decode_trace(path: Path) -> tuple[JSONObject, pa.Table]:
         return _decode_whole(path)
 
 
-def _decode_streamed(path: Path, piece_bytes: int = PIECE_BYTES) -> tuple[JSONObject, pa.Table]:
+STRUCT_PIECE_BYTES = PIECE_BYTES // 4
+"""The text the msgspec path reads at a time: its Structs take several times the text they come
+from, and stand beside the growing table; a quarter of the native decoder's piece keeps them small,
+at no cost in time (benchmarks/bench_load.py, docs/performance.md)."""
+
+
+def _decode_streamed(path: Path, piece_bytes: int = STRUCT_PIECE_BYTES) -> tuple[JSONObject, pa.Table]:
     """The typed decode of the text in pieces (``EventChunks``): each chunk's Structs become
     columns and are dropped before the next piece is read, so that the load peaks at about the
     table rather than at the text and all its Structs beside it (benchmarks/bench_load.py).
@@ -277,17 +283,20 @@ def _decode_streamed(path: Path, piece_bytes: int = PIECE_BYTES) -> tuple[JSONOb
     Raises ``Unstreamable`` wherever ``_decode_whole`` could say something else (a broken document,
     a time to read as text, a metadata value msgspec rejects): it is the one that says it, as before."""
     chunks = EventChunks(path, _TYPED_EVENTS, _TYPED_TOP, piece_bytes)
-    pieces = [_chunk_columns(path, events) for events in chunks]
-    pieces.append(_chunk_columns(path, chunks.tail.traceEvents))
+    rows = _Rows()
+    for events in chunks:
+        foretold = (rows.n + len(events)) / max(chunks.share_read, 1e-6)  # the file's rows, from its share read
+        rows.add(_chunk_columns(path, events), room=int(foretold * 1.1))
+    rows.add(_chunk_columns(path, chunks.tail.traceEvents))
     head, tail = chunks.head, chunks.tail  # (a key written before and after the events: the last, as ever)
     try:
         metadata = {key: _ANY.decode(raw) for key in METADATA_KEYS if (raw := getattr(tail, key) or getattr(head, key))}
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # (a value msgspec rejects: 1e999)
         raise Unstreamable(str(exc)) from exc
-    return metadata, _assemble(path, pieces)
+    return metadata, rows.table(path)
 
 
-def _chunk_columns(path: Path, events: list[Any]) -> dict[type, tuple[dict[str, pa.Array], int]]:
+def _chunk_columns(path: Path, events: list[Any]) -> dict[type, tuple[_Columns, int]]:
     """``_kind_columns`` of one chunk. What it finds wrong (a time beyond 64 bits, or to read as
     text) the whole text's reading says, in the order it always found it."""
     try:
@@ -305,7 +314,9 @@ def _decode_whole(path: Path) -> tuple[JSONObject, pa.Table]:
             metadata = {k: _ANY.decode(raw) for k in METADATA_KEYS if (raw := getattr(top, k))}
             events = top.traceEvents
             del top, data  # the Structs' Raw fields keep the bytes alive only as long as needed
-            return metadata, _assemble(path, [_kind_columns(path, events)])
+            rows = _Rows()
+            rows.add(_kind_columns(path, events))
+            return metadata, rows.table(path)
     except (msgspec.ValidationError, _NeedsExactTime):
         pass  # unexpected types somewhere: the tolerant path below says what is wrong, if anything
     except msgspec.DecodeError as exc:  # (ValidationError is a DecodeError: order matters)
@@ -527,7 +538,7 @@ _ENCODER = msgspec.json.Encoder()
 def _texts(values: Sequence[Any], n: int) -> pa.Array:
     """A string column (dictionary-encoded) from str or Raw values; a Raw's JSON text is
     decoded once per distinct value. "" is kept: whether a kind's column of "" and nulls alone
-    is null is decided over all the kind's events (``_empty_strings_as_nulls``)."""
+    is null is decided over all the kind's events, in ``_Rows.table`` (``_STR_COLUMNS``)."""
     if not any(values):
         return dictionary(values) if "" in values else pa.nulls(n, type=pa.string())
     if isinstance(next(v for v in values if v), msgspec.Raw):
@@ -720,53 +731,97 @@ def _kind_columns(path: Path, events: list[Any]) -> dict[type, tuple[_Columns, i
     return parts
 
 
-def _assemble(path: Path, pieces: list[dict[type, tuple[_Columns, int]]]) -> pa.Table:
-    """The table from the columns of consecutive runs of events (``_kind_columns`` of each, in
-    file order): rows grouped by phase (X, i, s, f, M), in file order within each group. Each
-    column is concatenated at once, its pieces dropped as it is, so the peak is about the table."""
-    kinds = [(kind, [piece[kind] for piece in pieces if kind in piece]) for kind in _KINDS]
-    kinds = [(kind, runs) for kind, runs in kinds if runs]
-    for _, runs in kinds:
-        _empty_strings_as_nulls(runs)
-    runs = [run for _, kind_runs in kinds for run in kind_runs]
-    columns: dict[str, pa.Array] = {}
-    names = ["name", "raw_cat", "pid", "tid", "flow_id", "flow_bp", "ts", "dur"] + [c for c, _, _ in ARG_COLUMNS]
-    for column in names:
-        if column in ("pid", "tid", "flow_id", "ts", "dur"):
-            arrow_type = pa.int64()
-        else:
-            arrow_type = SCHEMA.field(column).type
-        # dictionary columns stay encoded: concat_arrays unifies the dictionaries, in order
-        arrays = [_as_type(cols.pop(column, None), m, arrow_type) for cols, m in runs]
-        key = {"ts": "ts_ns", "dur": "dur_ns"}.get(column, column)
-        columns[key] = pa.concat_arrays(arrays) if arrays else pa.nulls(0, arrow_type)
-        del arrays
-    counts = [sum(m for _, m in kind_runs) for _, kind_runs in kinds]
-    columns["ph"] = pa.DictionaryArray.from_arrays(
-        from_numpy(np.repeat(np.arange(len(kinds), dtype=np.int32), counts)),
-        string_array([_PH[kind] for kind, _ in kinds]),
-    )
-    del pieces[:], runs, kinds
-    return _finish(path, columns)
-
-
+_INT_COLUMNS = ("pid", "tid", "flow_id", "ts", "dur", *(c for c, t, _ in ARG_COLUMNS if pa.types.is_integer(t)))
+_TEXT_COLUMNS = ("name", "raw_cat", "flow_bp", *(c for c, t, _ in ARG_COLUMNS if not pa.types.is_integer(t)))
 _STR_COLUMNS = ("flow_bp", "coll_name", "coll_dtype", "pg_desc")
+"""Text columns of str fields: a kind none of whose events fills one with more than "" has it null
+(as the native decoder reads it: ``falsy_kinds``). Decided over the kind's rows of all runs, since a
+run of "" alone may be followed by one with text (``_texts`` keeps "" for this)."""
 
 
-def _empty_strings_as_nulls(runs: list[tuple[_Columns, int]]) -> None:
-    """A kind's string field that none of its events fills with more than "" is null throughout
-    (as the native decoder reads it: ``falsy_kinds``); decided over the kind's every run, since a
-    run of "" alone may be followed by one with text (``_texts`` keeps "" for this)."""
-    for column in _STR_COLUMNS:
-        if column in runs[0][0] and not any(_has_text(cols[column]) for cols, _ in runs):
-            for cols, _ in runs:
-                del cols[column]  # (``_assemble`` fills an absent column with nulls)
+class _Rows:
+    """The table's columns grown run of events by run (``add``; file order, each run's rows grouped
+    by kind), as the native decoder's buffers grow, then put in the table's order in place
+    (``table``). So the runs' columns never stand beside their concatenation: a streamed load peaks
+    at about the table. Integers are kept with ``_ABSENT`` for null; texts as int32 codes into the
+    texts seen, a dictionary per column that ``_first_seen`` orders at the end."""
 
+    def __init__(self) -> None:
+        self.n = 0
+        self.arrays: dict[str, np.ndarray] = {"ph": np.empty(0, np.int8)}
+        self.arrays |= {c: np.empty(0, np.int64) for c in _INT_COLUMNS}
+        self.arrays |= {c: np.empty(0, np.int32) for c in _TEXT_COLUMNS}
+        self.texts: dict[str, dict[str, int]] = {c: {} for c in _TEXT_COLUMNS}
 
-def _has_text(arr: pa.Array) -> bool:
-    if arr.null_count == len(arr):
-        return False
-    return any((arr.dictionary if pa.types.is_dictionary(arr.type) else arr).to_pylist())
+    def add(self, parts: dict[type, tuple[_Columns, int]], room: int = 0) -> None:
+        """One run's columns (``_kind_columns``), dropped as they are copied. ``room``: the rows
+        foreseen in all, made room for at once where there is less: each regrowth copies the
+        arrays and may leave their old copy resident, while room never written to costs nothing."""
+        need = self.n + sum(m for _, m in parts.values())
+        if need > len(self.arrays["ph"]):
+            size = max(need, room, 2 * len(self.arrays["ph"]))
+            for column, values in self.arrays.items():  # (np.empty: pages not yet written cost nothing)
+                self.arrays[column] = np.empty(size, values.dtype)
+                self.arrays[column][: self.n] = values[: self.n]
+        for kind, (cols, m) in parts.items():
+            lo, hi = self.n, self.n + m
+            self.arrays["ph"][lo:hi] = _KIND_CODE[kind]
+            for column in _INT_COLUMNS:
+                arr = cols.pop(column, None)
+                self.arrays[column][lo:hi] = _ABSENT if arr is None else to_numpy(arr, fill=_ABSENT)
+            for column in _TEXT_COLUMNS:
+                arr = cols.pop(column, None)
+                self.arrays[column][lo:hi] = -1 if arr is None else self._codes(column, arr)
+            self.n = hi
+
+    def _codes(self, column: str, arr: pa.Array) -> np.ndarray | int:
+        if arr.null_count == len(arr):
+            return -1
+        seen = self.texts[column]
+        texts = (arr if pa.types.is_dictionary(arr.type) else compute("dictionary_encode", arr)).dictionary
+        lut = np.array([seen.setdefault(t, len(seen)) for t in texts.to_pylist()] + [-1], dtype=np.int32)
+        return lut[to_numpy(arr.indices, fill=-1)]
+
+    def table(self, path: Path) -> pa.Table:
+        """The table: rows grouped by phase (X, i, s, f, M), in file order within each group, each
+        dictionary in order of first appearance; the columns are dropped as they are wrapped."""
+        n, arrays = self.n, self.arrays
+        for values in arrays.values():
+            values.resize(n, refcheck=False)
+        ph = arrays.pop("ph")
+        order = np.argsort(ph, kind="stable") if (np.diff(ph) < 0).any() else None
+        counts = np.bincount(ph, minlength=len(_KINDS))
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        scratch: dict[np.dtype, np.ndarray] = {}
+
+        def in_order(values: np.ndarray) -> np.ndarray:
+            """In the table's order, in place, through one scratch array per dtype (as ``_from_native``)."""
+            if order is not None:
+                out = scratch.setdefault(values.dtype, np.empty(n, values.dtype))
+                np.take(values, order, out=out)
+                values[...] = out
+            return values
+
+        columns: dict[str, pa.Array] = {}
+        for column in _INT_COLUMNS:
+            values = in_order(arrays.pop(column))
+            columns[{"ts": "ts_ns", "dur": "dur_ns"}.get(column, column)] = from_numpy(values, values != _ABSENT)
+        for column in _TEXT_COLUMNS:
+            codes, texts = in_order(arrays.pop(column)), list(self.texts.pop(column))
+            if column in _STR_COLUMNS:
+                filled = np.array([bool(t) for t in texts] + [False])
+                for k in range(len(_KINDS)):
+                    rows = slice(int(bounds[k]), int(bounds[k + 1]))
+                    if not filled[codes[rows]].any():
+                        codes[rows] = -1
+            columns[column] = _as_type(_first_seen(codes, texts), n, SCHEMA.field(column).type)
+        scratch.clear()
+        present = [k for k in range(len(_KINDS)) if counts[k]]
+        columns["ph"] = pa.DictionaryArray.from_arrays(
+            from_numpy(np.repeat(np.arange(len(present), dtype=np.int32), counts[present])),
+            string_array([_PH[_KINDS[k]] for k in present]),
+        )
+        return _finish(path, columns)
 
 
 class _Declined(Exception):
@@ -777,7 +832,7 @@ _PHASES = ("X", "i", "s", "f", "M")  # the native decoder's ph codes
 
 
 def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]:
-    """The table from the native decoder's columns (file order), as ``_assemble``
+    """The table from the native decoder's columns (file order), as ``_Rows``
     builds it: rows grouped by phase (X, i, s, f, M), in file order within each group, and each
     dictionary in order of first appearance."""
     n = out["n"]

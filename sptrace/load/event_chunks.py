@@ -58,6 +58,7 @@ class EventChunks:
         self.head: Any = None  # (a decoded ``top``)
         self.tail: Any = None
         self.wrong_cuts = 0
+        self.share_read = 0.0  # of the file, when the last chunk was yielded (``TraceText.share_read``)
 
     def __iter__(self) -> Iterator[list[object]]:
         """One buffer takes every piece, as ``decode.native_columns`` reads them: what follows the
@@ -72,6 +73,7 @@ class EventChunks:
             with TraceText(self.path) as text:
                 while got := text.read_into(view[end:]):
                     end += got
+                    self.share_read = text.share_read()
                     if start is None:
                         start = self._read_head(buffer, end)
                     if start is not None and listing:
