@@ -58,7 +58,7 @@ class EventChunks:
         self.head: Any = None  # (a decoded ``top``)
         self.tail: Any = None
         self.wrong_cuts = 0
-        self.share_read = 0.0  # of the file, when the last chunk was yielded (``TraceText.share_read``)
+        self.share_read = 0.0  # of the file, by the pieces read so far (``TraceText.share_read``)
 
     def __iter__(self) -> Iterator[list[object]]:
         """One buffer takes every piece, as ``decode.native_columns`` reads them: what follows the

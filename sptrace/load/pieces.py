@@ -58,7 +58,7 @@ class TraceText:
     def share_read(self) -> float:
         """How much of the file is read, from 0 to 1 (of its compressed bytes, for gzip): what lets
         a reader foretell the whole from the part it has (the msgspec path: how many rows)."""
-        return self._file.tell() / self._size
+        return self._file.tell() / self._size if self._size else 1.0  # (no size told: as if all were read)
 
     def read_all(self) -> bytes:
         """The rest of the text, whole."""
