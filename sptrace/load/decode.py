@@ -7,9 +7,12 @@ read exactly as the msgspec path does (``decode_native``, ``_from_native``).
 Then msgspec decodes the events straight into typed Structs; no dict per event is ever
 built, which is most of the time and memory a json/orjson parse spends (measured in
 benchmarks/bench_load.py). Only the args sptrace analyses are declared; the rest is skipped by
-the decoder. A trace whose fields have unexpected types (a foreign writer, a string where Kineto
-writes an int) fails typed validation and takes the tolerant path: untyped msgspec decode and
-the same column extraction, field by field.
+the decoder. It too reads the text in pieces, a chunk of events at a time
+(sptrace.load.event_chunks), each chunk's Structs turned into columns and dropped before the
+next piece is read; a document it cannot cut (a broken one, as a rule) is read whole, as it
+always was, which says what is wrong. A trace whose fields have unexpected types (a foreign
+writer, a string where Kineto writes an int) fails typed validation and takes the tolerant path:
+untyped msgspec decode and the same column extraction, field by field.
 
 Hand-written because no library turns Kineto's event list into typed columns: HTA's parser
 builds Python dicts, rounds nanoseconds and drops events without ``dur``.
@@ -39,8 +42,9 @@ from sptrace.load.arrow import (
     string_array,
     to_numpy,
 )
+from sptrace.load.event_chunks import EventChunks, Unstreamable
 from sptrace.load.native import _kineto, native_columns, native_decoder
-from sptrace.load.pieces import TraceText
+from sptrace.load.pieces import PIECE_BYTES, TraceText
 from sptrace.load.schema import ARG_COLUMNS, SCHEMA, normalise_category
 from sptrace.vocab.errors import TraceError
 from sptrace.vocab.jsontypes import JSONObject
@@ -161,13 +165,14 @@ METADATA_KEYS = (
     "cuda_driver_version", "cupti_version", "hip_runtime_version", "roctracer_version",
     "rocprofiler_version", "documentation",
 )  # fmt: skip
+_Event = _X | _I | _S | _F | _M
 _Top = msgspec.defstruct(
     "_Top",
-    [("traceEvents", list[_X | _I | _S | _F | _M] | None, None)]
-    + [(key, msgspec.Raw, msgspec.Raw()) for key in METADATA_KEYS],
+    [("traceEvents", list[_Event] | None, None)] + [(key, msgspec.Raw, msgspec.Raw()) for key in METADATA_KEYS],
     gc=False,
 )
 _TYPED_TOP = msgspec.json.Decoder(_Top)
+_TYPED_EVENTS = msgspec.json.Decoder(list[_Event])
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
@@ -214,14 +219,62 @@ def decode_trace(path: Path) -> tuple[JSONObject, pa.Table]:
     if native_decoder() and (columns := native_columns(path)) is not None:
         if (decoded := _native_table(path, columns)) is not None:
             return decoded
-    data = read_bytes(path)  # (declined: the msgspec paths read the whole text)
+    try:
+        return _decode_streamed(path)
+    except msgspec.ValidationError:  # unexpected types: the whole text's typed decode fails alike
+        return _decode_tolerant(path, read_bytes(path))
+    except Unstreamable:
+        return _decode_whole(path)
+
+
+STRUCT_PIECE_BYTES = PIECE_BYTES // 4
+"""The text the msgspec path reads at a time: its Structs take several times the text they come
+from, and stand beside the growing table; a quarter of the native decoder's piece keeps them small,
+at no cost in time (benchmarks/bench_load.py, docs/performance.md)."""
+
+
+def _decode_streamed(path: Path, piece_bytes: int = STRUCT_PIECE_BYTES) -> tuple[JSONObject, pa.Table]:
+    """The typed decode of the text in pieces (``EventChunks``): each chunk's Structs become
+    columns and are dropped before the next piece is read, so that the load peaks at about the
+    table rather than at the text and all its Structs beside it (benchmarks/bench_load.py).
+
+    Raises ``Unstreamable`` wherever ``_decode_whole`` could say something else (a broken document,
+    a time to read as text, a metadata value msgspec rejects): it is the one that says it, as before."""
+    chunks = EventChunks(path, _TYPED_EVENTS, _TYPED_TOP, piece_bytes)
+    rows = _Rows()
+    for events in chunks:
+        foretold = (rows.n + len(events)) / max(chunks.share_read, 1e-6)  # the file's rows, from its share read
+        rows.add(_chunk_columns(path, events), room=int(foretold * 1.1))
+    rows.add(_chunk_columns(path, chunks.tail.traceEvents))
+    head, tail = chunks.head, chunks.tail  # (a key written before and after the events: the last, as ever)
+    try:
+        metadata = {key: _ANY.decode(raw) for key in METADATA_KEYS if (raw := getattr(tail, key) or getattr(head, key))}
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # (a value msgspec rejects: 1e999)
+        raise Unstreamable(str(exc)) from exc
+    return metadata, rows.table(path)
+
+
+def _chunk_columns(path: Path, events: list[Any]) -> dict[type, tuple[_Columns, int]]:
+    """``_kind_columns`` of one chunk. What it finds wrong (a time beyond 64 bits, or to read as
+    text) the whole text's reading says, in the order it always found it."""
+    try:
+        return _kind_columns(path, events)
+    except (_NeedsExactTime, TraceError, UnicodeDecodeError) as exc:
+        raise Unstreamable(str(exc)) from exc
+
+
+def _decode_whole(path: Path) -> tuple[JSONObject, pa.Table]:
+    """The typed decode of the whole text; the tolerant one where types are unexpected."""
+    data = read_bytes(path)
     try:
         top = _TYPED_TOP.decode(data)
         if top.traceEvents is not None:
             metadata = {k: _ANY.decode(raw) for k in METADATA_KEYS if (raw := getattr(top, k))}
             events = top.traceEvents
             del top, data  # the Structs' Raw fields keep the bytes alive only as long as needed
-            return metadata, _table_from_structs(path, events)
+            rows = _Rows()
+            rows.add(_kind_columns(path, events))
+            return metadata, rows.table(path)
     except (msgspec.ValidationError, _NeedsExactTime):
         pass  # unexpected types somewhere: the tolerant path below says what is wrong, if anything
     except msgspec.DecodeError as exc:  # (ValidationError is a DecodeError: order matters)
@@ -442,9 +495,10 @@ _ENCODER = msgspec.json.Encoder()
 
 def _texts(values: Sequence[Any], n: int) -> pa.Array:
     """A string column (dictionary-encoded) from str or Raw values; a Raw's JSON text is
-    decoded once per distinct value."""
+    decoded once per distinct value. "" is kept: whether a kind's column of "" and nulls alone
+    is null is decided over all the kind's events, in ``_Rows.table`` (``_STR_COLUMNS``)."""
     if not any(values):
-        return pa.nulls(n, type=pa.string())
+        return dictionary(values) if "" in values else pa.nulls(n, type=pa.string())
     if isinstance(next(v for v in values if v), msgspec.Raw):
         raw = [bytes(v) if v else None for v in values]
         text = {b: _raw_text(msgspec.Raw(b)) for b in dict.fromkeys(raw) if b is not None}
@@ -606,50 +660,126 @@ def _meta_text(args: JSONObject) -> str | None:
     return value if isinstance(value, str) or value is None else str(value)
 
 
-def _table_from_structs(path: Path, events: list[Any]) -> pa.Table:
-    """Columns from the decoded Structs. Memory: ``events`` is emptied, and each kind's
-    Structs are dropped as soon as its columns exist, the largest kind (X) last, so the peak
-    is about the Structs plus one kind's columns (benchmarks/bench_load.py measures it)."""
+_Columns = dict[str, pa.Array]
+
+
+def _kind_columns(path: Path, events: list[Any]) -> dict[type, tuple[_Columns, int]]:
+    """Each kind's columns (and rows) from decoded Structs, the kinds in ``_KINDS`` order, those
+    absent left out. Memory: ``events`` is emptied, and each kind's Structs are dropped as soon as
+    its columns exist, the largest kind (X) last, so the peak is about the Structs plus one kind's
+    columns (benchmarks/bench_load.py measures it)."""
     n = len(events)
     codes = np.fromiter(map(_KIND_CODE.__getitem__, map(type, events)), dtype=np.int8, count=n)
-    groups: list[tuple[type, list[Any] | None]] = []
+    groups: dict[type, list[Any]] = {}
     for code, kind in enumerate(_KINDS):
         idx = np.flatnonzero(codes == code)
         if len(idx):
-            groups.append((kind, list(_take(events, idx))))
+            groups[kind] = list(_take(events, idx))
     events.clear()  # the Structs now live only in their group
     del codes
-    parts: list[tuple[str, dict[str, pa.Array], int]] = [("", {}, 0)] * len(groups)
-    for k in sorted(range(len(groups)), key=lambda k: groups[k][0] is _X):
-        kind, group = groups[k]
-        assert group is not None
+    parts: dict[type, tuple[_Columns, int]] = dict.fromkeys(groups, ({}, 0))
+    for kind in sorted(groups, key=lambda kind: kind is _X):
+        group = groups.pop(kind)  # (this kind's Structs go with its last reference, below)
         cols = _group_columns(kind, group)
         cols["ts"] = _us_to_ns(cols["ts"], path, "ts", False)
         if "dur" in cols:
             cols["dur"] = _us_to_ns(cols["dur"], path, "dur", False)
-        parts[k] = (_PH[kind], cols, len(group))
-        groups[k] = (kind, None)  # free this kind's Structs
+        parts[kind] = (cols, len(group))
         del group
-    columns: dict[str, pa.Array] = {}
-    names = ["name", "raw_cat", "pid", "tid", "flow_id", "flow_bp", "ts", "dur"] + [c for c, _, _ in ARG_COLUMNS]
-    for column in names:
-        if column in ("pid", "tid", "flow_id", "ts", "dur"):
-            arrow_type = pa.int64()
-        else:
-            arrow_type = SCHEMA.field(column).type
-        chunks = [cols.pop(column, None) for _, cols, _ in parts]
-        # dictionary columns stay encoded: concat_arrays unifies the kinds' dictionaries
-        arrays = [_as_type(c, m, arrow_type) for c, (_, _, m) in zip(chunks, parts)]
-        del chunks
-        key = {"ts": "ts_ns", "dur": "dur_ns"}.get(column, column)
-        columns[key] = pa.concat_arrays(arrays) if arrays else pa.nulls(0, arrow_type)
-    columns["ph"] = pa.DictionaryArray.from_arrays(
-        from_numpy(np.repeat(np.arange(len(parts), dtype=np.int32), [m for _, _, m in parts])),
-        string_array([ph for ph, _, _ in parts]),
-    )
-    del parts
-    # rows come grouped by phase (X, i, s, f, M), in file order within each group
-    return _finish(path, columns)
+    return parts
+
+
+_INT_COLUMNS = ("pid", "tid", "flow_id", "ts", "dur", *(c for c, t, _ in ARG_COLUMNS if pa.types.is_integer(t)))
+_TEXT_COLUMNS = ("name", "raw_cat", "flow_bp", *(c for c, t, _ in ARG_COLUMNS if not pa.types.is_integer(t)))
+_STR_COLUMNS = ("flow_bp", "coll_name", "coll_dtype", "pg_desc")
+"""Text columns of str fields: a kind none of whose events fills one with more than "" has it null
+(as the native decoder reads it: ``falsy_kinds``). Decided over the kind's rows of all runs, since a
+run of "" alone may be followed by one with text (``_texts`` keeps "" for this)."""
+
+
+class _Rows:
+    """The table's columns grown run of events by run (``add``; file order, each run's rows grouped
+    by kind), as the native decoder's buffers grow, then put in the table's order in place
+    (``table``). So the runs' columns never stand beside their concatenation: a streamed load peaks
+    at about the table. Integers are kept with ``_ABSENT`` for null; texts as int32 codes into the
+    texts seen, a dictionary per column that ``_first_seen`` orders at the end."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.arrays: dict[str, np.ndarray] = {"ph": np.empty(0, np.int8)}
+        self.arrays |= {c: np.empty(0, np.int64) for c in _INT_COLUMNS}
+        self.arrays |= {c: np.empty(0, np.int32) for c in _TEXT_COLUMNS}
+        self.texts: dict[str, dict[str, int]] = {c: {} for c in _TEXT_COLUMNS}
+
+    def add(self, parts: dict[type, tuple[_Columns, int]], room: int = 0) -> None:
+        """One run's columns (``_kind_columns``), dropped as they are copied. ``room``: the rows
+        foreseen in all, made room for at once where there is less: each regrowth copies the
+        arrays and may leave their old copy resident, while room never written to costs nothing."""
+        need = self.n + sum(m for _, m in parts.values())
+        if need > len(self.arrays["ph"]):
+            size = max(need, room, 2 * len(self.arrays["ph"]))
+            for column, values in self.arrays.items():  # (np.empty: pages not yet written cost nothing)
+                self.arrays[column] = np.empty(size, values.dtype)
+                self.arrays[column][: self.n] = values[: self.n]
+        for kind, (cols, m) in parts.items():
+            lo, hi = self.n, self.n + m
+            self.arrays["ph"][lo:hi] = _KIND_CODE[kind]
+            for column in _INT_COLUMNS:
+                arr = cols.pop(column, None)
+                self.arrays[column][lo:hi] = _ABSENT if arr is None else to_numpy(arr, fill=_ABSENT)
+            for column in _TEXT_COLUMNS:
+                arr = cols.pop(column, None)
+                self.arrays[column][lo:hi] = -1 if arr is None else self._codes(column, arr)
+            self.n = hi
+
+    def _codes(self, column: str, arr: pa.Array) -> np.ndarray | int:
+        if arr.null_count == len(arr):
+            return -1
+        seen = self.texts[column]
+        texts = (arr if pa.types.is_dictionary(arr.type) else compute("dictionary_encode", arr)).dictionary
+        lut = np.array([seen.setdefault(t, len(seen)) for t in texts.to_pylist()] + [-1], dtype=np.int32)
+        return lut[to_numpy(arr.indices, fill=-1)]
+
+    def table(self, path: Path) -> pa.Table:
+        """The table: rows grouped by phase (X, i, s, f, M), in file order within each group, each
+        dictionary in order of first appearance; the columns are dropped as they are wrapped."""
+        n, arrays = self.n, self.arrays
+        for values in arrays.values():
+            values.resize(n, refcheck=False)
+        ph = arrays.pop("ph")
+        order = np.argsort(ph, kind="stable") if (np.diff(ph) < 0).any() else None
+        counts = np.bincount(ph, minlength=len(_KINDS))
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        scratch: dict[np.dtype, np.ndarray] = {}
+
+        def in_order(values: np.ndarray) -> np.ndarray:
+            """In the table's order, in place, through one scratch array per dtype (as ``_from_native``)."""
+            if order is not None:
+                out = scratch.setdefault(values.dtype, np.empty(n, values.dtype))
+                np.take(values, order, out=out)
+                values[...] = out
+            return values
+
+        columns: dict[str, pa.Array] = {}
+        for column in _INT_COLUMNS:
+            values = in_order(arrays.pop(column))
+            columns[{"ts": "ts_ns", "dur": "dur_ns"}.get(column, column)] = from_numpy(values, values != _ABSENT)
+        for column in _TEXT_COLUMNS:
+            codes, texts = in_order(arrays.pop(column)), list(self.texts.pop(column))
+            if column in _STR_COLUMNS:
+                filled = np.array([bool(t) for t in texts] + [False])
+                for k in range(len(_KINDS)):
+                    rows = slice(int(bounds[k]), int(bounds[k + 1]))
+                    if not filled[codes[rows]].any():
+                        codes[rows] = -1
+            columns[column] = _as_type(_first_seen(codes, texts), n, SCHEMA.field(column).type)
+        scratch.clear()
+        present = [k for k in range(len(_KINDS)) if counts[k]]
+        columns["ph"] = pa.DictionaryArray.from_arrays(
+            from_numpy(np.repeat(np.arange(len(present), dtype=np.int32), counts[present])),
+            string_array([_PH[_KINDS[k]] for k in present]),
+        )
+        return _finish(path, columns)
 
 
 class _Declined(Exception):
@@ -660,7 +790,7 @@ _PHASES = ("X", "i", "s", "f", "M")  # the native decoder's ph codes
 
 
 def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]:
-    """The table from the native decoder's columns (file order), as ``_table_from_structs``
+    """The table from the native decoder's columns (file order), as ``_Rows``
     builds it: rows grouped by phase (X, i, s, f, M), in file order within each group, and each
     dictionary in order of first appearance."""
     n = out["n"]

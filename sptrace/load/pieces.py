@@ -10,6 +10,7 @@ file.
 from __future__ import annotations
 
 import gzip
+import os
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +46,7 @@ class TraceText:
             self._file.close()
             raise TraceError(path, "empty file")
         self._file.seek(0)
+        self._size = os.fstat(self._file.fileno()).st_size
         self.gzip = head == b"\x1f\x8b"
         self._text: BinaryIO = _gzip.GzipFile(fileobj=self._file, mode="rb") if self.gzip else self._file
 
@@ -52,6 +54,11 @@ class TraceText:
         """Fill ``view`` with the next bytes of text as far as they go; 0 at the end."""
         with self._problems():
             return self._text.readinto(view)
+
+    def share_read(self) -> float:
+        """How much of the file is read, from 0 to 1 (of its compressed bytes, for gzip): what lets
+        a reader foretell the whole from the part it has (the msgspec path: how many rows)."""
+        return self._file.tell() / self._size if self._size else 1.0  # (no size told: as if all were read)
 
     def read_all(self) -> bytes:
         """The rest of the text, whole."""
