@@ -1,5 +1,3 @@
-import sys
+from sptrace.cli import command
 
-from sptrace.cli import main
-
-sys.exit(main())
+command()

@@ -102,13 +102,12 @@ def _read_ahead(args) -> None:
     read_ahead(files[0])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command line (``argv`` None: this process is the command's, and ends with it) or a
-    command run in-process (``argv`` given): its exit code."""
-    code = _run(argv)
-    if argv is None:
-        _leave(code)
-    return code
+def command() -> None:
+    """The ``sptrace`` executable (and ``python -m sptrace``): ``main`` on the command line, and
+    the process ends with the command (``_leave``)."""
+    code = main()
+    _leave(code)
+    sys.exit(code)
 
 
 def _leave(code: int) -> None:
@@ -131,7 +130,8 @@ def _leave(code: int) -> None:
     os._exit(code)
 
 
-def _run(argv: Sequence[str] | None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """A command's exit code: the command line's (``argv`` None) or the one given, in-process."""
     common.CLI_PROCESS = argv is None  # (the command line's own process: sptrace.cli.common.analysis_imports)
     if argv is None:
         # sptrace multiplies no matrices: OpenBLAS's threads, which numpy starts one a core as it
@@ -171,4 +171,4 @@ def _run(argv: Sequence[str] | None) -> int:
             sys.modules["sptrace.load.native"].drop_read_ahead()
 
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "command", "main"]

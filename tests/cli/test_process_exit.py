@@ -1,6 +1,6 @@
-"""The command line's process ends as soon as its command is done (sptrace.cli._leave): its output
-flushed whole, its atexit handlers run, its exit code kept, and nothing after ``main()`` runs; the
-interpreter's teardown is skipped.
+"""The ``sptrace`` executable's process ends as soon as its command is done (sptrace.cli.command,
+_leave): its output flushed whole, its atexit handlers run, its exit code kept, and nothing after
+``command()`` runs; the interpreter's teardown is skipped.
 
 Oracle: the same command run in-process (``main(argv)``), whose output is captured, and a marker
 file an atexit handler writes."""
@@ -19,9 +19,9 @@ import atexit, sys
 marker, argv = sys.argv[1], sys.argv[2:]
 atexit.register(lambda: open(marker, "w").write("atexit ran"))
 sys.argv = ["sptrace", *argv]
-from sptrace.cli import main
-main()
-print("after main")
+from sptrace.cli import command
+command()
+print("after the command")
 """
 
 
@@ -40,8 +40,8 @@ def test_the_output_is_whole_and_the_atexit_handlers_ran(tmp_path, capsys):
     here = capsys.readouterr().out
     proc, marker = run_cli(tmp_path, *argv)
     assert proc.returncode == 0 and marker == "atexit ran"
-    assert proc.stdout == here and json.loads(proc.stdout)  # (flushed whole, nothing after main)
-    assert "after main" not in proc.stdout
+    assert proc.stdout == here and json.loads(proc.stdout)  # (flushed whole)
+    assert "after the command" not in proc.stdout
 
 
 def test_an_error_keeps_its_exit_code_and_message(tmp_path):
