@@ -72,7 +72,9 @@ def weight_width(n: int, k: int, hidden: int) -> int | None:
 
 
 def widths_of_frame(ops: pd.DataFrame, hidden: int | None) -> dict[int, str]:
-    """``weight_widths`` of a frame of ops (``name``, ``input_dims``)."""
-    if ops.empty:
+    """``weight_widths`` of a frame of ops (``name``, ``input_dims``): its matmuls' rows alone are
+    turned into Python strings (every op's name as text cost a tenth of a small rank's map)."""
+    if ops.empty or hidden is None:
         return {}
-    return weight_widths(ops["name"].astype(str).to_numpy(), ops["input_dims"].to_numpy(dtype=object), hidden)
+    matmuls = ops[ops["name"].isin(MATMULS)]
+    return weight_widths(matmuls["name"].to_numpy(dtype=object), matmuls["input_dims"].to_numpy(dtype=object), hidden)
