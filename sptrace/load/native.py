@@ -120,9 +120,9 @@ def read_ahead(path: Path) -> bool:
         return False
     ahead = _ReadAhead(Path(path), identity)
     ahead.thread = threading.Thread(target=ahead.run, name="sptrace-read-ahead", daemon=True)
+    ahead.thread.start()  # (before it is published: a taker joins a started thread)
     with _lock:
         _pending = ahead
-    ahead.thread.start()
     return True
 
 
