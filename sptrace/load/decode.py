@@ -24,7 +24,7 @@ import itertools
 import math
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -697,6 +697,49 @@ _STR_COLUMNS = ("flow_bp", "coll_name", "coll_dtype", "pg_desc")
 run of "" alone may be followed by one with text (``_texts`` keeps "" for this)."""
 
 
+class _InOrder:
+    """Arrays put in the table's row order (``order``: grouped by phase; None, already so) in
+    place, through one scratch array per dtype: their pages are already the process's, and a new
+    array per column would fault in as many again."""
+
+    def __init__(self, order: np.ndarray | None) -> None:
+        self.order = order
+        self.scratch: dict[np.dtype, np.ndarray] = {}
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        if self.order is not None:
+            if values.dtype not in self.scratch:
+                self.scratch[values.dtype] = np.empty(len(self.order), values.dtype)
+            out = self.scratch[values.dtype]
+            np.take(values, self.order, out=out)
+            values[...] = out
+        return values
+
+
+def _phase_rows(counts: np.ndarray) -> dict[str, slice]:
+    """Each phase's rows in a table grouped by phase, ``counts[k]`` rows of ``_PHASES[k]``."""
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    return {p: slice(int(bounds[k]), int(bounds[k + 1])) for k, p in enumerate(_PHASES)}
+
+
+def _phase_column(counts: np.ndarray) -> pa.DictionaryArray:
+    """The ph column of a table grouped by phase, ``counts[k]`` rows of ``_PHASES[k]``."""
+    present = [k for k in range(len(_PHASES)) if counts[k]]
+    return pa.DictionaryArray.from_arrays(
+        from_numpy(np.repeat(np.arange(len(present), dtype=np.int32), counts[present])),
+        string_array([_PHASES[k] for k in present]),
+    )
+
+
+def _null_where_no_text(codes: np.ndarray, texts: Sequence[str | None], kinds: Iterable[slice]) -> None:
+    """In place: each kind (its rows) none of whose codes points at a text other than "" is null
+    (-1) throughout, as ``_texts`` reads a kind's str values."""
+    truthy = np.array([bool(t) for t in texts] + [False])
+    for rows in kinds:
+        if not truthy[codes[rows]].any():
+            codes[rows] = -1
+
+
 class _Rows:
     """The table's columns grown run of events by run (``add``; file order, each run's rows grouped
     by kind), as the native decoder's buffers grow, then put in the table's order in place
@@ -747,19 +790,9 @@ class _Rows:
         for values in arrays.values():
             values.resize(n, refcheck=False)
         ph = arrays.pop("ph")
-        order = np.argsort(ph, kind="stable") if (np.diff(ph) < 0).any() else None
+        in_order = _InOrder(np.argsort(ph, kind="stable") if (np.diff(ph) < 0).any() else None)
         counts = np.bincount(ph, minlength=len(_KINDS))
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        scratch: dict[np.dtype, np.ndarray] = {}
-
-        def in_order(values: np.ndarray) -> np.ndarray:
-            """In the table's order, in place, through one scratch array per dtype (as ``_from_native``)."""
-            if order is not None:
-                out = scratch.setdefault(values.dtype, np.empty(n, values.dtype))
-                np.take(values, order, out=out)
-                values[...] = out
-            return values
-
+        kinds = list(_phase_rows(counts).values())
         columns: dict[str, pa.Array] = {}
         for column in _INT_COLUMNS:
             values = in_order(arrays.pop(column))
@@ -767,18 +800,10 @@ class _Rows:
         for column in _TEXT_COLUMNS:
             codes, texts = in_order(arrays.pop(column)), list(self.texts.pop(column))
             if column in _STR_COLUMNS:
-                filled = np.array([bool(t) for t in texts] + [False])
-                for k in range(len(_KINDS)):
-                    rows = slice(int(bounds[k]), int(bounds[k + 1]))
-                    if not filled[codes[rows]].any():
-                        codes[rows] = -1
+                _null_where_no_text(codes, texts, kinds)
             columns[column] = _as_type(_first_seen(codes, texts), n, SCHEMA.field(column).type)
-        scratch.clear()
-        present = [k for k in range(len(_KINDS)) if counts[k]]
-        columns["ph"] = pa.DictionaryArray.from_arrays(
-            from_numpy(np.repeat(np.arange(len(present), dtype=np.int32), counts[present])),
-            string_array([_PH[_KINDS[k]] for k in present]),
-        )
+        in_order.scratch.clear()  # (_finish runs beside the whole table)
+        columns["ph"] = _phase_column(counts)
         return _finish(path, columns)
 
 
@@ -802,21 +827,12 @@ def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]
     order = np.argsort(ph, kind="stable")
     ph = ph[order]
     counts = np.bincount(ph, minlength=len(_PHASES))
-    bounds = np.concatenate([[0], np.cumsum(counts)])
-    kind_rows = {p: slice(int(bounds[k]), int(bounds[k + 1])) for k, p in enumerate(_PHASES)}
-
-    scratch: dict[type, np.ndarray] = {}
+    kind_rows = _phase_rows(counts)
+    reorder = _InOrder(order)
 
     def in_order(raw: Any, dtype: type) -> np.ndarray:
-        """A decoder buffer's values grouped by phase, in the buffer itself (its pages are already
-        the process's: a new array per column would fault in as many again) through one scratch
-        array per dtype."""
-        values = np.frombuffer(raw, dtype=dtype)
-        if dtype not in scratch:
-            scratch[dtype] = np.empty(n, dtype=dtype)
-        np.take(values, order, out=scratch[dtype])
-        values[...] = scratch[dtype]
-        return values
+        """A decoder buffer's values grouped by phase, in the buffer itself."""
+        return reorder(np.frombuffer(raw, dtype=dtype))
 
     def ints(key: str) -> np.ndarray:
         raw = out.pop(key, None)  # (each buffer is dropped once its column is built: the load's peak)
@@ -842,11 +858,7 @@ def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]
         del buffer
         values = [decode(t) for t in tokens]
         if falsy_kinds:
-            truthy = np.array([bool(v) for v in values] + [False])
-            for p in falsy_kinds:
-                rows = kind_rows[p]
-                if not truthy[codes[rows]].any():
-                    codes[rows] = -1
+            _null_where_no_text(codes, values, [kind_rows[p] for p in falsy_kinds])
         return _first_seen(codes, values)
 
     def string(token: bytes) -> str:
@@ -881,7 +893,7 @@ def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]
         columns[column] = _as_type(arr, n, arrow_type)
     if "external_id_old" in out:
         columns["external_id"] = compute("coalesce", columns["external_id"], int_column("external_id_old"))
-    scratch.clear()
+    reorder.scratch.clear()  # (_finish runs beside the whole table)
     meta_codes = np.full(n, -1, dtype=np.int32)
     meta_values: list[str | None] = []
     position = np.empty(n, dtype=np.int64)
@@ -893,11 +905,7 @@ def _from_native(path: Path, out: dict[str, Any]) -> tuple[JSONObject, pa.Table]
         meta_codes[position[row]] = len(meta_values)
         meta_values.append(_meta_text(args or {}))
     columns["meta"] = _as_type(_first_seen(meta_codes, meta_values), n, pa.string())
-    present = [k for k in range(len(_PHASES)) if counts[k]]
-    columns["ph"] = pa.DictionaryArray.from_arrays(
-        from_numpy(np.repeat(np.arange(len(present), dtype=np.int32), counts[present])),
-        string_array([_PHASES[k] for k in present]),
-    )
+    columns["ph"] = _phase_column(counts)
     return metadata, _finish(path, columns)
 
 
