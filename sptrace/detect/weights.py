@@ -72,9 +72,9 @@ def weight_width(n: int, k: int, hidden: int) -> int | None:
 
 
 def widths_of_frame(ops: pd.DataFrame, hidden: int | None) -> dict[int, str]:
-    """``weight_widths`` of a frame of ops (``name``, ``input_dims``): its matmuls' rows alone are
-    turned into Python strings (every op's name as text cost a tenth of a small rank's map)."""
-    if ops.empty or hidden is None:
+    """``weight_widths`` of a frame of ops (``name``, ``input_dims``). The names are read as the
+    column's own objects: ``astype(str)`` turned every category of the column into text (a tenth
+    of a small rank's map)."""
+    if ops.empty:
         return {}
-    matmuls = ops[ops["name"].isin(MATMULS)]
-    return weight_widths(matmuls["name"].to_numpy(dtype=object), matmuls["input_dims"].to_numpy(dtype=object), hidden)
+    return weight_widths(ops["name"].to_numpy(dtype=object), ops["input_dims"].to_numpy(dtype=object), hidden)
