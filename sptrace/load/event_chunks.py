@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from sptrace.load.pieces import PIECE_BYTES, TraceText
+from sptrace.load.pieces import PIECE_BYTES, TraceText, carry_over
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _KEY = b'"traceEvents"'
@@ -61,7 +61,7 @@ class EventChunks:
         self.share_read = 0.0  # of the file, by the pieces read so far (``TraceText.share_read``)
 
     def __iter__(self) -> Iterator[list[object]]:
-        """One buffer takes every piece, as ``decode.native_columns`` reads them: what follows the
+        """One buffer takes every piece, as ``native.native_columns`` reads them: what follows the
         last chunk moves to its front, and the next piece is read after it (the buffer grows for a
         longer event, or while the head is read)."""
         buffer = bytearray(self._piece_bytes)
@@ -85,13 +85,9 @@ class EventChunks:
                             if events:
                                 yield events
                                 events.clear()
-                    if start:
-                        view[: end - start] = bytes(view[start:end])
-                        end, start = end - start, 0
-                    if end * 2 > len(buffer):
-                        view.release()
-                        buffer.extend(bytes(len(buffer)))
-                        view = memoryview(buffer)
+                    view, end = carry_over(buffer, view, start or 0, end)
+                    if start is not None:
+                        start = 0
             if start is None:
                 raise Unstreamable("no top-level traceEvents list")
             self.tail = self._read_tail(buffer, start, end)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sptrace.load.pieces import PIECE_BYTES, TraceText
+from sptrace.load.pieces import PIECE_BYTES, TraceText, carry_over
 
 try:  # built where a C compiler was at hand
     from sptrace.load import _kineto
@@ -63,12 +63,7 @@ def _columns(path: Path, piece_bytes: int, stop: threading.Event | None = None) 
                 used = decoder.feed(view[:end])
                 if used < 0:
                     return None
-                kept = end - used
-                view[:kept] = bytes(view[used:end])  # (the tail: less than an event, as a rule)
-                if kept * 2 > len(buffer):
-                    view.release()
-                    buffer.extend(bytes(len(buffer)))
-                    view = memoryview(buffer)
+                view, kept = carry_over(buffer, view, used, end)
             if decoder.feed(view[:kept], last=True) < 0:
                 return None
     finally:

@@ -32,6 +32,21 @@ PIECE_BYTES = 4 << 20
 """The text read at a time (inflated, for gzip)."""
 
 
+def carry_over(buffer: bytearray, view: memoryview, start: int, end: int) -> tuple[memoryview, int]:
+    """``buffer[start:end]``, the text its reader has not used yet (less than an event, as a rule),
+    moved to the buffer's front for the next piece to be read after it, and the buffer doubled
+    when that is more than half of it (an event longer than a piece): (the buffer's view, anew
+    where it grew; the bytes kept)."""
+    kept = end - start
+    if start:
+        view[:kept] = bytes(view[start:end])
+    if kept * 2 > len(buffer):
+        view.release()
+        buffer.extend(bytes(len(buffer)))
+        view = memoryview(buffer)
+    return view, kept
+
+
 class TraceText:
     """The JSON text of a trace file, read into the caller's buffer (``read_into``)."""
 
